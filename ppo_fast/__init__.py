@@ -1,0 +1,37 @@
+"""ppo_fast: the numeric core of PPO for language models, exact and compiled.
+
+KL-shaped rewards, GAE, masked whitening and fused clipped losses over ragged batches (padded
+with a mask or lengths, or packed with cu_seqlens), on numba, Cython or the pure-Python oracle.
+"""
+
+from ._backend import (
+    BackendUnavailableError,
+    available_backends,
+    get_backend,
+    get_num_threads,
+    set_backend,
+    set_num_threads,
+    warmup,
+)
+from .gae import GAEResult, gae
+from .rewards import kl_penalty, shape_rewards
+from .whiten import Moments, masked_moments, whiten
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailableError",
+    "GAEResult",
+    "Moments",
+    "available_backends",
+    "gae",
+    "get_backend",
+    "get_num_threads",
+    "kl_penalty",
+    "masked_moments",
+    "set_backend",
+    "set_num_threads",
+    "shape_rewards",
+    "warmup",
+    "whiten",
+]

@@ -1,0 +1,163 @@
+"""Masked whitening, and the moments that data-parallel ranks all-reduce to whiten globally.
+
+Over the valid positions of the batch (count n),
+
+    mean = sum(x) / n,    var = sum((x - mean)**2) / n        (population, the default)
+                          var = sum((x - mean)**2) / (n - 1)  (unbiased=True)
+    whiten(x) = (x - mean) / sqrt(var + eps)  [+ mean when shift_mean=False]
+
+and 0 at positions that are not valid. With no valid position there is nothing to normalise and
+``whiten`` raises ValueError (as does unbiased=True with a single valid position).
+
+``masked_moments`` returns the sums a caller all-reduces across ranks: the count, and the sums of
+``x - shift`` and ``(x - shift)**2`` in float64. For an exact global variance use two rounds:
+all-reduce the moments with ``shift=0`` to get the global mean, then all-reduce
+``masked_moments(x, shift=mean)`` and pass it as ``whiten(x, moments=...)``; one round with
+shift 0 is accurate while |mean| / std is far below 1e8 (float64 cancellation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from . import _backend, _validate
+
+
+@dataclass(frozen=True)
+class Moments:
+    """count, sum and sum of squares of ``x - shift`` over the valid positions (float64)."""
+
+    count: float
+    sum: float
+    sum_sq: float
+    shift: float = 0.0
+
+    def __add__(self, other: Moments) -> Moments:
+        if not isinstance(other, Moments):
+            return NotImplemented
+        if other.shift != self.shift:
+            raise ValueError(
+                f"cannot add moments taken about different shifts ({self.shift} and "
+                f"{other.shift}): take them with the same shift"
+            )
+        return Moments(
+            self.count + other.count, self.sum + other.sum, self.sum_sq + other.sum_sq, self.shift
+        )
+
+    def to_array(self) -> np.ndarray:
+        """[count, sum, sum_sq] as float64, ready for an all-reduce (SUM)."""
+        return np.array([self.count, self.sum, self.sum_sq], dtype=np.float64)
+
+    @classmethod
+    def from_array(cls, array: ArrayLike, shift: float = 0.0) -> Moments:
+        """The inverse of ``to_array`` (for example after an all-reduce)."""
+        count, total, total_sq = (float(v) for v in np.asarray(array, dtype=np.float64))
+        return cls(count, total, total_sq, float(shift))
+
+    @property
+    def mean(self) -> float:
+        if self.count <= 0:
+            raise ValueError("no valid position: the mean of nothing is undefined")
+        return self.shift + self.sum / self.count
+
+    def var(self, unbiased: bool = False) -> float:
+        """Population variance, or the unbiased (n - 1) one."""
+        if self.count <= 0:
+            raise ValueError("no valid position: there is nothing to normalise")
+        if unbiased and self.count < 2:
+            raise ValueError(
+                "unbiased variance needs at least two valid positions, got one: pass unbiased=False"
+            )
+        centred_sq = max(self.sum_sq - self.sum * self.sum / self.count, 0.0)
+        return centred_sq / (self.count - 1.0 if unbiased else self.count)
+
+
+def masked_moments(
+    x: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    shift: float = 0.0,
+    backend: str | None = None,
+) -> Moments:
+    """Moments of ``x - shift`` over the valid positions; see the module docstring."""
+    (array,) = _validate.token_arrays(x=x)
+    rows = _validate.rows(array.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    about = _validate.scalar("shift", shift)
+    return _row_moments(array, rows, about, _backend.resolve(backend))
+
+
+def _row_moments(array: np.ndarray, rows: _validate.Rows, shift: float, kernels) -> Moments:
+    counts, sums, sums_sq = (np.empty(rows.n_rows) for _ in range(3))
+    kernels.moments(
+        array.reshape(-1),
+        rows.starts,
+        rows.spans,
+        rows.lengths,
+        rows.mask,
+        shift,
+        counts,
+        sums,
+        sums_sq,
+        _backend.threads_for(rows.n_rows, rows.n_positions),
+    )
+    # Rows reduce on their own and then in row order: the same bits on any number of threads.
+    return Moments(float(counts.sum()), float(sums.sum()), float(sums_sq.sum()), shift)
+
+
+def whiten(
+    x: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    shift_mean: bool = True,
+    unbiased: bool = False,
+    eps: float = 1e-8,
+    moments: Moments | None = None,
+    backend: str | None = None,
+) -> np.ndarray:
+    """Whiten ``x`` over its valid positions, or by given (global) ``moments``.
+
+    Returns an array shaped like ``x`` with its dtype; positions that are not valid are 0.
+    """
+    (array,) = _validate.token_arrays(x=x)
+    rows = _validate.rows(array.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    epsilon = _validate.scalar("eps", eps, lo=0.0)
+    kernels = _backend.resolve(backend)
+    if moments is None:
+        rough = _row_moments(array, rows, 0.0, kernels)
+        if rough.count == 0:
+            raise ValueError(
+                "whiten: no valid position (empty batch or all-zero mask): nothing to normalise"
+            )
+        # Second pass about the first mean: the variance without float64 cancellation.
+        moments = _row_moments(array, rows, rough.mean, kernels)
+    elif not isinstance(moments, Moments):
+        raise TypeError(
+            f"moments must be a ppo_fast.Moments, got {type(moments).__name__}: "
+            "build it with Moments.from_array(all_reduced, shift)"
+        )
+    mean = moments.mean
+    scale = math.sqrt(moments.var(unbiased) + epsilon)
+    if scale == 0.0:
+        raise ValueError("whiten: the variance is 0 and eps=0: pass eps > 0")
+    out = np.empty_like(array)
+    kernels.whiten(
+        array.reshape(-1),
+        rows.starts,
+        rows.spans,
+        rows.lengths,
+        rows.mask,
+        mean,
+        scale,
+        0.0 if shift_mean else mean,
+        out.reshape(-1),
+        _backend.threads_for(rows.n_rows, rows.n_positions),
+    )
+    return out

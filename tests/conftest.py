@@ -1,0 +1,58 @@
+"""Fixtures over backends and dtypes, and the tolerance every backend is held to."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import ppo_fast
+
+settings.register_profile(
+    "default",
+    deadline=None,
+    max_examples=60,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("ci", parent=settings.get_profile("default"), max_examples=120)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+COMPILED = [name for name in ("numba", "cython") if name in ppo_fast.available_backends()]
+ALL_BACKENDS = [*COMPILED, "python"]
+
+# Relative tolerance of a backend against the oracle (DESIGN.md section 5).
+RTOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5}
+
+
+@pytest.fixture(params=COMPILED, scope="session")
+def compiled_backend(request) -> str:
+    """Each compiled backend in turn; the oracle is what they are compared with."""
+    return request.param
+
+
+@pytest.fixture(params=ALL_BACKENDS, scope="session")
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture(params=[np.float32, np.float64], ids=["float32", "float64"], scope="session")
+def dtype(request):
+    return request.param
+
+
+def assert_matches_oracle(actual, expected, dtype, what=""):
+    """Equal to the oracle within the dtype's tolerance, scaled by the magnitude of the row.
+
+    Near-zero entries that come out of cancellation are judged on the scale of the whole
+    array, so that a large intermediate sum cannot make a correct kernel fail.
+    """
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    rtol = RTOL[np.dtype(dtype)]
+    finite = np.abs(expected[np.isfinite(expected)])
+    scale = max(1.0, float(finite.max())) if finite.size else 1.0
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale, err_msg=what)

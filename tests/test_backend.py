@@ -1,0 +1,183 @@
+"""Backend selection, lazy loading, the thread policy and bit-for-bit determinism."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from conftest import COMPILED
+
+import ppo_fast
+from ppo_fast import _backend
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+
+
+def test_import_is_lazy():
+    """import ppo_fast loads no compiled backend and no torch: those cost seconds."""
+    out = run_python("""
+        import sys, ppo_fast
+        print(sorted(m for m in ("numba", "torch", "ppo_fast._numba_kernels") if m in sys.modules))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_environment_variable_selects_the_backend():
+    out = run_python("import ppo_fast; print(ppo_fast.get_backend())", PPO_FAST_BACKEND="python")
+    assert out.stdout.strip() == "python", out.stderr
+    out = run_python(
+        "import ppo_fast, numpy as n; ppo_fast.gae(n.zeros((1, 1)), n.zeros((1, 1)))",
+        PPO_FAST_BACKEND="fortran",
+    )
+    assert "PPO_FAST_BACKEND must be one of" in out.stderr
+
+
+def test_forced_backend_that_cannot_load_raises_and_auto_moves_on():
+    out = run_python("""
+        import sys
+        sys.modules["numba"] = None  # numba missing, or failing to import
+        import numpy as np, ppo_fast
+        try:
+            ppo_fast.gae(np.zeros((1, 2)), np.zeros((1, 2)), backend="numba")
+        except ppo_fast.BackendUnavailableError as error:
+            print("raised:", error)
+        print("auto:", ppo_fast.get_backend())
+        print("available:", ppo_fast.available_backends())
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "raised: the numba backend cannot be used: ModuleNotFoundError" in out.stdout
+    assert "auto: numba" not in out.stdout and "numba" not in out.stdout.split("available:")[1]
+
+
+def test_precedence_call_over_set_backend_over_auto():
+    try:
+        ppo_fast.set_backend("python")
+        assert ppo_fast.get_backend() == "python"
+        assert ppo_fast.get_backend(COMPILED[0]) == COMPILED[0]
+        ppo_fast.set_backend(None)
+        assert ppo_fast.get_backend() == COMPILED[0]
+        with pytest.raises(ValueError, match="backend must be one of"):
+            ppo_fast.set_backend("gpu")
+    finally:
+        ppo_fast.set_backend(None)
+
+
+def test_num_threads_setting_and_environment():
+    try:
+        ppo_fast.set_num_threads(3)
+        assert ppo_fast.get_num_threads() == 3
+        for bad in (0, -1, 1.5, True, "2"):
+            with pytest.raises(ValueError, match="num_threads must be a positive integer"):
+                ppo_fast.set_num_threads(bad)
+    finally:
+        ppo_fast.set_num_threads(None)
+    out = run_python(
+        "import ppo_fast; print(ppo_fast.get_num_threads())",
+        PPO_FAST_NUM_THREADS="5",
+        OMP_NUM_THREADS="7",
+    )
+    assert out.stdout.strip() == "5", out.stderr
+    out = run_python(
+        "import ppo_fast; print(ppo_fast.get_num_threads())",
+        PPO_FAST_NUM_THREADS="",
+        OMP_NUM_THREADS="7",
+    )
+    assert out.stdout.strip() == "7", out.stderr
+    out = run_python("import ppo_fast; ppo_fast.get_num_threads()", PPO_FAST_NUM_THREADS="x")
+    assert "PPO_FAST_NUM_THREADS must be a positive integer" in out.stderr
+
+
+def test_small_batches_stay_on_one_thread():
+    try:
+        ppo_fast.set_num_threads(8)
+        assert _backend.threads_for(1000, 1000 * 16) == 1
+        assert _backend.threads_for(1, 10**8) == 1
+        assert _backend.threads_for(64, 64 * 32768) == 8
+    finally:
+        ppo_fast.set_num_threads(None)
+
+
+def big_batch():
+    rng = np.random.default_rng(11)
+    shape = (16, 1 << 14)  # 4 x MIN_POSITIONS_PER_THREAD: parallel on 2+ threads
+    mask = rng.random(shape) < 0.9
+    return (
+        rng.normal(size=shape).astype(np.float32),
+        rng.normal(size=shape).astype(np.float32),
+        mask,
+    )
+
+
+def everything(backend, rewards, values, mask):
+    shaped = ppo_fast.shape_rewards(
+        np.ones(rewards.shape[0]),
+        rewards,
+        values,
+        kl_coef=0.1,
+        estimator="k3",
+        mask=mask,
+        backend=backend,
+    )
+    result = ppo_fast.gae(shaped, values, gamma=0.99, mask=mask, backend=backend)
+    return [
+        shaped,
+        result.advantages,
+        result.returns,
+        ppo_fast.whiten(result.advantages, mask=mask, backend=backend),
+        ppo_fast.kl_penalty(rewards, values, "k3", backend=backend),
+    ]
+
+
+def test_results_do_not_depend_on_threads_bit_for_bit(compiled_backend):
+    rewards, values, mask = big_batch()
+    outputs = {}
+    try:
+        for n in (1, 2, 4):
+            ppo_fast.set_num_threads(n)
+            outputs[n] = everything(compiled_backend, rewards, values, mask)
+    finally:
+        ppo_fast.set_num_threads(None)
+    for n in (2, 4):
+        for a, b in zip(outputs[1], outputs[n], strict=True):
+            np.testing.assert_array_equal(a, b)
+    again = everything(compiled_backend, rewards, values, mask)
+    for a, b in zip(outputs[1], again, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_calls_from_several_python_threads_at_once(compiled_backend):
+    rewards, values, mask = big_batch()
+    expected = everything(compiled_backend, rewards, values, mask)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(
+            pool.map(lambda _: everything(compiled_backend, rewards, values, mask), range(8))
+        )
+    for result in results:
+        for a, b in zip(result, expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_warmup_compiles_ahead_of_time():
+    out = run_python("""
+        import ppo_fast
+        from ppo_fast import _numba_kernels as k
+        before = len(k.gae.serial.signatures)
+        ppo_fast.warmup("numba")
+        print(before, len(k.gae.serial.signatures), len(k.whiten.serial.signatures))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "2", "2"]

@@ -1,0 +1,107 @@
+"""Masked whitening and the moments behind it, locally and across simulated ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from batches import ragged_batches
+from conftest import assert_matches_oracle
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import ppo_fast
+
+
+@given(batch=ragged_batches(), shift_mean=st.booleans(), unbiased=st.booleans())
+def test_whiten_matches_numpy_on_valid_positions(backend, batch, shift_mean, unbiased):
+    x = batch.tokens(-3, 5)
+    valid = x[batch.valid].astype(np.float64)
+    assume(valid.size >= 2)
+    out = ppo_fast.whiten(
+        x, shift_mean=shift_mean, unbiased=unbiased, **batch.layout_kwargs, backend=backend
+    )
+    mean = valid.mean()
+    expected = (valid - mean) / np.sqrt(valid.var(ddof=1 if unbiased else 0) + 1e-8)
+    if not shift_mean:
+        expected += mean
+    assert out.dtype == batch.dtype
+    np.testing.assert_allclose(
+        out[batch.valid], expected, rtol=1e-4 if batch.dtype == np.float32 else 1e-10, atol=1e-5
+    )
+    assert not out[~batch.valid].any()
+
+
+@given(batch=ragged_batches())
+def test_backends_equal_oracle(compiled_backend, batch):
+    x = batch.tokens(-3, 5)
+    assume(batch.valid.any())
+    actual = ppo_fast.whiten(x, **batch.layout_kwargs, backend=compiled_backend)
+    expected = ppo_fast.whiten(x, **batch.layout_kwargs, backend="python")
+    assert_matches_oracle(actual, expected, batch.dtype)
+    m_actual = ppo_fast.masked_moments(x, **batch.layout_kwargs, backend=compiled_backend)
+    m_expected = ppo_fast.masked_moments(x, **batch.layout_kwargs, backend="python")
+    assert m_actual.count == m_expected.count
+    np.testing.assert_allclose(
+        [m_actual.sum, m_actual.sum_sq], [m_expected.sum, m_expected.sum_sq], rtol=1e-12, atol=1e-9
+    )
+
+
+def test_whitening_across_ranks_equals_whitening_the_whole_batch(backend):
+    """Each rank takes moments of its shard; the all-reduced sum whitens every shard."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(3.0, 2.0, (6, 50))
+    mask = rng.random((6, 50)) < 0.7
+    whole = ppo_fast.whiten(x, mask=mask, backend=backend)
+    shards = [(x[:2], mask[:2]), (x[2:], mask[2:])]
+    # Round 1: the global mean; round 2: moments about it (exact variance).
+    first = sum(
+        (ppo_fast.masked_moments(s, mask=m, backend=backend) for s, m in shards),
+        start=ppo_fast.Moments(0, 0, 0),
+    )
+    second = [
+        ppo_fast.masked_moments(s, mask=m, shift=first.mean, backend=backend) for s, m in shards
+    ]
+    reduced = ppo_fast.Moments.from_array(sum(m.to_array() for m in second), first.mean)
+    parts = [ppo_fast.whiten(s, mask=m, moments=reduced, backend=backend) for s, m in shards]
+    np.testing.assert_allclose(np.concatenate(parts), whole, rtol=1e-12, atol=1e-12)
+    # One round about 0 is close too for data like this.
+    parts = [ppo_fast.whiten(s, mask=m, moments=first, backend=backend) for s, m in shards]
+    np.testing.assert_allclose(np.concatenate(parts), whole, rtol=1e-9, atol=1e-9)
+
+
+def test_large_mean_does_not_cancel(backend):
+    x = 1e9 + np.array([[1.0, 2.0, 3.0, 4.0]])
+    out = ppo_fast.whiten(x, eps=0.0, backend=backend)
+    np.testing.assert_allclose(
+        out, [[-1.3416407865, -0.4472135955, 0.4472135955, 1.3416407865]], rtol=1e-9
+    )
+
+
+@pytest.mark.parametrize("layout", [{"mask": np.zeros((2, 3))}, {"lengths": [0, 0]}])
+def test_no_valid_position_raises(backend, layout):
+    with pytest.raises(ValueError, match="no valid position"):
+        ppo_fast.whiten(np.ones((2, 3)), **layout, backend=backend)
+    with pytest.raises(ValueError, match="no valid position"):
+        ppo_fast.whiten(np.ones((0, 3)), backend=backend)
+
+
+def test_unbiased_with_one_valid_position_raises(backend):
+    with pytest.raises(ValueError, match="at least two valid positions"):
+        ppo_fast.whiten(np.ones((1, 3)), lengths=[1], unbiased=True, backend=backend)
+    out = ppo_fast.whiten(np.ones((1, 3)), lengths=[1], backend=backend)
+    np.testing.assert_array_equal(out, [[0, 0, 0]])
+
+
+def test_moments_arithmetic():
+    a = ppo_fast.Moments(2, 3.0, 5.0)
+    b = ppo_fast.Moments(1, 1.0, 1.0)
+    total = a + b
+    assert (total.count, total.sum, total.sum_sq) == (3, 4.0, 6.0)
+    assert total.mean == pytest.approx(4 / 3)
+    assert total.var() == pytest.approx(6 / 3 - (4 / 3) ** 2)
+    assert total.var(unbiased=True) == pytest.approx((6 - 16 / 3) / 2)
+    with pytest.raises(ValueError, match="different shifts"):
+        a + ppo_fast.Moments(1, 0.0, 0.0, shift=1.0)
+    np.testing.assert_array_equal(
+        ppo_fast.Moments.from_array(total.to_array()).to_array(), total.to_array()
+    )
