@@ -14,6 +14,7 @@ from ._backend import (
     warmup,
 )
 from .gae import GAEResult, gae
+from .loss import PolicyLossResult, ValueLossResult, clipped_surrogate, value_loss
 from .rewards import kl_penalty, shape_rewards
 from .whiten import Moments, masked_moments, whiten
 
@@ -23,7 +24,10 @@ __all__ = [
     "BackendUnavailableError",
     "GAEResult",
     "Moments",
+    "PolicyLossResult",
+    "ValueLossResult",
     "available_backends",
+    "clipped_surrogate",
     "gae",
     "get_backend",
     "get_num_threads",
@@ -32,6 +36,7 @@ __all__ = [
     "set_backend",
     "set_num_threads",
     "shape_rewards",
+    "value_loss",
     "warmup",
     "whiten",
 ]

@@ -188,6 +188,7 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
     """
     # The stages import this module, so they are imported here, at call time.
     from .gae import gae
+    from .loss import clipped_surrogate, value_loss
     from .rewards import kl_penalty, shape_rewards
     from .whiten import whiten
 
@@ -203,3 +204,5 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
             shaped = shape_rewards(np.zeros(shape[0]), x, x, kl_coef=0.1, mask=mask, backend=name)
             advantages = gae(shaped, x, mask=mask, backend=name).advantages
             whiten(advantages, mask=mask, backend=name)
+            clipped_surrogate(x, x, advantages, mask=mask, backend=name)
+            value_loss(x, x, advantages, mask=mask, clip=0.2, backend=name)

@@ -9,6 +9,8 @@ Cython twin in ``src/``. Conventions that keep them fast and exact:
   threads. Numba's default threading layer must not be entered from two Python threads at once
   (it aborts the process), so the parallel build runs under a lock and a call that finds the
   lock taken runs the serial build on its own thread instead.
+- Validity is tested inline with `has_mask` hoisted: through a helper function the
+  short-circuit control flow stops LLVM from vectorizing the loss kernels (9x slower).
 - Positions are indexed with unsigned integers, which removes numba's negative-index
   wrap-around check from the inner loops (worth about 1.3x on GAE).
 - Multiply-adds on a dependency chain use an explicit ``llvm.fma``: one rounding, half the
@@ -30,7 +32,7 @@ import numpy as np
 from llvmlite import ir
 from numba import prange
 from numba.core import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 _CACHE = os.environ.get("PPO_FAST_NUMBA_CACHE", "") == "1"
 if _CACHE:
@@ -47,17 +49,45 @@ _U1 = np.uint64(1)
 
 @intrinsic
 def fma(typingctx, a, b, c):
-    """a * b + c with a single rounding (llvm.fma on float64)."""
-    signature = types.float64(types.float64, types.float64, types.float64)
+    """a * b + c with a single rounding (llvm.fma), in float32 or float64."""
+    if not (a == b == c and a in (types.float32, types.float64)):
+        return None
+    signature = a(a, b, c)
+    ir_type = ir.FloatType() if a == types.float32 else ir.DoubleType()
 
     def codegen(context, builder, sig, args):
-        double = ir.DoubleType()
         function = builder.module.declare_intrinsic(
-            "llvm.fma", [double], ir.FunctionType(double, [double, double, double])
+            "llvm.fma", [ir_type], ir.FunctionType(ir_type, [ir_type] * 3)
         )
         return builder.call(function, args)
 
     return signature, codegen
+
+
+@intrinsic
+def _as_int_bits(typingctx, x):
+    """The bits of a float as a signed integer of the same width."""
+    if x not in (types.float32, types.float64):
+        return None
+    integer = types.int32 if x == types.float32 else types.int64
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(integer.bitwidth))
+
+    return integer(x), codegen
+
+
+@intrinsic
+def _as_float_bits(typingctx, n):
+    """The float whose bits are the integer n (int32 -> float32, int64 -> float64)."""
+    if n not in (types.int32, types.int64):
+        return None
+    real = types.float32 if n == types.int32 else types.float64
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.FloatType() if n == types.int32 else ir.DoubleType())
+
+    return real(n), codegen
 
 
 def _jit(function):
@@ -78,9 +108,73 @@ def kl_value(log_ratio, estimator, clamp):
     return min(max(value, -clamp), clamp)
 
 
+# exp by range reduction and a polynomial: x = n ln2 + r, |r| <= ln2/2, exp(x) = 2^n p(r), with
+# n rounded by the 1.5 * 2^(mantissa bits) shift trick and 2^n built from its exponent bits. All
+# of it is plain arithmetic LLVM vectorizes (math.exp is a libm call that it cannot: PyPI's
+# llvmlite has no SVML). Inputs are saturated so that 2^n stays a normal number: the result is
+# finite for every input, within 2 ulp of exp in float64 and 1 ulp in float32 (tests/test_loss.py).
+# Below exp(-708) (float64) or exp(-87.3) (float32) it returns that bound instead of a subnormal.
+_F64_SHIFT = 6755399441055744.0  # 1.5 * 2^52
+_F64_SHIFT_BITS = np.int64(np.float64(_F64_SHIFT).view(np.int64))
+_F32_SHIFT = np.float32(12582912.0)  # 1.5 * 2^23
+_F32_SHIFT_BITS = np.int32(_F32_SHIFT.view(np.int32))
+_F32 = np.float32
+
+
 @_jit
-def is_valid(mask, i, t, length):
-    return t < length and (mask.shape[0] == 0 or mask[i] != 0)
+def _exp64(x):
+    x = min(max(x, -708.0), 709.0)
+    shifted = fma(x, 1.4426950408889634, _F64_SHIFT)  # x / ln2 + shift
+    n = shifted - _F64_SHIFT
+    r = fma(-n, 6.93147180369123816490e-01, x)  # ln2 in two parts: exact n * ln2_hi
+    r = fma(-n, 1.90821492927058770002e-10, r)
+    # Taylor to degree 12: the remainder is below 2e-16 relative on |r| <= ln2/2.
+    p = fma(2.08767569878680989792e-09, r, 2.50521083854417187751e-08)
+    p = fma(p, r, 2.75573192239858906526e-07)
+    p = fma(p, r, 2.75573192239858906526e-06)
+    p = fma(p, r, 2.48015873015873015873e-05)
+    p = fma(p, r, 1.98412698412698412698e-04)
+    p = fma(p, r, 1.38888888888888888889e-03)
+    p = fma(p, r, 8.33333333333333333333e-03)
+    p = fma(p, r, 4.16666666666666666667e-02)
+    p = fma(p, r, 1.66666666666666666667e-01)
+    p = fma(p, r, 0.5)
+    p = fma(p, r, 1.0)
+    p = fma(p, r, 1.0)
+    exponent = _as_int_bits(shifted) - _F64_SHIFT_BITS
+    return p * _as_float_bits((exponent + np.int64(1023)) << np.int64(52))
+
+
+@_jit
+def _exp32(x):
+    x = min(max(x, _F32(-87.3)), _F32(88.3))
+    shifted = fma(x, _F32(1.44269504), _F32_SHIFT)
+    n = shifted - _F32_SHIFT
+    r = fma(-n, _F32(0.693359375), x)  # Cephes' two-part ln2
+    r = fma(-n, _F32(-2.12194440e-4), r)
+    # Cephes expf minimax polynomial.
+    p = fma(_F32(1.9875691500e-4), r, _F32(1.3981999507e-3))
+    p = fma(p, r, _F32(8.3334519073e-3))
+    p = fma(p, r, _F32(4.1665795894e-2))
+    p = fma(p, r, _F32(1.6666665459e-1))
+    p = fma(p, r, _F32(5.0000001201e-1))
+    p = fma(p * r, r, r) + _F32(1.0)
+    exponent = _as_int_bits(shifted) - _F32_SHIFT_BITS
+    # numba widens int32 arithmetic to int64: narrow back so the bits are a float32's.
+    return p * _as_float_bits(np.int32((exponent + 127) << 23))
+
+
+def exp_poly(x):
+    """exp in the dtype of x (float32 or float64), vectorizable; see _exp64 and _exp32."""
+
+
+@overload(exp_poly, inline="always")
+def _exp_poly_overload(x):
+    if x == types.float32:
+        return lambda x: _exp32(x)
+    if x == types.float64:
+        return lambda x: _exp64(x)
+    return None
 
 
 def _kl_penalty_rows(logprobs, ref_logprobs, starts, spans, estimator, clamp, out):
@@ -97,6 +191,7 @@ def _shape_rewards_rows(
     scores, logprobs, ref_logprobs, starts, spans, lengths, mask, kl_coef, estimator, clamp, out
 ):
     """Twin: src/_kernels.pyx shape_rewards."""
+    has_mask = mask.shape[0] > 0
     for b in prange(starts.shape[0]):
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
@@ -104,13 +199,13 @@ def _shape_rewards_rows(
         last = start + span  # one past the row when it has no valid position
         for k in range(span):
             t = span - _U1 - k
-            if is_valid(mask, start + t, t, length):
+            if t < length and (not has_mask or mask[start + t] != 0):
                 last = start + t
                 break
         score = np.float64(scores[b])
         for t in range(span):
             i = start + t
-            if is_valid(mask, i, t, length):
+            if t < length and (not has_mask or mask[i] != 0):
                 log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
                 reward = -kl_coef * kl_value(log_ratio, estimator, clamp)
                 out[i] = reward + (score if i == last else 0.0)
@@ -122,6 +217,7 @@ def _gae_rows(
     rewards, values, starts, spans, lengths, mask, gammas, lams, bootstrap, advantages, returns
 ):
     """Twin: src/_kernels.pyx gae. The running state is float64 whatever the input dtype."""
+    has_mask = mask.shape[0] > 0
     for b in prange(starts.shape[0]):
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
@@ -133,7 +229,7 @@ def _gae_rows(
         for k in range(span):
             t = span - _U1 - k
             i = start + t
-            if is_valid(mask, i, t, length):
+            if t < length and (not has_mask or mask[i] != 0):
                 value = np.float64(values[i])
                 delta = fma(gamma, next_value, np.float64(rewards[i])) - value
                 running = fma(gamma_lam, running, delta)
@@ -147,6 +243,7 @@ def _gae_rows(
 
 def _moments_rows(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
     """Twin: src/_kernels.pyx moments."""
+    has_mask = mask.shape[0] > 0
     for b in prange(starts.shape[0]):
         start = np.uint64(starts[b])
         length = np.uint64(lengths[b])
@@ -155,7 +252,7 @@ def _moments_rows(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq)
         total_sq = 0.0
         for t in range(np.uint64(spans[b])):
             i = start + t
-            if is_valid(mask, i, t, length):
+            if t < length and (not has_mask or mask[i] != 0):
                 centred = np.float64(x[i]) - shift
                 count += 1.0
                 total += centred
@@ -167,15 +264,121 @@ def _moments_rows(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq)
 
 def _whiten_rows(x, starts, spans, lengths, mask, mean, scale, offset, out):
     """Twin: src/_kernels.pyx whiten."""
+    has_mask = mask.shape[0] > 0
     for b in prange(starts.shape[0]):
         start = np.uint64(starts[b])
         length = np.uint64(lengths[b])
         for t in range(np.uint64(spans[b])):
             i = start + t
-            if is_valid(mask, i, t, length):
+            if t < length and (not has_mask or mask[i] != 0):
                 out[i] = (np.float64(x[i]) - mean) / scale + offset
             else:
                 out[i] = 0.0
+
+
+def _clipped_surrogate_rows(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    params,
+    grad_scale,
+    grad,
+    row_loss,
+    row_clipped,
+    row_dual,
+    row_kl,
+):
+    """Twin: src/_kernels.pyx clipped_surrogate. One pass: loss, gradient and statistics.
+
+    Per-token arithmetic runs in the input dtype (params and grad_scale come in it), sums in
+    float64. The body is branch-free (selects) so that LLVM vectorizes it; the row sums are
+    vectorized too, which the `reassoc` build allows. Their order of addition is fixed by the
+    compiled loop, not by threads, so results stay identical on any number of threads.
+    """
+    has_mask = mask.shape[0] > 0
+    lo, hi, dual, clamp = params[0], params[1], params[2], params[3]
+    has_weights = weights.shape[0] > 0
+    for b in prange(starts.shape[0]):
+        start = np.uint64(starts[b])
+        length = np.uint64(lengths[b])
+        scale = grad_scale[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite; params may be inf)
+        total = 0.0
+        clipped_count = 0.0
+        dual_count = 0.0
+        kl_total = 0.0
+        for t in range(np.uint64(spans[b])):
+            i = start + t
+            valid = t < length and (not has_mask or mask[i] != 0)
+            advantage = advantages[i]
+            weight = weights[i] if has_weights else zero + 1
+            log_ratio = logprobs[i] - old_logprobs[i]
+            inside = (log_ratio >= -clamp) & (log_ratio <= clamp)
+            log_ratio = min(max(log_ratio, -clamp), clamp)
+            ratio = exp_poly(log_ratio)
+            unclipped = ratio * advantage
+            clipped = min(max(ratio, lo), hi) * advantage
+            is_clipped = clipped < unclipped
+            objective = clipped if is_clipped else unclipped
+            is_dual = (advantage < zero) & (dual * advantage > objective)
+            objective = dual * advantage if is_dual else objective
+            active = valid & inside & (not is_clipped) & (not is_dual)
+            grad[i] = -weight * (advantage * ratio) * scale if active else zero
+            total += np.float64(-weight * objective) if valid else 0.0
+            clipped_count += 1.0 if valid & is_clipped else 0.0
+            dual_count += 1.0 if valid & is_dual else 0.0
+            kl_total += -np.float64(log_ratio) if valid else 0.0
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
+        row_dual[b] = dual_count
+        row_kl[b] = kl_total
+
+
+def _value_loss_rows(
+    values,
+    old_values,
+    returns,
+    starts,
+    spans,
+    lengths,
+    mask,
+    params,
+    grad_scale,
+    grad,
+    row_loss,
+    row_clipped,
+):
+    """Twin: src/_kernels.pyx value_loss. One pass, vectorized like the policy loss."""
+    has_mask = mask.shape[0] > 0
+    clip = params[0]
+    for b in prange(starts.shape[0]):
+        start = np.uint64(starts[b])
+        length = np.uint64(lengths[b])
+        scale = grad_scale[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite; params may be inf)
+        total = 0.0
+        clipped_count = 0.0
+        for t in range(np.uint64(spans[b])):
+            i = start + t
+            valid = t < length and (not has_mask or mask[i] != 0)
+            value = values[i]
+            old = old_values[i]
+            error = value - returns[i]
+            unclipped = error * error
+            clipped_error = min(max(value, old - clip), old + clip) - returns[i]
+            clipped = clipped_error * clipped_error
+            is_clipped = clipped > unclipped
+            grad[i] = error * scale if valid & (not is_clipped) else zero
+            half = np.float64(clipped if is_clipped else unclipped) * 0.5
+            total += half if valid else 0.0
+            clipped_count += 1.0 if valid & is_clipped else 0.0
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
 
 
 _parallel_lock = threading.Lock()
@@ -184,9 +387,11 @@ _parallel_lock = threading.Lock()
 class _Kernel:
     """A row kernel built serial and parallel from one source, compiled on first use."""
 
-    def __init__(self, function):
-        self.serial = numba.njit(nogil=True, cache=_CACHE)(function)
-        self.parallel = numba.njit(nogil=True, cache=_CACHE, parallel=True)(function)
+    def __init__(self, function, fastmath=False):
+        self.serial = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath)(function)
+        self.parallel = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath, parallel=True)(
+            function
+        )
 
     def __call__(self, *args):
         *args, n_threads = args  # the backend signature ends with n_threads
@@ -207,3 +412,6 @@ shape_rewards = _Kernel(_shape_rewards_rows)
 gae = _Kernel(_gae_rows)
 moments = _Kernel(_moments_rows)
 whiten = _Kernel(_whiten_rows)
+# reassoc lets LLVM vectorize the row sums; nothing else in these kernels is reassociable.
+clipped_surrogate = _Kernel(_clipped_surrogate_rows, fastmath={"reassoc"})
+value_loss = _Kernel(_value_loss_rows, fastmath={"reassoc"})

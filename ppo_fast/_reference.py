@@ -130,3 +130,106 @@ def whiten(x, starts, spans, lengths, mask, mean, scale, offset, out, n_threads)
                 out[i] = (float(x[i]) - mean) / scale + offset
             else:
                 out[i] = 0.0
+
+
+def safe_exp(x: float) -> float:
+    """exp that saturates to inf instead of raising OverflowError."""
+    return math.exp(x) if x < 709.0 else math.inf
+
+
+def clipped_surrogate(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    params,
+    grad_scale,
+    grad,
+    row_loss,
+    row_clipped,
+    row_dual,
+    row_kl,
+    n_threads,
+):
+    """Per token: L = min(rho*A, clip(rho, lo, hi)*A), bounded below by c*A where A < 0.
+
+    params = [lo, hi, c, clamp] (c = inf without dual clip, clamp = inf without a log-ratio
+    clamp). Writes grad = grad_scale[b] * d(-w*L)/d logprobs, and per row the unscaled sum of
+    -w*L, the number of clipped and dual-clipped tokens and the sum of -log_ratio.
+    """
+    lo, hi, dual, clamp = (float(p) for p in params)
+    for b in range(starts.shape[0]):
+        total = clipped_count = dual_count = kl_total = 0.0
+        for t in range(spans[b]):
+            i = starts[b] + t
+            if not _valid(mask, i, t, lengths[b]):
+                grad[i] = 0.0
+                continue
+            advantage = float(advantages[i])
+            weight = float(weights[i]) if weights.shape[0] else 1.0
+            log_ratio = float(logprobs[i]) - float(old_logprobs[i])
+            inside = -clamp <= log_ratio <= clamp  # torch.clamp passes the gradient inclusively
+            log_ratio = min(max(log_ratio, -clamp), clamp)
+            ratio = safe_exp(log_ratio)
+            unclipped = ratio * advantage
+            clipped = min(max(ratio, lo), hi) * advantage
+            # The clipped branch is taken only where it is strictly smaller: at a tie the
+            # gradient is the unclipped one (torch's min splits ties in half, which sums to it).
+            is_clipped = clipped < unclipped
+            objective = clipped if is_clipped else unclipped
+            is_dual = advantage < 0.0 and dual * advantage > objective
+            if is_dual:
+                objective = dual * advantage
+            slope = 0.0 if (is_clipped or is_dual or not inside) else advantage * ratio
+            grad[i] = -weight * slope * float(grad_scale[b])
+            total += -weight * objective
+            clipped_count += is_clipped
+            dual_count += is_dual
+            kl_total += -log_ratio
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
+        row_dual[b] = dual_count
+        row_kl[b] = kl_total
+
+
+def value_loss(
+    values,
+    old_values,
+    returns,
+    starts,
+    spans,
+    lengths,
+    mask,
+    params,
+    grad_scale,
+    grad,
+    row_loss,
+    row_clipped,
+    n_threads,
+):
+    """Per token: 0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2).
+
+    params = [c] (inf without clipping). Writes grad = grad_scale[b] * d loss / d v, and per row
+    the unscaled loss sum and the number of tokens where the clipped term is strictly larger.
+    """
+    clip = float(params[0])
+    for b in range(starts.shape[0]):
+        total = clipped_count = 0.0
+        for t in range(spans[b]):
+            i = starts[b] + t
+            if not _valid(mask, i, t, lengths[b]):
+                grad[i] = 0.0
+                continue
+            value, old, target = float(values[i]), float(old_values[i]), float(returns[i])
+            unclipped = (value - target) ** 2
+            clipped = (min(max(value, old - clip), old + clip) - target) ** 2
+            is_clipped = clipped > unclipped
+            grad[i] = 0.0 if is_clipped else (value - target) * float(grad_scale[b])
+            total += 0.5 * (clipped if is_clipped else unclipped)
+            clipped_count += is_clipped
+        row_loss[b] = total
+        row_clipped[b] = clipped_count

@@ -2,10 +2,13 @@
 
     ppo-fast trace                 the worked example of shared/seeds/000 (score 0.7, beta 0.2)
     ppo-fast trace --json FILE     a small batch given as JSON ('-' reads standard input)
+    ppo-fast bench                 time the kernels against the peers (ppo_fast.benchmark)
 
 The JSON object holds ``logprobs``, ``ref_logprobs`` and ``values`` as lists of rows (rows may
 have different lengths), ``scores`` (one per row), and optionally ``kl_coef``, ``gamma``,
-``lam``, ``estimator``, ``clamp`` and ``bootstrap``.
+``lam``, ``estimator``, ``clamp``, ``bootstrap``, and ``new_logprobs`` (the policy after an
+update: adds the clipped-surrogate table per token, with ``clip_low``, ``clip_high`` and
+``dual_clip``). Both forms also print the clipped surrogate on the cases of shared/seeds/003.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 
 from . import _backend
 from .gae import gae
+from .loss import clipped_surrogate
 from .rewards import ESTIMATORS, kl_penalty, shape_rewards
 from .whiten import whiten
 
@@ -32,6 +36,43 @@ SEED_BATCH = {
     "gamma": 1.0,
     "lam": 0.95,
 }
+
+# shared/seeds/003_548ffc3288f9bb9e.txt (epsilon 0.2), and step 7 of seeds/000.
+LOSS_CASES = [
+    ("003 #1 good token, inside the band", 2.0, 1.15),
+    ("003 #2 good token, too eager", 2.0, 1.6),
+    ("003 #3 good token, backed off", 2.0, 0.7),
+    ("003 #4 bad token, already dropped", -3.0, 0.5),
+    ("003 #5 bad token, more eager", -3.0, 1.4),
+    ("003 #6a zero advantage", 0.0, 1.9),
+    ("003 #6b ratio exactly one", 2.0, 1.0),
+    ("003 #8a same ratio, good token", 2.0, 1.5),
+    ("003 #8b same ratio, bad token", -2.0, 1.5),
+    ("000 step 7, token 1", 1.10, float(np.exp(0.05))),
+]
+
+LOSS_COLUMNS = (
+    "case",
+    "A",
+    "ratio",
+    "clip(ratio)",
+    "ratio*A",
+    "clip*A",
+    "objective",
+    "d loss/d logp",
+    "branch",
+)
+POLICY_COLUMNS = (
+    "row",
+    "t",
+    "new_logprob",
+    "old_logprob",
+    "advantage",
+    "ratio",
+    "objective",
+    "d loss/d logp",
+    "branch",
+)
 
 PIPELINE_COLUMNS = (
     "row",
@@ -59,8 +100,12 @@ def _padded(rows: list, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _table(columns: Sequence[str], rows: list[list]) -> str:
+    # + 0.0 turns -0.0 into 0.0: a sign on zero only confuses a reader.
     cells = [
-        [c if isinstance(c, str) else f"{c:.4f}" if isinstance(c, float) else str(c) for c in row]
+        [
+            c if isinstance(c, str) else f"{c + 0.0:.4f}" if isinstance(c, float) else str(c)
+            for c in row
+        ]
         for row in rows
     ]
     widths = [
@@ -127,13 +172,97 @@ def trace_pipeline(batch: dict, backend: str | None = None) -> str:
         f"kl_coef={batch.get('kl_coef', 0.1)}, gamma={gamma}, lam={lam}, "
         f"backend={_backend.get_backend(backend)}"
     )
-    return header + "\n" + _table(PIPELINE_COLUMNS, table)
+    out = header + "\n" + _table(PIPELINE_COLUMNS, table)
+    if "new_logprobs" in batch:
+        out += "\n\n" + trace_policy(batch, normalised, lengths, backend)
+    return out
+
+
+def _branch(clipped: bool, dual: bool) -> str:
+    return "dual clip (flat)" if dual else "clipped (flat)" if clipped else "unclipped"
+
+
+def trace_loss_cases(backend: str | None = None, clip: float = 0.2) -> str:
+    """The clipped surrogate of a one-token batch for each seed case."""
+    table = []
+    for case, advantage, ratio in LOSS_CASES:
+        result = clipped_surrogate(
+            np.array([[np.log(ratio)]]),
+            np.zeros((1, 1)),
+            np.array([[advantage]]),
+            clip_low=clip,
+            backend=backend,
+        )
+        clipped_ratio = min(max(ratio, 1 - clip), 1 + clip)
+        table.append(
+            [
+                case,
+                advantage,
+                ratio,
+                clipped_ratio,
+                ratio * advantage,
+                clipped_ratio * advantage,
+                -result.loss,
+                float(result.grad[0, 0]),
+                _branch(result.clipfrac > 0, False),
+            ]
+        )
+    header = (
+        f"Clipped surrogate L = min(ratio*A, clip(ratio, {1 - clip:g}, {1 + clip:g})*A); "
+        "the loss of a one-token batch is -L"
+    )
+    return header + "\n" + _table(LOSS_COLUMNS, table)
+
+
+def trace_policy(
+    batch: dict, advantages: np.ndarray, lengths: np.ndarray, backend: str | None = None
+) -> str:
+    """The clipped surrogate per token of `batch` after an update to ``new_logprobs``."""
+    new, new_lengths = _padded(batch["new_logprobs"], "new_logprobs")
+    old, _ = _padded(batch["logprobs"], "logprobs")
+    if not np.array_equal(new_lengths, lengths):
+        raise ValueError("new_logprobs must have rows of the same lengths as logprobs")
+    options = {k: batch[k] for k in ("clip_low", "clip_high", "dual_clip") if k in batch}
+    result = clipped_surrogate(new, old, advantages, lengths=lengths, **options, backend=backend)
+    table = []
+    for b, length in enumerate(lengths):
+        for t in range(length):
+            # Each token alone, to show its branch; the batch loss is their token-mean.
+            one = clipped_surrogate(
+                new[b : b + 1, t : t + 1],
+                old[b : b + 1, t : t + 1],
+                advantages[b : b + 1, t : t + 1],
+                **options,
+                backend=backend,
+            )
+            table.append(
+                [
+                    b,
+                    t + 1,
+                    float(new[b, t]),
+                    float(old[b, t]),
+                    float(advantages[b, t]),
+                    float(np.exp(new[b, t] - old[b, t])),
+                    -one.loss,
+                    float(result.grad[b, t]),
+                    _branch(one.clipfrac > 0, one.clipfrac_lower > 0),
+                ]
+            )
+    header = (
+        f"Policy loss on the normalised advantages: loss={result.loss:.4f} "
+        f"clipfrac={result.clipfrac:.4f} approx_kl={result.approx_kl:.4f}"
+    )
+    return header + "\n" + _table(POLICY_COLUMNS, table)
 
 
 def _load_batch(path: str | None) -> dict:
     if path is None:
         return SEED_BATCH
-    text = sys.stdin.read() if path == "-" else open(path).read()
+    if path == "-":
+        text = sys.stdin.read()
+    else:
+        with open(path) as file:
+            text = file.read()
     batch = json.loads(text)
     missing = [k for k in ("scores", "logprobs", "ref_logprobs", "values") if k not in batch]
     if missing:
@@ -148,12 +277,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     trace.add_argument("--json", metavar="FILE", help="a batch as JSON ('-' for stdin)")
     trace.add_argument("--estimator", choices=ESTIMATORS, help="override the KL estimator")
     trace.add_argument("--backend", choices=("auto", *_backend.BACKENDS), default=None)
+    # numpy only: torch, scipy and matplotlib load when a row or the plot needs them.
+    from . import benchmark
+
+    bench = commands.add_parser(
+        "bench", help="time the kernels against the peers and the memory roofline"
+    )
+    benchmark.add_arguments(bench)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return benchmark.run_command(args)
     try:
         batch = dict(_load_batch(args.json))
         if args.estimator:
             batch["estimator"] = args.estimator
         print(trace_pipeline(batch, args.backend))
+        print()
+        print(trace_loss_cases(args.backend))
     except (ValueError, TypeError, KeyError, OSError, json.JSONDecodeError) as error:
         print(f"ppo-fast trace: {error}", file=sys.stderr)
         return 2

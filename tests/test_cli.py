@@ -12,7 +12,15 @@ from ppo_fast import cli
 
 
 def rows_of(output: str) -> list[list[str]]:
-    return [line.split() for line in output.splitlines()[3:]]
+    """The rows of the first table."""
+    table = output.split("\n\n")[0]
+    return [line.split() for line in table.splitlines()[3:]]
+
+
+def table_rows(output: str, index: int) -> list[list[str]]:
+    """The rows of table `index` (0 = pipeline), split on two or more spaces."""
+    table = output.split("\n\n")[index]
+    return [[c for c in line.split("  ") if c.strip()] for line in table.splitlines()[3:]]
 
 
 def test_trace_prints_the_seed_example(capsys):
@@ -23,6 +31,42 @@ def test_trace_prints_the_seed_example(capsys):
     assert [r[7] for r in rows] == ["0.1400", "0.2200", "0.0800"]  # delta
     assert [r[8] for r in rows] == ["0.4212", "0.2960", "0.0800"]  # advantage
     assert [r[10] for r in rows] == ["1.1032", "0.2148", "-1.3179"]  # normalised
+
+
+def test_trace_prints_the_clipped_surrogate_cases(capsys):
+    assert cli.main(["trace"]) == 0
+    cases = {
+        row[0].strip(): [c.strip() for c in row[1:]]
+        for row in table_rows(capsys.readouterr().out, 1)
+    }
+    # case: A, ratio, clip(ratio), ratio*A, clip*A, objective, gradient, branch
+    assert cases["003 #2 good token, too eager"] == [
+        "2.0000",
+        "1.6000",
+        "1.2000",
+        "3.2000",
+        "2.4000",
+        "2.4000",
+        "0.0000",
+        "clipped (flat)",
+    ]
+    assert cases["003 #4 bad token, already dropped"][5:] == ["-2.4000", "0.0000", "clipped (flat)"]
+    assert cases["003 #5 bad token, more eager"][5:] == ["-4.2000", "4.2000", "unclipped"]
+    assert cases["003 #8b same ratio, bad token"][5:] == ["-3.0000", "3.0000", "unclipped"]
+    assert cases["003 #6a zero advantage"][5:7] == ["0.0000", "0.0000"]
+    assert cases["000 step 7, token 1"][1] == "1.0513"
+
+
+def test_trace_prints_the_policy_loss_for_new_logprobs(capsys, tmp_path):
+    batch = dict(cli.SEED_BATCH, new_logprobs=[[-0.85, -1.0, -0.9]], dual_clip=3.0)
+    path = tmp_path / "batch.json"
+    path.write_text(json.dumps(batch))
+    assert cli.main(["trace", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    rows = table_rows(out, 1)
+    assert [r[-1].strip() for r in rows] == ["unclipped", "clipped (flat)", "clipped (flat)"]
+    assert rows[0][5].strip() == "1.0513"  # exp(-0.85 + 0.9)
+    assert "Policy loss on the normalised advantages" in out
 
 
 def test_trace_reads_a_ragged_json_batch(tmp_path, capsys):

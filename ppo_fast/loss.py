@@ -1,0 +1,276 @@
+"""Fused PPO losses: the loss, its exact gradient and the statistics, in one pass.
+
+Clipped surrogate (policy loss). Per valid token, with A the advantage, w the weight (1 without
+``weights``) and ``log_ratio = logprobs - old_logprobs`` clamped to [-log_ratio_clamp,
+log_ratio_clamp] when given:
+
+    rho = exp(log_ratio)
+    L   = min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)
+    L   = max(L, dual_clip * A)   where A < 0, when dual_clip (> 1) is given
+    l   = -w * L                  (the per-token loss)
+
+Clipped value loss. Per valid token, with R the return and c = ``clip``:
+
+    l = 0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)
+
+Aggregation (``agg``) of the per-token losses l over the valid tokens:
+
+    "token-mean"               sum(l) / num_tokens      (default: the valid tokens here; pass the
+                                                         global count so micro-batches sum to the
+                                                         global mean)
+    "seq-mean-token-mean"      sum over rows of mean(l in row) / num_seqs
+    "seq-mean-token-sum"       sum over rows of sum(l in row) / num_seqs
+    "seq-mean-token-sum-norm"  sum(l) / loss_scale     (default T, the padded width)
+
+``num_seqs`` defaults to the rows with at least one valid token: fully masked rows do not count.
+With no valid token the loss is 0 and the gradient 0.
+
+The gradient is the exact derivative of that piecewise function with respect to ``logprobs`` (or
+``values``): d rho / d logprobs = rho, so it is ``-w * A * rho * scale`` where the unclipped
+branch is taken and 0 where the clipped or dual-clipped branch is (the flat parts), and 0 where the
+log-ratio clamp is active. At a kink, where two branches are equal, the gradient is the unclipped
+branch's: that is torch autograd's answer at the trust-region edge (clamp passes the gradient at
+its bounds and min splits ties in halves that add up), while at an exact dual-clip tie autograd
+gives half of it. ``scale`` is the token's aggregation weight (1/num_tokens, 1/(num_seqs * n_row),
+1/num_seqs or 1/loss_scale). Positions that are not valid get gradient 0.
+
+Statistics, over the valid tokens: ``clipfrac``, the fraction where the clipped branch is strictly
+smaller (verl's pg_clipfrac); ``clipfrac_lower``, where the dual clip is taken; ``approx_kl``, the
+mean of old_logprobs - logprobs (of the clamped log-ratio when a clamp is given, as verl does);
+for the value loss, ``clipfrac``, where the clipped term is strictly larger. They are NaN when
+there is no valid token.
+
+Per-token arithmetic runs in the input dtype; sums and the loss are float64. Without a log-ratio
+clamp, exp saturates at exp(88.3) in float32 and exp(709) in float64 (torch gives inf there):
+pass ``log_ratio_clamp`` (verl uses 20) when log-ratios can be that large.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from . import _backend, _validate
+
+Aggregation = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
+AGGREGATIONS: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+
+# The aggregation modes each normaliser applies to.
+_APPLIES_TO = {
+    "num_tokens": ("token-mean",),
+    "num_seqs": ("seq-mean-token-mean", "seq-mean-token-sum"),
+    "loss_scale": ("seq-mean-token-sum-norm",),
+}
+
+
+class PolicyLossResult(NamedTuple):
+    """The clipped-surrogate loss, d loss / d logprobs, and the statistics."""
+
+    loss: float
+    grad: np.ndarray
+    clipfrac: float
+    clipfrac_lower: float
+    approx_kl: float
+
+
+class ValueLossResult(NamedTuple):
+    """The clipped value loss, d loss / d values, and the clip fraction."""
+
+    loss: float
+    grad: np.ndarray
+    clipfrac: float
+
+
+def _row_scales(
+    agg: str,
+    rows: _validate.Rows,
+    num_tokens: float | None,
+    num_seqs: float | None,
+    loss_scale: float | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's aggregation weight (float64), and the valid tokens of each row."""
+    _validate.choice("agg", agg, AGGREGATIONS)
+    for name, value in (
+        ("num_tokens", num_tokens),
+        ("num_seqs", num_seqs),
+        ("loss_scale", loss_scale),
+    ):
+        if value is not None and agg not in _APPLIES_TO[name]:
+            raise ValueError(
+                f"{name} applies to agg={' or '.join(map(repr, _APPLIES_TO[name]))}, not {agg!r}"
+            )
+    if rows.mask.shape[0]:
+        counts = rows.mask.reshape(rows.shape).sum(axis=1, dtype=np.int64)
+    else:
+        counts = rows.lengths
+    if agg == "token-mean":
+        total = (
+            float(counts.sum())
+            if num_tokens is None
+            else _validate.scalar("num_tokens", num_tokens, lo=0.0, open_lo=True)
+        )
+        return np.full(rows.n_rows, 1.0 / total if total else 0.0), counts
+    if agg == "seq-mean-token-sum-norm":
+        if loss_scale is None:
+            if rows.packed:
+                raise ValueError(
+                    "agg='seq-mean-token-sum-norm' on packed rows needs loss_scale: pass the fixed "
+                    "maximum response length (the padded T it stands for)"
+                )
+            if rows.shape[1] == 0:  # no positions at all: the loss is 0
+                return np.zeros(rows.n_rows), counts
+            loss_scale = rows.shape[1]
+        scale = _validate.scalar("loss_scale", loss_scale, lo=0.0, open_lo=True)
+        return np.full(rows.n_rows, 1.0 / scale), counts
+    seqs = (
+        float(np.count_nonzero(counts))
+        if num_seqs is None
+        else _validate.scalar("num_seqs", num_seqs, lo=0.0, open_lo=True)
+    )
+    if not seqs:
+        return np.zeros(rows.n_rows), counts
+    if agg == "seq-mean-token-sum":
+        return np.full(rows.n_rows, 1.0 / seqs), counts
+    with np.errstate(divide="ignore"):
+        per_token = np.where(counts > 0, 1.0 / (seqs * counts), 0.0)
+    return per_token, counts
+
+
+def _mean(total: float, count: float) -> float:
+    return total / count if count else math.nan
+
+
+def clipped_surrogate(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    log_ratio_clamp: float | None = None,
+    agg: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """PPO's clipped-surrogate policy loss with its gradient and statistics; see the module.
+
+    ``logprobs`` (of the policy being trained), ``old_logprobs`` (of the policy that sampled)
+    and ``advantages`` are (B, T) with ``mask`` or ``lengths``, or packed (N,) with
+    ``cu_seqlens``; ``weights`` (same shape, optional) multiply the per-token loss.
+    ``clip_high=None`` means ``clip_high = clip_low``.
+    """
+    arrays = {"logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": advantages}
+    if weights is not None:
+        arrays["weights"] = weights
+    checked = _validate.token_arrays(**arrays)
+    logp, old, adv = checked[:3]
+    token_weights = checked[3].reshape(-1) if weights is not None else np.zeros(0, logp.dtype)
+    rows = _validate.rows(logp.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
+    high = low if clip_high is None else _validate.scalar("clip_high", clip_high, lo=0.0)
+    dual = (
+        math.inf
+        if dual_clip is None
+        else _validate.scalar("dual_clip", dual_clip, lo=1.0, open_lo=True)
+    )
+    clamp = (
+        math.inf
+        if log_ratio_clamp is None
+        else _validate.scalar("log_ratio_clamp", log_ratio_clamp, lo=0.0, open_lo=True)
+    )
+    scales, counts = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
+
+    params = np.array([1.0 - low, 1.0 + high, dual, clamp], dtype=logp.dtype)
+    grad = np.empty_like(logp)
+    row_loss, row_clipped, row_dual, row_kl = (np.empty(rows.n_rows) for _ in range(4))
+    _backend.resolve(backend).clipped_surrogate(
+        logp.reshape(-1),
+        old.reshape(-1),
+        adv.reshape(-1),
+        token_weights,
+        rows.starts,
+        rows.spans,
+        rows.lengths,
+        rows.mask,
+        params,
+        scales.astype(logp.dtype),
+        grad.reshape(-1),
+        row_loss,
+        row_clipped,
+        row_dual,
+        row_kl,
+        _backend.threads_for(rows.n_rows, rows.n_positions),
+    )
+    valid = float(counts.sum())
+    return PolicyLossResult(
+        loss=float((row_loss * scales).sum()),
+        grad=grad,
+        clipfrac=_mean(float(row_clipped.sum()), valid),
+        clipfrac_lower=_mean(float(row_dual.sum()), valid),
+        approx_kl=_mean(float(row_kl.sum()), valid),
+    )
+
+
+def value_loss(
+    values: ArrayLike,
+    old_values: ArrayLike,
+    returns: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    clip: float | None = None,
+    agg: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    backend: str | None = None,
+) -> ValueLossResult:
+    """PPO's clipped value loss with its gradient and clip fraction; see the module docstring.
+
+    ``values`` are the critic's predictions being trained, ``old_values`` those at sampling
+    time, ``returns`` the targets; ``clip=None`` means no value clipping.
+    """
+    new, old, target = _validate.token_arrays(values=values, old_values=old_values, returns=returns)
+    rows = _validate.rows(new.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    bound = math.inf if clip is None else _validate.scalar("clip", clip, lo=0.0)
+    scales, counts = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
+    grad = np.empty_like(new)
+    row_loss, row_clipped = np.empty(rows.n_rows), np.empty(rows.n_rows)
+    _backend.resolve(backend).value_loss(
+        new.reshape(-1),
+        old.reshape(-1),
+        target.reshape(-1),
+        rows.starts,
+        rows.spans,
+        rows.lengths,
+        rows.mask,
+        np.array([bound], dtype=new.dtype),
+        scales.astype(new.dtype),
+        grad.reshape(-1),
+        row_loss,
+        row_clipped,
+        _backend.threads_for(rows.n_rows, rows.n_positions),
+    )
+    return ValueLossResult(
+        loss=float((row_loss * scales).sum()),
+        grad=grad,
+        clipfrac=_mean(float(row_clipped.sum()), float(counts.sum())),
+    )
