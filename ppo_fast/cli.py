@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -126,7 +127,7 @@ def trace_pipeline(batch: dict, backend: str | None = None) -> str:
         raise ValueError("logprobs, ref_logprobs and values must have rows of the same lengths")
     estimator = batch.get("estimator", "k1")
     gamma, lam = batch.get("gamma", 1.0), batch.get("lam", 0.95)
-    layout = {"lengths": lengths}
+    layout: dict[str, Any] = {"lengths": lengths}
     kl = kl_penalty(logprobs, ref_logprobs, estimator, batch.get("clamp"), backend=backend)
     rewards = shape_rewards(
         batch["scores"],

@@ -48,7 +48,7 @@ pass ``log_ratio_clamp`` (verl uses 20) when log-ratios can be that large.
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -176,7 +176,11 @@ def clipped_surrogate(
     ``cu_seqlens``; ``weights`` (same shape, optional) multiply the per-token loss.
     ``clip_high=None`` means ``clip_high = clip_low``.
     """
-    arrays = {"logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": advantages}
+    arrays: dict[str, Any] = {
+        "logprobs": logprobs,
+        "old_logprobs": old_logprobs,
+        "advantages": advantages,
+    }
     if weights is not None:
         arrays["weights"] = weights
     checked = _validate.token_arrays(**arrays)
