@@ -1,0 +1,12 @@
+"""Drop-in replacements for the PPO numerics of other trainers, on ppo_fast's kernels.
+
+    ppo_fast.compat.verl      verl 0.9.1: verl.trainer.ppo.core_algos, verl.utils.torch_functional
+    ppo_fast.compat.openrlhf  OpenRLHF 0.11.2: openrlhf.models.utils, openrlhf.models.loss, the
+                              experience maker's GAE
+    ppo_fast.compat.trl       TRL 0.29.1: the PPO trainer's rollout arithmetic
+
+Each module keeps its peer's signatures, argument order, return types and quirks, so that a
+trainer swaps one import and gets the same numbers; each says which of its functions run on
+ppo_fast kernels and which stay plain torch. They import torch (``pip install ppo_fast[torch]``);
+``import ppo_fast`` and ``import ppo_fast.compat`` do not.
+"""

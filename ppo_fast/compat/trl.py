@@ -1,0 +1,217 @@
+"""TRL's PPO trainer arithmetic on ppo_fast's kernels, with the trainer's conventions.
+
+Reproduces TRL 0.29.1 (https://github.com/huggingface/trl, tag v0.29.1, PyPI trl==0.29.1), the
+last release with a PPO trainer (TRL 1.x removed it):
+``trl/experimental/ppo/ppo_trainer.py`` (``masked_mean``, ``masked_var``, ``masked_whiten``,
+``INVALID_LOGPROB``, and steps 3 to 6 of a rollout inside ``PPOTrainer.train``) and
+``trl/experimental/utils.py`` (``first_true_indices``).
+
+The trainer's conventions, which ``rollout_advantages`` keeps:
+
+- ``sequence_lengths`` holds the index of each response's last real token (``first_true_indices
+  (response == pad_token_id) - 1``); positions after it are padding (``padding_mask``), where the
+  log-probs are replaced by ``INVALID_LOGPROB`` (so the KL there is 0).
+- The score lands on the first padding slot after the EOS (``sequence_lengths + 1``), or on the
+  last token when the response fills the width; values are kept up to and including that slot and
+  zeroed past it (``padding_mask_p1``), so that slot is a real step of the recursion.
+- GAE runs over every position (no mask), ``returns = advantages + values``, then the advantages
+  are whitened over the real tokens (unbiased variance) and zeroed on the padding.
+
+What runs where: the GAE recursion (the trainer's Python loop over the response length) runs on
+the ppo_fast GAE kernel with every position valid, which is exactly the trainer's recursion; the
+whitening takes its sums from the ppo_fast moments kernel and applies TRL's scalar arithmetic
+(no epsilon in the mean, Bessel's n / (n - 1), ``rsqrt(var + 1e-8)``: NaN for a single valid
+token, ValueError for none) at every position. The elementwise KL and reward placement are TRL's
+torch code. Parity holds for finite inputs (TRL's ``x * mask`` turns a NaN at a masked position
+into NaN; the kernels never read it).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .. import torch as ppo_torch
+
+__all__ = [
+    "INVALID_LOGPROB",
+    "RolloutAdvantages",
+    "first_true_indices",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "rollout_advantages",
+]
+
+INVALID_LOGPROB = 1.0
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: bool | None = None):
+    """trl.experimental.ppo.ppo_trainer.masked_mean: sum(values * mask) / sum(mask)."""
+    if axis is not None:
+        return (values * mask).sum(axis=axis) / mask.sum(axis=axis)
+    else:
+        return (values * mask).sum() / mask.sum()
+
+
+def _bessel(variance: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask_sum = mask.sum()
+    if mask_sum == 0:
+        raise ValueError(
+            "The sum of the mask is zero, which can happen when `mini_batch_size=1`;"
+            "try increase the `mini_batch_size` or `gradient_accumulation_steps`"
+        )
+    # note that if mask_sum == 1, then there is a division by zero issue
+    # to avoid it you just need to use a larger minibatch_size
+    bessel_correction = mask_sum / (mask_sum - 1)
+    return variance * bessel_correction
+
+
+def _on_kernels(values, mask) -> bool:
+    return (
+        isinstance(values, torch.Tensor)
+        and isinstance(mask, torch.Tensor)
+        and values.shape == mask.shape
+        and values.is_floating_point()
+        and not (torch.is_grad_enabled() and values.requires_grad)
+    )
+
+
+def _kernel_mean_var(values, mask, unbiased):
+    """TRL's masked mean and variance with the sums from the moments kernel, and TRL's own
+    arithmetic (and so its dtypes) on the 0-d results."""
+    flat_values, flat_mask = values.reshape(1, -1), mask.reshape(1, -1)
+    sum_dtype = torch.promote_types(values.dtype, mask.dtype)
+    count = mask.sum()
+    first = ppo_torch.masked_moments(flat_values, mask=flat_mask)
+    mean = torch.tensor(first.sum, dtype=sum_dtype, device=values.device) / count
+    if not torch.isfinite(mean):
+        # No valid token (0 / 0) or a non-finite value: the peer's own arithmetic says what.
+        return mean, _torch_masked_var(values, mask, unbiased)
+    second = ppo_torch.masked_moments(flat_values, mask=flat_mask, shift=float(mean))
+    variance = torch.tensor(second.sum_sq, dtype=sum_dtype, device=values.device) / count
+    if unbiased:
+        variance = _bessel(variance, mask)
+    return mean, variance
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True):
+    """trl.experimental.ppo.ppo_trainer.masked_var: unbiased by default."""
+    if _on_kernels(values, mask):
+        return _kernel_mean_var(values, mask, unbiased)[1]
+    return _torch_masked_var(values, mask, unbiased)
+
+
+def _torch_masked_var(values, mask, unbiased):
+    """The peer's masked_var, plain torch."""
+    mean = masked_mean(values, mask)
+    centered_values = values - mean
+    variance = masked_mean(centered_values**2, mask)
+    if unbiased:
+        variance = _bessel(variance, mask)
+    return variance
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True):
+    """trl.experimental.ppo.ppo_trainer.masked_whiten: ``(values - mean) * rsqrt(var + 1e-8)``
+    at every position, mean and unbiased variance over the mask."""
+    if _on_kernels(values, mask):
+        mean, var = _kernel_mean_var(values, mask, unbiased=True)
+    else:
+        mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened += mean
+    return whitened
+
+
+def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
+    """trl.experimental.utils.first_true_indices: the index of the first True of each row, or
+    the row length when there is none."""
+    row_len = bools.size(-1)
+    zero_or_index = row_len * (~bools).type(dtype) + torch.arange(
+        row_len, dtype=dtype, device=bools.device
+    )
+    return torch.min(zero_or_index, dim=-1).values
+
+
+class RolloutAdvantages(NamedTuple):
+    """What PPOTrainer.train holds after step 6 of a rollout, under the trainer's names."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    rewards: torch.Tensor
+    non_score_reward: torch.Tensor
+    kl: torch.Tensor
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor
+    padding_mask: torch.Tensor
+    padding_mask_p1: torch.Tensor
+
+
+@torch.no_grad()
+def rollout_advantages(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    values: torch.Tensor,
+    scores: torch.Tensor,
+    sequence_lengths: torch.Tensor,
+    *,
+    kl_coef: float = 0.05,
+    kl_estimator: str = "k1",
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    whiten_rewards: bool = False,
+) -> RolloutAdvantages:
+    """Steps 3 to 6 of PPOTrainer.train: padding masks, KL-shaped rewards with the score on the
+    first padding slot, optional reward whitening, GAE, and whitened advantages.
+
+    ``logprobs``, ``ref_logprobs`` and ``values`` are (B, T) over the response; ``scores`` (B,)
+    the reward model's scores (after any ``missing_eos_penalty``); ``sequence_lengths`` (B,) the
+    index of each response's last real token. The keyword defaults are PPOConfig's.
+    """
+    response_idxs = torch.arange(logprobs.shape[1], device=logprobs.device).repeat(
+        logprobs.shape[0], 1
+    )
+    padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
+    logprobs = torch.masked_fill(logprobs, padding_mask, INVALID_LOGPROB)
+    ref_logprobs = torch.masked_fill(ref_logprobs, padding_mask, INVALID_LOGPROB)
+    sequence_lengths_p1 = sequence_lengths + 1
+    padding_mask_p1 = response_idxs > (sequence_lengths_p1.unsqueeze(1))
+    values = torch.masked_fill(values, padding_mask_p1, 0)
+
+    # Schulman's k1 and k3 estimators (http://joschu.net/blog/kl-approx.html), as TRL writes them.
+    logr = ref_logprobs - logprobs
+    kl = -logr if kl_estimator == "k1" else (logr.exp() - 1) - logr
+    non_score_reward = -kl_coef * kl
+    rewards = non_score_reward.clone()
+    actual_start = torch.arange(rewards.size(0), device=rewards.device)
+    actual_end = torch.where(
+        sequence_lengths_p1 < rewards.size(1), sequence_lengths_p1, sequence_lengths
+    )
+    rewards[actual_start, actual_end] += scores
+
+    if whiten_rewards:
+        rewards = masked_whiten(rewards, mask=~padding_mask_p1, shift_mean=False)
+        rewards = torch.masked_fill(rewards, padding_mask_p1, 0)
+
+    dtype = torch.promote_types(rewards.dtype, values.dtype)
+    rewards, values = rewards.to(dtype), values.to(dtype)
+    advantages = ppo_torch.gae(rewards, values, gamma=gamma, lam=lam).advantages
+    returns = advantages + values
+    advantages = masked_whiten(advantages, ~padding_mask)
+    advantages = torch.masked_fill(advantages, padding_mask, 0)
+    return RolloutAdvantages(
+        advantages,
+        returns,
+        rewards,
+        non_score_reward,
+        kl,
+        logprobs,
+        ref_logprobs,
+        values,
+        padding_mask,
+        padding_mask_p1,
+    )

@@ -1,0 +1,552 @@
+"""verl's PPO numerics on ppo_fast's kernels: swap the import, keep the numbers.
+
+    from verl.trainer.ppo import core_algos       ->  from ppo_fast.compat import verl as core_algos
+    import verl.utils.torch_functional as verl_F  ->  from ppo_fast.compat import verl as verl_F
+
+Reproduces verl 0.9.1 (https://github.com/volcengine/verl, tag v0.9.1, PyPI verl==0.9.1):
+``verl/trainer/ppo/core_algos.py`` and ``verl/utils/torch_functional.py``. Every function has the
+signature, argument order, return type, dtype promotion and quirks of the function it names, and
+equals it to float32 rounding (the tests hold it to 1e-6 relative against verl itself).
+
+What runs where:
+
+- ``compute_gae_advantage_return``: the ppo_fast GAE kernel replaces verl's Python loop over the
+  response length. verl skips masked positions as ppo_fast does (the next value and the running
+  advantage carry across them), but it also stores the carried advantage at each masked position
+  (the advantage of the next valid token, 0 after the last), and ``returns = advantages + values``
+  everywhere; both are reproduced in torch around the kernel.
+- ``masked_var`` and ``masked_whiten``: the sums come from the ppo_fast moments kernel (float64);
+  verl's own scalar arithmetic follows (``mask.sum() + 1e-8`` denominators, the Bessel factor
+  ``n / (n - 1)`` in torch's default dtype, the ValueError for fewer than two valid tokens), and
+  the whitening is applied at every position, masked ones included, as verl does. When ``values``
+  requires grad they run verl's torch code, so autograd is unchanged.
+- ``compute_policy_loss_vanilla``, ``compute_policy_loss``, ``compute_value_loss``: the fused
+  kernels through ``ppo_fast.torch`` autograd Functions (one pass for the loss, the gradient and
+  the statistics); the kernel returns the masked token sum (or sum of per-sequence means) and
+  verl's ``agg_loss`` normalisation is applied to it in torch, with its global-count arguments
+  (``dp_size``, ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``).
+- ``masked_sum``, ``masked_mean``, ``agg_loss``, ``clip_by_value``, ``kl_penalty``,
+  ``kl_penalty_forward``, ``compute_rewards``, the KL controllers: verl's code, plain torch and
+  NumPy. They are vectorised already and are differentiated inside losses.
+
+Differences, by design: masks must hold 0/1 (verl multiplies by any weights, ppo_fast rejects
+them with a ValueError); values stored at masked positions never reach the kernels, where verl's
+``x * 0`` turns a NaN there into NaN results (parity holds for finite inputs); the fused losses are
+differentiated with respect to ``log_prob`` / ``vpreds`` only, and raise if the old log-probs,
+advantages, returns or old values require grad (verl's trainers detach them).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import torch as ppo_torch
+
+__all__ = [
+    "AdaptiveKLController",
+    "FixedKLController",
+    "agg_loss",
+    "clip_by_value",
+    "compute_gae_advantage_return",
+    "compute_policy_loss",
+    "compute_policy_loss_vanilla",
+    "compute_rewards",
+    "compute_value_loss",
+    "get_kl_controller",
+    "kl_penalty",
+    "kl_penalty_forward",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+]
+
+_LOSS_AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "seq-mean-token-mean",
+)
+
+
+# ---- verl/utils/torch_functional.py -------------------------------------------------------------
+
+
+def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.Tensor):
+    """verl.utils.torch_functional.clip_by_value: torch.clamp with tensor bounds."""
+    return torch.max(torch.min(x, tensor_max), tensor_min)
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis=None) -> torch.Tensor:
+    """verl.utils.torch_functional.masked_sum (plain torch)."""
+    valid_values = torch.where(mask.bool(), values, 0.0)
+    return (valid_values * mask).sum(axis=axis)
+
+
+def masked_mean(values, mask, axis=None):
+    """verl.utils.torch_functional.masked_mean (plain torch): sum / (count + 1e-8)."""
+    s = masked_sum(values, mask, axis)
+    return s / (mask.sum(axis=axis) + 1e-8)
+
+
+def _differentiated(*tensors: Any) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+    )
+
+
+def _on_kernels(values: Any, mask: Any) -> bool:
+    """Whether the moments kernel can stand in for verl's torch reductions."""
+    return (
+        isinstance(values, torch.Tensor)
+        and isinstance(mask, torch.Tensor)
+        and values.shape == mask.shape
+        and values.is_floating_point()
+        and not _differentiated(values)
+    )
+
+
+def _bessel(variance: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask_sum = mask.sum()
+    if mask_sum == 0:
+        raise ValueError("At least one element in the mask has to be 1.")
+    # note that if mask_sum == 1, then there is a division by zero issue
+    # to avoid it you just need to use a larger minibatch_size
+    if mask_sum == 1:
+        raise ValueError("The sum of the mask is one, which can cause a division by zero.")
+    bessel_correction = mask_sum / (mask_sum - 1)
+    return variance * bessel_correction
+
+
+def _kernel_mean_var(
+    values: torch.Tensor, mask: torch.Tensor, unbiased: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's masked_mean and masked_var with the sums taken by the moments kernel.
+
+    The 0-d tensors go through verl's own arithmetic, so they get its dtypes: the sums have
+    ``promote_types(values, mask)``, and ``mask.sum() + 1e-8`` is in torch's default dtype for
+    integer and bool masks.
+    """
+    flat_values, flat_mask = values.reshape(1, -1), mask.reshape(1, -1)
+    sum_dtype = torch.promote_types(values.dtype, mask.dtype)
+    count = mask.sum() + 1e-8
+    first = ppo_torch.masked_moments(flat_values, mask=flat_mask)
+    mean = torch.tensor(first.sum, dtype=sum_dtype, device=values.device) / count
+    if not torch.isfinite(mean):
+        # No valid token (0 / 0) or a non-finite value: the peer's own arithmetic says what.
+        return mean, _torch_masked_var(values, mask, unbiased)
+    # verl centres about its mean as stored (``values - mean``): so does the second pass.
+    second = ppo_torch.masked_moments(flat_values, mask=flat_mask, shift=float(mean))
+    variance = torch.tensor(second.sum_sq, dtype=sum_dtype, device=values.device) / count
+    if unbiased:
+        variance = _bessel(variance, mask)
+    return mean, variance
+
+
+def masked_var(values, mask, unbiased=True):
+    """verl.utils.torch_functional.masked_var: unbiased by default; ValueError for fewer than
+    two valid tokens."""
+    if _on_kernels(values, mask):
+        return _kernel_mean_var(values, mask, unbiased)[1]
+    return _torch_masked_var(values, mask, unbiased)
+
+
+def _torch_masked_var(values, mask, unbiased):
+    """The peer's masked_var, plain torch."""
+    mean = masked_mean(values, mask)
+    centered_values = values - mean
+    variance = masked_mean(centered_values**2, mask)
+    if unbiased:
+        variance = _bessel(variance, mask)
+    return variance
+
+
+def masked_whiten(values, mask, shift_mean=True):
+    """verl.utils.torch_functional.masked_whiten: ``(values - mean) * rsqrt(var + 1e-8)`` at every
+    position (masked ones too), with verl's unbiased masked variance."""
+    if _on_kernels(values, mask):
+        mean, var = _kernel_mean_var(values, mask, unbiased=True)
+    else:
+        mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened += mean
+    return whitened
+
+
+# ---- verl/trainer/ppo/core_algos.py -------------------------------------------------------------
+
+
+class AdaptiveKLController:
+    """verl.trainer.ppo.core_algos.AdaptiveKLController (https://arxiv.org/pdf/1909.08593.pdf)."""
+
+    def __init__(self, init_kl_coef, target_kl, horizon):
+        self.value = init_kl_coef
+        self.target = target_kl
+        self.horizon = horizon
+
+    def update(self, current_kl, n_steps):
+        target = self.target
+        proportional_error = np.clip(current_kl / target - 1, -0.2, 0.2)
+        mult = 1 + proportional_error * n_steps / self.horizon
+        self.value *= mult
+
+
+class FixedKLController:
+    """verl.trainer.ppo.core_algos.FixedKLController."""
+
+    def __init__(self, kl_coef):
+        self.value = kl_coef
+
+    def update(self, current_kl, n_steps):
+        """A fixed coefficient: nothing to update."""
+
+
+def get_kl_controller(kl_ctrl):
+    """verl.trainer.ppo.core_algos.get_kl_controller."""
+    if kl_ctrl.type == "fixed":
+        return FixedKLController(kl_coef=kl_ctrl.kl_coef)
+    elif kl_ctrl.type == "adaptive":
+        assert kl_ctrl.horizon > 0, f"horizon must be larger than 0. Got {kl_ctrl.horizon}"
+        return AdaptiveKLController(
+            init_kl_coef=kl_ctrl.kl_coef, target_kl=kl_ctrl.target_kl, horizon=kl_ctrl.horizon
+        )
+    else:
+        raise NotImplementedError
+
+
+def _carry_into_masked(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """At each masked position, the advantage of the next valid position of its row (0 after the
+    last): what verl's loop leaves in ``lastgaelam`` there."""
+    valid = mask.bool()
+    if bool(valid.all()):
+        return advantages
+    width = valid.shape[-1]
+    positions = torch.arange(width, device=valid.device).expand_as(valid)
+    own_or_end = torch.where(valid, positions, width)
+    next_valid = own_or_end.flip(-1).cummin(dim=-1).values.flip(-1)
+    padded = torch.cat([advantages, advantages.new_zeros((*advantages.shape[:-1], 1))], dim=-1)
+    return padded.gather(-1, next_valid)
+
+
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: torch.Tensor,
+    lam: torch.Tensor,
+):
+    """verl.trainer.ppo.core_algos.compute_gae_advantage_return on the GAE kernel.
+
+    (bs, response_length) rewards, values and 0/1 mask; gamma and lam scalars (or per-row).
+    Returns ``(advantages, returns)``: advantages whitened by ``masked_whiten`` over the mask,
+    returns = advantages + values before whitening, both at every position as verl leaves them.
+    """
+    with torch.no_grad():
+        dtype = torch.promote_types(token_level_rewards.dtype, values.dtype)
+        rewards, values = token_level_rewards.to(dtype), values.to(dtype)
+        advantages = ppo_torch.gae(
+            rewards, values, gamma=gamma, lam=lam, mask=response_mask
+        ).advantages
+        advantages = _carry_into_masked(advantages, response_mask)
+        returns = advantages + values
+        advantages = masked_whiten(advantages, response_mask)
+    return advantages, returns
+
+
+def compute_rewards(token_level_scores, old_log_prob, ref_log_prob, kl_ratio):
+    """verl.trainer.ppo.core_algos.compute_rewards: scores - kl_ratio * (old - ref)."""
+    kl = old_log_prob - ref_log_prob
+    return token_level_scores - kl * kl_ratio
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: int | None = None,
+    global_batch_size: int | None = None,
+    loss_scale_factor: int | None = None,
+):
+    """verl.trainer.ppo.core_algos.agg_loss (plain torch, differentiable): all five modes."""
+    if loss_agg_mode == "token-mean":
+        if batch_num_tokens is None:
+            if dp_size > 1:
+                raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
+            batch_num_tokens = loss_mask.sum()
+        loss = masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size
+    elif loss_agg_mode == "token-sum":
+        loss = masked_sum(loss_mat, loss_mask) * dp_size
+    elif loss_agg_mode in ["seq-mean-token-sum", "seq-mean-token-sum-norm"]:
+        seq_losses = torch.sum(loss_mat * loss_mask, dim=-1)
+        seq_mask = (torch.sum(loss_mask, dim=-1) > 0).float()
+        if global_batch_size is None:
+            if dp_size > 1:
+                raise ValueError("global_batch_size is required when dp_size > 1")
+            global_batch_size = seq_mask.sum()
+        loss = masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size
+        if loss_agg_mode == "seq-mean-token-sum-norm":
+            if loss_scale_factor is None:
+                loss_scale_factor = loss_mask.shape[-1]
+            loss /= loss_scale_factor
+    elif loss_agg_mode == "seq-mean-token-mean":
+        seq_mask = torch.sum(loss_mask, dim=-1)
+        seq_losses = torch.sum(loss_mat * loss_mask, dim=-1) / (seq_mask + 1e-8)
+        seq_mask = (seq_mask > 0).float()
+        if global_batch_size is None:
+            if dp_size > 1:
+                raise ValueError("global_batch_size is required when dp_size > 1")
+            global_batch_size = seq_mask.sum()
+        loss = masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size
+    else:
+        raise ValueError(f"Invalid loss_agg_mode: {loss_agg_mode}")
+    return loss
+
+
+def _kernel_agg(loss_agg_mode: str) -> tuple[str, dict[str, float]]:
+    """The kernel aggregation whose result verl's normalisation is applied to: the masked token
+    sum, or the sum over sequences of their token means."""
+    if loss_agg_mode not in _LOSS_AGG_MODES:
+        raise ValueError(f"Invalid loss_agg_mode: {loss_agg_mode}")
+    if loss_agg_mode == "seq-mean-token-mean":
+        return "seq-mean-token-mean", {"num_seqs": 1.0}
+    return "token-mean", {"num_tokens": 1.0}
+
+
+def _normalise(
+    total: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: Any = None,
+    global_batch_size: Any = None,
+    loss_scale_factor: Any = None,
+) -> torch.Tensor:
+    """agg_loss's arithmetic after its masked sum (``total``), differentiable through ``total``."""
+    if loss_agg_mode == "token-mean":
+        if batch_num_tokens is None:
+            if dp_size > 1:
+                raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
+            batch_num_tokens = loss_mask.sum()
+        return total / batch_num_tokens * dp_size
+    if loss_agg_mode == "token-sum":
+        return total * dp_size
+    if global_batch_size is None:
+        if dp_size > 1:
+            raise ValueError("global_batch_size is required when dp_size > 1")
+        global_batch_size = (torch.sum(loss_mask, dim=-1) > 0).float().sum()
+    loss = total / global_batch_size * dp_size
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        if loss_scale_factor is None:
+            loss_scale_factor = loss_mask.shape[-1]
+        loss = loss / loss_scale_factor
+    return loss
+
+
+def _as_verl_mean(mean: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A kernel statistic (a mean over the valid tokens, NaN when there is none) as verl's
+    ``masked_mean``: the same sum over ``mask.sum() + 1e-8``, so 0 when no token is valid."""
+    count = mask.sum()
+    total = torch.nan_to_num(mean.double() * count.double(), nan=0.0)
+    return total.to(torch.promote_types(dtype, mask.dtype)) / (count + 1e-8)
+
+
+def _policy_loss(
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    cliprange_low,
+    cliprange_high,
+    clip_ratio_c,
+    loss_agg_mode,
+    rollout_is_weights=None,
+    global_batch_info=None,
+):
+    """The vanilla PPO policy loss and its three statistics, fused."""
+    assert clip_ratio_c > 1.0, (
+        "The lower bound of the clip_ratio_c for dual-clip PPO should be greater than 1.0,"
+        + f" but get the value: {clip_ratio_c}."
+    )
+    agg, counts = _kernel_agg(loss_agg_mode)
+    dtype = torch.promote_types(
+        torch.promote_types(log_prob.dtype, old_log_prob.dtype), advantages.dtype
+    )
+    weights = None if rollout_is_weights is None else rollout_is_weights.to(dtype)
+    result = ppo_torch.clipped_surrogate(
+        log_prob.to(dtype),
+        old_log_prob.to(dtype),
+        advantages.to(dtype),
+        mask=response_mask,
+        clip_low=cliprange_low,
+        clip_high=cliprange_high,
+        dual_clip=clip_ratio_c,
+        log_ratio_clamp=20.0,
+        agg=agg,
+        weights=weights,
+        **counts,
+    )
+    pg_loss = _normalise(result.loss, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    pg_clipfrac = _as_verl_mean(result.clipfrac, response_mask, torch.float32)
+    ppo_kl = _as_verl_mean(result.approx_kl, response_mask, dtype)
+    pg_clipfrac_lower = _as_verl_mean(result.clipfrac_lower, response_mask, torch.float32)
+    return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+def compute_policy_loss(
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    cliprange=None,
+    cliprange_low=None,
+    cliprange_high=None,
+    clip_ratio_c=3.0,
+    loss_agg_mode: str = "token-mean",
+):
+    """verl.trainer.ppo.core_algos.compute_policy_loss (deprecated there: it warns the same
+    FutureWarning): ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``, all tensors.
+
+    Dual clip at ``clip_ratio_c`` for negative advantages, the log-ratio clamped to [-20, 20].
+    """
+    warnings.warn(
+        "Warning: Function 'verl.trainer.ppo.core_algos.compute_policy_loss' is deprecated. "
+        "Please use 'verl.trainer.ppo.core_algos.compute_policy_loss_vanilla' instead.",
+        category=FutureWarning,
+        stacklevel=2,
+    )
+    if cliprange_low is None:
+        cliprange_low = cliprange
+    if cliprange_high is None:
+        cliprange_high = cliprange
+    return _policy_loss(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        cliprange_low,
+        cliprange_high,
+        clip_ratio_c,
+        loss_agg_mode,
+    )
+
+
+def compute_policy_loss_vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl.trainer.ppo.core_algos.compute_policy_loss_vanilla: ``(pg_loss, metrics)`` with
+    metrics ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower`` (floats).
+
+    ``config`` is verl's ActorConfig (or a DictConfig): ``clip_ratio``, ``clip_ratio_low``,
+    ``clip_ratio_high``, ``get("clip_ratio_c", 3.0)`` and ``global_batch_info`` (the agg_loss
+    keyword arguments) are read from it. ``rollout_is_weights`` multiply the per-token loss.
+    """
+    assert config is not None
+    assert type(config).__name__ != "AlgoConfig"
+    clip_ratio = config.clip_ratio
+    clip_ratio_low = config.clip_ratio_low if config.clip_ratio_low is not None else clip_ratio
+    clip_ratio_high = config.clip_ratio_high if config.clip_ratio_high is not None else clip_ratio
+    clip_ratio_c = config.get("clip_ratio_c", 3.0)
+    pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = _policy_loss(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        clip_ratio_low,
+        clip_ratio_high,
+        clip_ratio_c,
+        loss_agg_mode,
+        rollout_is_weights,
+        config.global_batch_info,
+    )
+    pg_metrics = {
+        "actor/pg_clipfrac": pg_clipfrac.detach().item(),
+        "actor/ppo_kl": ppo_kl.detach().item(),
+        "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach().item(),
+    }
+    return pg_loss, pg_metrics
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    dp_size: int = 1,
+    batch_num_tokens: int | None = None,
+    global_batch_size: int | None = None,
+    loss_scale_factor: int | None = None,
+):
+    """verl.trainer.ppo.core_algos.compute_value_loss: ``(vf_loss, vf_clipfrac)``.
+
+    Note verl's argument order: predictions, returns, then the old values.
+    ``0.5 * agg_loss(max((vpreds - returns)^2, (clip(vpreds, values +- c) - returns)^2))``.
+    """
+    agg, counts = _kernel_agg(loss_agg_mode)
+    dtype = torch.promote_types(torch.promote_types(vpreds.dtype, returns.dtype), values.dtype)
+    result = ppo_torch.value_loss(
+        vpreds.to(dtype),
+        values.to(dtype),
+        returns.to(dtype),
+        mask=response_mask,
+        clip=cliprange_value,
+        agg=agg,
+        **counts,
+    )
+    vf_loss = _normalise(
+        result.loss,
+        response_mask,
+        loss_agg_mode,
+        dp_size=dp_size,
+        batch_num_tokens=batch_num_tokens,
+        global_batch_size=global_batch_size,
+        loss_scale_factor=loss_scale_factor,
+    )
+    vf_clipfrac = _as_verl_mean(result.clipfrac, response_mask, torch.float32)
+    return vf_loss, vf_clipfrac
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty) -> torch.Tensor:
+    """verl.trainer.ppo.core_algos.kl_penalty: ``kl``/``k1``, ``abs``, ``mse``/``k2``,
+    ``low_var_kl``/``k3`` (log-ratio clamped to [-20, 20], the estimate to [-10, 10]); a ``+``
+    suffix (``k1+``, ``k3+``) keeps the value and takes the gradient of k2 (straight through)."""
+    base_kl_penalty = kl_penalty[:-1] if kl_penalty.endswith("+") else kl_penalty
+    forward_score = kl_penalty_forward(logprob, ref_logprob, base_kl_penalty)
+    if not kl_penalty.endswith("+") or kl_penalty in ("mse", "k2"):
+        return forward_score
+    backward_score = 0.5 * (logprob - ref_logprob).square()
+    return backward_score - backward_score.detach() + forward_score.detach()
+
+
+def kl_penalty_forward(
+    logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty
+) -> torch.Tensor:
+    """verl.trainer.ppo.core_algos.kl_penalty_forward (plain torch, differentiable)."""
+    if kl_penalty in ("kl", "k1"):
+        return logprob - ref_logprob
+    if kl_penalty == "abs":
+        return (logprob - ref_logprob).abs()
+    if kl_penalty in ("mse", "k2"):
+        return 0.5 * (logprob - ref_logprob).square()
+    if kl_penalty in ("low_var_kl", "k3"):
+        kl = ref_logprob - logprob
+        kl = torch.clamp(kl, min=-20, max=20)
+        ratio = torch.exp(kl)
+        kld = (ratio - kl - 1).contiguous()
+        return torch.clamp(kld, min=-10, max=10)
+    # "full" needs the whole vocabulary's logits: verl raises too.
+    raise NotImplementedError

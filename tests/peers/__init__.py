@@ -1,0 +1,86 @@
+"""The peers that ppo_fast.compat is held to.
+
+Each loader returns a ``Peer``: the real package's functions where it imports at the version the
+compat module cites, else the verbatim copy kept in this folder. ``Peer.label`` says which
+(``verl-0.9.1-real``, ``verl-0.9.1-copy``) and goes into every parity test's id, so a run shows
+what it compared against; nothing is skipped for a missing package.
+
+- verl 0.9.1 imports with ``pip install --no-deps verl==0.9.1`` plus omegaconf, codetiming,
+  transformers and ray (the ``compat-test`` extra).
+- OpenRLHF 0.11.2 and TRL 0.29.1 always run as copies: OpenRLHF's package imports deepspeed,
+  peft and flash-attn (a CUDA build); TRL's trainer code is inline in PPOTrainer.train. Their
+  copies are checked against the installed wheels' source where present
+  (tests/test_compat_peer_copies.py).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from . import openrlhf_0_11_2, trl_0_29_1, verl_0_9_1
+
+
+@dataclass(frozen=True)
+class Peer:
+    label: str
+    api: Any  # the functions, as attributes
+    make_config: Callable[..., Any] | None = None
+
+
+def _installed(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+_VERL_NAMES = (
+    "masked_sum masked_mean masked_var masked_whiten clip_by_value AdaptiveKLController "
+    "FixedKLController get_kl_controller compute_gae_advantage_return compute_rewards agg_loss "
+    "compute_policy_loss compute_policy_loss_vanilla compute_value_loss kl_penalty "
+    "kl_penalty_forward"
+).split()
+
+
+def _real_verl() -> Peer | str:
+    version = _installed("verl")
+    if version != "0.9.1":
+        return f"verl {version or 'not installed'}"
+    try:
+        import verl.trainer.ppo.core_algos as core_algos
+        import verl.utils.torch_functional as verl_F
+        from verl.workers.config import ActorConfig
+    except ImportError as error:
+        return f"verl 0.9.1 does not import ({error})"
+
+    def make_config(**fields):
+        fields.setdefault("global_batch_info", {})
+        return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, **fields)
+
+    api = types.SimpleNamespace(
+        **{n: getattr(verl_F if hasattr(verl_F, n) else core_algos, n) for n in _VERL_NAMES}
+    )
+    return Peer("verl-0.9.1-real", api, make_config)
+
+
+def verl() -> Peer:
+    real = _real_verl()
+    if isinstance(real, Peer):
+        return real
+    api = types.SimpleNamespace(**{n: getattr(verl_0_9_1, n) for n in _VERL_NAMES})
+    return Peer("verl-0.9.1-copy", api, verl_0_9_1.ActorConfig)
+
+
+def openrlhf() -> Peer:
+    return Peer("openrlhf-0.11.2-copy", openrlhf_0_11_2)
+
+
+def trl() -> Peer:
+    return Peer("trl-0.29.1-copy", trl_0_29_1)
+
+
+COPIES = (verl_0_9_1, openrlhf_0_11_2, trl_0_29_1)

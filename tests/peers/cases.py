@@ -1,0 +1,101 @@
+"""Batches for the compat parity tests, and the parity check itself.
+
+Every batch is (B, T) with a 0/1 mask in one of the shapes trainers produce: right padding,
+left padding, holes (tool or observation tokens inside a response), rows of length 1, and an
+empty row. Log-ratios include extreme values (|log ratio| up to 30) so that verl's and OpenRLHF's
+clamp at 20, the trust-region clip and the dual clip are all taken. Values at masked positions
+are finite: the peers multiply them by 0, which keeps a NaN (parity holds for finite inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+MASKS = ("right-padded", "left-padded", "holes", "length-1-rows", "with-empty-row")
+RTOL = {torch.float32: 1e-6, torch.float64: 1e-10}
+
+
+@dataclass
+class Batch:
+    mask: torch.Tensor  # int64 0/1
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    values: torch.Tensor
+    old_values: torch.Tensor
+    returns: torch.Tensor
+    rewards: torch.Tensor
+    scores: torch.Tensor
+
+
+def mask_of(kind: str, rows: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    lengths = rng.integers(1, width + 1, rows)
+    positions = np.arange(width)[None, :]
+    if kind == "right-padded":
+        return positions < lengths[:, None]
+    if kind == "left-padded":
+        return positions >= width - lengths[:, None]
+    if kind == "holes":
+        mask = (positions < lengths[:, None]) & (rng.random((rows, width)) > 0.3)
+        mask[:, 0] = True
+        return mask
+    if kind == "length-1-rows":
+        mask = np.zeros((rows, width), dtype=bool)
+        mask[np.arange(rows), rng.integers(0, width, rows)] = True
+        mask[0] = positions[0] < width  # one full row, so there is something to whiten
+        return mask
+    if kind == "with-empty-row":
+        mask = (positions >= rng.integers(0, 3, rows)[:, None]) & (positions < lengths[:, None] + 2)
+        mask[1] = False
+        return mask
+    raise ValueError(kind)
+
+
+def batch(kind: str, dtype=torch.float32, rows: int = 6, width: int = 17, seed: int = 0) -> Batch:
+    rng = np.random.default_rng(seed)
+    mask = mask_of(kind, rows, width, rng)
+
+    def tensor(array):
+        return torch.tensor(array, dtype=dtype)
+
+    old = rng.uniform(-3.0, -0.1, (rows, width))
+    log_ratio = rng.normal(0.0, 0.4, (rows, width))
+    extreme = rng.random((rows, width)) < 0.15
+    log_ratio[extreme] = rng.choice([-30.0, -2.0, 1.5, 25.0], int(extreme.sum()))
+    advantages = rng.normal(0.0, 1.0, (rows, width))
+    values = rng.normal(0.0, 1.0, (rows, width))
+    return Batch(
+        mask=torch.tensor(mask.astype(np.int64)),
+        logprobs=tensor(old + log_ratio),
+        old_logprobs=tensor(old),
+        ref_logprobs=tensor(old + rng.normal(0.0, 0.5, (rows, width))),
+        advantages=tensor(advantages),
+        values=tensor(values),
+        old_values=tensor(values + rng.normal(0.0, 0.3, (rows, width))),
+        returns=tensor(rng.normal(0.0, 1.0, (rows, width))),
+        rewards=tensor(rng.normal(0.0, 0.1, (rows, width))),
+        scores=tensor(rng.normal(0.0, 1.0, rows)),
+    )
+
+
+def assert_parity(actual, expected, what: str = "") -> None:
+    """Same type, shape and dtype, and equal to RTOL of the dtype, judged on the scale of the
+    whole array for entries that come out of cancellation (as tests/conftest.py does)."""
+    if isinstance(expected, float | int):
+        assert isinstance(actual, float | int), f"{what}: {type(actual)} is not a number"
+        np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6, err_msg=what)
+        return
+    assert isinstance(actual, torch.Tensor), f"{what}: {type(actual)} is not a tensor"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    rtol = RTOL.get(expected.dtype, 1e-6)
+    expected_np = expected.detach().double().numpy()
+    finite = np.abs(expected_np[np.isfinite(expected_np)])
+    scale = max(1.0, float(finite.max())) if finite.size else 1.0
+    np.testing.assert_allclose(
+        actual.detach().double().numpy(), expected_np, rtol=rtol, atol=rtol * scale, err_msg=what
+    )

@@ -1,0 +1,173 @@
+"""A verbatim copy of the TRL 0.29.1 PPO trainer code that ppo_fast.compat.trl reproduces.
+
+Source: https://github.com/huggingface/trl, release v0.29.1 (PyPI trl==0.29.1), the last release
+with a PPO trainer (TRL 1.x removed it):
+  trl/experimental/ppo/ppo_trainer.py  INVALID_LOGPROB, masked_mean, masked_var, masked_whiten,
+                                       and, in PPOTrainer.train, the block from
+                                       ``response_idxs = ...`` to the masking of the whitened
+                                       advantages (steps 3 to 6 of a rollout), here the body of
+                                       ``ppo_trainer_advantages``
+  trl/experimental/utils.py            first_true_indices
+
+The trainer's block is inline code in a method that needs models and a dataloader, so the tests
+always run this copy; tests/test_compat_peer_copies.py checks its statements against the
+fingerprints in ``FINGERPRINTS`` and, where the wheel is installed (pip install --no-deps
+trl==0.29.1), against its source. Apache License 2.0.
+"""
+
+# Third-party code, kept verbatim: not linted.
+# ruff: noqa
+from __future__ import annotations
+
+import types
+
+import torch
+
+
+# trl/experimental/ppo/ppo_trainer.py
+INVALID_LOGPROB = 1.0
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: bool | None = None) -> torch.Tensor:
+    """Compute mean of tensor with a masked values."""
+    if axis is not None:
+        return (values * mask).sum(axis=axis) / mask.sum(axis=axis)
+    else:
+        return (values * mask).sum() / mask.sum()
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Compute variance of tensor with masked values."""
+    mean = masked_mean(values, mask)
+    centered_values = values - mean
+    variance = masked_mean(centered_values**2, mask)
+    if unbiased:
+        mask_sum = mask.sum()
+        if mask_sum == 0:
+            raise ValueError(
+                "The sum of the mask is zero, which can happen when `mini_batch_size=1`;"
+                "try increase the `mini_batch_size` or `gradient_accumulation_steps`"
+            )
+        # note that if mask_sum == 1, then there is a division by zero issue
+        # to avoid it you just need to use a larger minibatch_size
+        bessel_correction = mask_sum / (mask_sum - 1)
+        variance = variance * bessel_correction
+    return variance
+
+
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True
+) -> torch.Tensor:
+    """Whiten values with masked values."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened += mean
+    return whitened
+
+
+# trl/experimental/utils.py
+def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
+    """
+    Takes an N-dimensional bool tensor and returns an (N-1)-dimensional tensor of integers giving the position of the
+    first True in each "row".
+
+    Returns the length of the rows (bools.size(-1)) if no element is True in a given row.
+
+    Args:
+        bools (`torch.Tensor`):
+            An N-dimensional boolean tensor.
+        dtype (`torch.dtype`, optional):
+            The desired data type of the output tensor. Defaults to `torch.long`.
+
+    Returns:
+        `torch.Tensor`:
+            An (N-1)-dimensional tensor of integers indicating the position of the first True in each row. If no True
+            value is found in a row, returns the length of the row.
+    """
+    row_len = bools.size(-1)
+    zero_or_index = row_len * (~bools).type(dtype) + torch.arange(
+        row_len, dtype=dtype, device=bools.device
+    )
+    return torch.min(zero_or_index, dim=-1).values
+
+
+def ppo_trainer_advantages(
+    args, responses, sequence_lengths, logprobs, ref_logprobs, values, scores
+):
+    """PPOTrainer.train's rollout block, verbatim; ``args`` carries kl_estimator, kl_coef,
+    whiten_rewards, gamma and lam as the trainer's PPOConfig does."""
+    response_idxs = torch.arange(responses.shape[1], device=responses.device).repeat(
+        responses.shape[0], 1
+    )
+    padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
+    logprobs = torch.masked_fill(logprobs, padding_mask, INVALID_LOGPROB)
+    ref_logprobs = torch.masked_fill(ref_logprobs, padding_mask, INVALID_LOGPROB)
+    sequence_lengths_p1 = sequence_lengths + 1
+    padding_mask_p1 = response_idxs > (sequence_lengths_p1.unsqueeze(1))
+    values = torch.masked_fill(values, padding_mask_p1, 0)
+
+    # 4. compute rewards
+    # Formula used by http://joschu.net/blog/kl-approx.html for the k1 and k3 estimators
+    logr = ref_logprobs - logprobs
+    kl = -logr if args.kl_estimator == "k1" else (logr.exp() - 1) - logr  # Else statement is k3
+    non_score_reward = -args.kl_coef * kl
+    rewards = non_score_reward.clone()
+    actual_start = torch.arange(rewards.size(0), device=rewards.device)
+    actual_end = torch.where(
+        sequence_lengths_p1 < rewards.size(1), sequence_lengths_p1, sequence_lengths
+    )
+    rewards[actual_start, actual_end] += scores
+
+    # 5. whiten rewards
+    if args.whiten_rewards:
+        rewards = masked_whiten(rewards, mask=~padding_mask_p1, shift_mean=False)
+        rewards = torch.masked_fill(rewards, padding_mask_p1, 0)
+
+    # 6. compute advantages and returns
+    lastgaelam = 0
+    advantages_reversed = []
+    gen_length = responses.shape[1]
+    for t in reversed(range(gen_length)):
+        nextvalues = values[:, t + 1] if t < gen_length - 1 else 0.0
+        delta = rewards[:, t] + args.gamma * nextvalues - values[:, t]
+        lastgaelam = delta + args.gamma * args.lam * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], axis=1)
+    returns = advantages + values
+    advantages = masked_whiten(advantages, ~padding_mask)
+    advantages = torch.masked_fill(advantages, padding_mask, 0)
+    return types.SimpleNamespace(
+        advantages=advantages,
+        returns=returns,
+        rewards=rewards,
+        non_score_reward=non_score_reward,
+        kl=kl,
+        logprobs=logprobs,
+        ref_logprobs=ref_logprobs,
+        values=values,
+        padding_mask=padding_mask,
+        padding_mask_p1=padding_mask_p1,
+    )
+
+
+# Fingerprints of TRL 0.29.1's definitions (tests/peers/_source.py), taken from its wheel; the
+# trainer block is the run of statements of PPOTrainer.train between these two.
+DISTRIBUTION = ("trl", "0.29.1")
+TRAINER_BLOCK = (
+    "trl/experimental/ppo/ppo_trainer.py",
+    "PPOTrainer.train",
+    "response_idxs = ",
+    "advantages = torch.masked_fill(advantages, padding_mask, 0)",
+    "e615ed2b59e728fd",
+)
+FINGERPRINTS = {
+    "trl/experimental/ppo/ppo_trainer.py": {
+        "masked_mean": "817f0a9472bfc67d",
+        "masked_var": "4ec17ea4b4d6e4a4",
+        "masked_whiten": "98a17ffc1b59a451",
+    },
+    "trl/experimental/utils.py": {
+        "first_true_indices": "35df1fd142571690",
+    },
+}
