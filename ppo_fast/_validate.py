@@ -199,6 +199,9 @@ def per_row(
     """A scalar or (B,) real hyperparameter or per-row value, as float64 (B,), within [lo, hi]."""
     if hasattr(value, "__torch_function__") and not isinstance(value, np.ndarray):
         value = value.detach().cpu().numpy()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        # The common case, a plain scalar: checked without building arrays (per-call overhead).
+        return np.full(n_rows, scalar(name, value, lo=lo, hi=hi))
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be a real number or a (B,) array, got dtype {array.dtype}")
