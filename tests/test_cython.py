@@ -1,0 +1,389 @@
+"""What is specific to the Cython backend; every other test runs on it too (see conftest).
+
+Its agreement with numba and between its two builds, read-only inputs, the OpenMP status, the
+fallback to it when numba cannot load, and what installing does when its build fails or the
+compiler has no OpenMP.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from batches import ragged_batches
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ppo_fast import _cython_backend, _cython_kernels, _reference, _validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_python(code: str, cwd=None, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+
+
+# -- the same numbers as numba, and the same bits from both builds ---------------------------
+
+
+def kernel_inputs(batch):
+    rows = _validate.rows(batch.shape, **batch.layout_kwargs)
+    return {
+        "rows": rows,
+        "logprobs": batch.tokens().reshape(-1),
+        "ref_logprobs": batch.tokens().reshape(-1),
+        "values": batch.tokens().reshape(-1),
+        "scores": batch.row_values(),
+        "gammas": batch.rng.choice([1.0, 0.99, 0.5], batch.n_rows),
+        "lams": batch.rng.choice([1.0, 0.95, 0.0], batch.n_rows),
+        "bootstrap": batch.row_values(),
+    }
+
+
+def every_kernel(kernels, inputs, n_threads=1):
+    """Each kernel of a backend module on one batch: {name: output}, exp-based names first."""
+    rows = inputs["rows"]
+    logprobs, ref_logprobs, values = inputs["logprobs"], inputs["ref_logprobs"], inputs["values"]
+    where = (rows.starts, rows.spans, rows.lengths, rows.mask)
+    outputs = {}
+    for name, code in (("k3", 2), ("k1", 0), ("k2", 1), ("abs", 3)):
+        for clamp in (np.inf, 1.5):
+            out = np.empty_like(logprobs)
+            kernels.kl_penalty(
+                logprobs, ref_logprobs, rows.starts, rows.spans, code, clamp, out, n_threads
+            )
+            outputs[f"kl_penalty {name} clamp={clamp}"] = out
+            out = np.empty_like(logprobs)
+            kernels.shape_rewards(
+                inputs["scores"], logprobs, ref_logprobs, *where, 0.1, code, clamp, out, n_threads
+            )
+            outputs[f"shape_rewards {name} clamp={clamp}"] = out
+    advantages, returns = np.empty_like(values), np.empty_like(values)
+    kernels.gae(
+        logprobs,
+        values,
+        *where,
+        inputs["gammas"],
+        inputs["lams"],
+        inputs["bootstrap"],
+        advantages,
+        returns,
+        n_threads,
+    )
+    outputs["gae advantages"], outputs["gae returns"] = advantages, returns
+    sums = [np.empty(rows.n_rows) for _ in range(3)]
+    kernels.moments(values, *where, 0.25, *sums, n_threads)
+    outputs["moments"] = np.concatenate(sums)
+    out = np.empty_like(values)
+    kernels.whiten(values, *where, 0.3, 1.7, 0.3, out, n_threads)
+    outputs["whiten"] = out
+    dtype = values.dtype
+    scales = np.linspace(0.5, 2.0, rows.n_rows).astype(dtype)
+    for weights in (np.zeros(0, dtype), np.abs(values)):
+        for dual, clamp in ((np.inf, np.inf), (3.0, 0.5)):
+            grad, sums = np.empty_like(values), [np.empty(rows.n_rows) for _ in range(4)]
+            params = np.array([0.8, 1.28, dual, clamp], dtype)
+            kernels.clipped_surrogate(
+                logprobs,
+                ref_logprobs,
+                values,
+                weights,
+                *where,
+                params,
+                scales,
+                grad,
+                *sums,
+                n_threads,
+            )
+            case = f"weights={weights.size > 0} dual={dual} clamp={clamp}"
+            outputs[f"clipped_surrogate grad {case}"] = grad
+            outputs[f"clipped_surrogate sums {case}"] = np.concatenate(sums)
+    for clip in (np.inf, 0.2):
+        grad, sums = np.empty_like(values), [np.empty(rows.n_rows) for _ in range(2)]
+        params = np.array([clip], dtype)
+        kernels.value_loss(
+            values, logprobs, ref_logprobs, *where, params, scales, grad, *sums, n_threads
+        )
+        outputs[f"value_loss grad clip={clip}"] = grad
+        outputs[f"value_loss sums clip={clip}"] = np.concatenate(sums)
+    return outputs
+
+
+@given(batch=ragged_batches())
+def test_agrees_with_numba(batch):
+    """The same operations in the same order: equal to numba, NaN and inf included.
+
+    Except: exp comes from each side's libm (within 4 ulp there); the loss kernels' numba twins
+    may reassociate (LLVM's reassoc, which vectorizes their row sums): a few ulp per token, and
+    sums in another order.
+    """
+    from ppo_fast import _numba_kernels
+
+    inputs = kernel_inputs(batch)
+    expected = every_kernel(_numba_kernels, inputs)
+    actual = every_kernel(_cython_backend, inputs)
+    for name, output in expected.items():
+        eps = np.finfo(output.dtype).eps
+        if " k3 " in name or " grad " in name:
+            np.testing.assert_allclose(actual[name], output, rtol=4 * eps, atol=0, err_msg=name)
+        elif " sums " in name:
+            np.testing.assert_allclose(actual[name], output, rtol=1e-9, atol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(actual[name], output, err_msg=name)
+
+
+def test_the_avx2_build_is_taken_where_the_cpu_has_avx2_and_fma():
+    on_x86_64 = platform.machine().lower() in ("x86_64", "amd64")
+    expected = "avx2-fma" if on_x86_64 and _cython_kernels.CPU_HAS_AVX2_FMA else "portable"
+    assert _cython_backend.ISA == expected
+    assert _cython_kernels.BUILT_FOR_AVX2_FMA is False
+
+
+@pytest.mark.skipif(
+    not _cython_kernels.CPU_HAS_AVX2_FMA, reason="this CPU cannot run the AVX2 and FMA build"
+)
+@given(batch=ragged_batches(), n_threads=st.sampled_from([1, 3]))
+def test_both_builds_give_the_same_bits(batch, n_threads):
+    """-ffp-contract=off and explicit fma(): wider vectors and hardware FMA change no bit."""
+    from ppo_fast import _cython_kernels_avx2
+
+    assert _cython_kernels_avx2.BUILT_FOR_AVX2_FMA
+    inputs = kernel_inputs(batch)
+    portable = every_kernel(_cython_kernels, inputs)
+    avx2 = every_kernel(_cython_kernels_avx2, inputs, n_threads)
+    for name, output in portable.items():
+        bits = f"u{output.itemsize}"
+        np.testing.assert_array_equal(avx2[name].view(bits), output.view(bits), err_msg=name)
+
+
+# -- read-only inputs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_read_only_inputs_are_accepted_and_read_only_outputs_refused(dtype):
+    rng = np.random.default_rng(5)
+    shape = (3, 7)
+    mask = rng.random(shape) < 0.7
+    inputs = {
+        "rows": _validate.rows(shape, mask=mask),
+        "logprobs": rng.normal(size=21).astype(dtype),
+        "ref_logprobs": rng.normal(size=21).astype(dtype),
+        "values": rng.normal(size=21).astype(dtype),
+        "scores": rng.normal(size=3),
+        "gammas": np.full(3, 0.99),
+        "lams": np.full(3, 0.95),
+        "bootstrap": rng.normal(size=3),
+    }
+    rows = inputs["rows"]
+    for array in (*(v for k, v in inputs.items() if k != "rows"), *vars(rows).values()):
+        if isinstance(array, np.ndarray):
+            array.flags.writeable = False
+    expected = every_kernel(_reference, inputs)
+    actual = every_kernel(_cython_backend, inputs)
+    for name, output in expected.items():
+        np.testing.assert_allclose(actual[name], output, rtol=1e-5, atol=1e-6, err_msg=name)
+
+    out = np.zeros(21, dtype)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        _cython_backend.whiten(
+            inputs["values"], rows.starts, rows.spans, rows.lengths, rows.mask, 0, 1, 0, out, 1
+        )
+
+
+# -- OpenMP -------------------------------------------------------------------------------------
+
+
+def test_openmp_status_is_reported_and_warned_about_only_without_openmp():
+    assert isinstance(_cython_backend.OPENMP, bool)
+    out = run_python("""
+        import sys, warnings
+        sys.modules["numba"] = None  # numba loads an OpenMP runtime of its own
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from ppo_fast import _cython_backend
+        runtime = None
+        if sys.platform.startswith("linux"):
+            maps = open("/proc/self/maps").read()
+            runtime = "libgomp" in maps or "libomp" in maps or "libiomp" in maps
+        print(_cython_backend.OPENMP, runtime, [str(w.message) for w in caught])
+    """)
+    assert out.returncode == 0, out.stderr
+    openmp, runtime, warned = out.stdout.split(maxsplit=2)
+    assert openmp == str(_cython_backend.OPENMP)
+    if runtime != "None":
+        assert runtime == openmp, "OPENMP must say whether an OpenMP runtime was linked in"
+    assert ("without OpenMP" in warned) == (openmp == "False"), warned
+
+
+# -- auto without numba --------------------------------------------------------------------------
+
+
+def test_auto_is_cython_and_gives_the_oracles_numbers_when_numba_cannot_load():
+    out = run_python("""
+        import sys
+        sys.modules["numba"] = None  # numba missing, or failing to import
+        import numpy as np, ppo_fast
+
+        def pipeline(dtype, backend):
+            rng = np.random.default_rng(3)
+            logprobs = rng.uniform(-2, 0, (5, 33)).astype(dtype)
+            ref_logprobs = rng.uniform(-2, 0, (5, 33)).astype(dtype)
+            values = rng.normal(size=(5, 33)).astype(dtype)
+            mask = rng.random((5, 33)) < 0.8
+            rewards = ppo_fast.shape_rewards(
+                rng.normal(size=5), logprobs, ref_logprobs, kl_coef=0.05, estimator="k3",
+                mask=mask, backend=backend,
+            )
+            advantages, returns = ppo_fast.gae(
+                rewards, values, gamma=0.99, lam=0.95, mask=mask, backend=backend
+            )
+            whitened = ppo_fast.whiten(advantages, mask=mask, backend=backend)
+            return rewards, advantages, returns, whitened
+
+        assert ppo_fast.get_backend() == "cython", ppo_fast.get_backend()
+        assert ppo_fast.available_backends() == ["cython", "python"]
+        for dtype, rtol in ((np.float32, 1e-5), (np.float64, 1e-12)):
+            for auto, oracle in zip(pipeline(dtype, None), pipeline(dtype, "python")):
+                assert auto.dtype == dtype
+                np.testing.assert_allclose(auto, oracle, rtol=rtol, atol=rtol)
+        assert sys.modules["numba"] is None
+        print("auto:", ppo_fast.get_backend())
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "auto: cython"
+
+
+# -- installing: a failed build, a compiler without OpenMP ---------------------------------------
+
+
+def project_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "project"
+    shutil.copytree(
+        ROOT,
+        copy,
+        ignore=shutil.ignore_patterns(
+            ".*", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.c", "bench", "tests"
+        ),
+    )
+    return copy
+
+
+# For a subprocess that imports ppo_fast from an install folder: an editable install of this
+# checkout would otherwise supply the modules that folder lacks.
+IMPORT_FROM_PYTHONPATH_ONLY = """
+import sys
+sys.meta_path = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+"""
+
+
+def pip_install(source: Path, target: Path, **env: str) -> subprocess.CompletedProcess:
+    """`pip install .` into a folder of its own; -v, since pip shows a build's output only so."""
+    command = [sys.executable, "-m", "pip", "install", "-v", "--no-deps", "--target", target]
+    return subprocess.run(
+        [*command, source],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PPO_FAST_REQUIRE_CYTHON": "0", **env},
+        timeout=600,
+    )
+
+
+def test_a_failed_build_installs_without_cython_unless_cython_is_required(tmp_path):
+    source = project_copy(tmp_path)
+    target = tmp_path / "site"
+    out = pip_install(source, target, CC="false")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    log = out.stdout + out.stderr
+    assert "WARNING: ppo_fast: ppo_fast._cython_kernels was not built: CompileError" in log
+    assert "PPO_FAST_REQUIRE_CYTHON=1 makes this fatal" in log
+    assert not list(target.glob("ppo_fast/_cython_kernels*"))
+
+    used = run_python(
+        IMPORT_FROM_PYTHONPATH_ONLY
+        + textwrap.dedent("""
+        import numpy as np, ppo_fast
+        assert ppo_fast.__file__.startswith("{target}"), ppo_fast.__file__
+        print(ppo_fast.available_backends())
+        try:
+            ppo_fast.gae(np.zeros((1, 2)), np.zeros((1, 2)), backend="cython")
+        except ppo_fast.BackendUnavailableError as error:
+            print(error)
+        """).replace("{target}", str(target)),
+        cwd=tmp_path,
+        PYTHONPATH=str(target),
+    )
+    assert used.returncode == 0, used.stderr
+    backends, error = used.stdout.splitlines()
+    assert backends == "['numba', 'python']"
+    assert "ppo_fast._cython_kernels is not built" in error
+    assert "PPO_FAST_REQUIRE_CYTHON=1 pip install -v ." in error
+
+    out = pip_install(source, tmp_path / "required", CC="false", PPO_FAST_REQUIRE_CYTHON="1")
+    assert out.returncode != 0
+    assert (
+        "error: PPO_FAST_REQUIRE_CYTHON=1 and ppo_fast._cython_kernels failed to build: "
+        "CompileError" in out.stdout + out.stderr
+    )
+
+
+def test_a_compiler_without_openmp_gives_a_serial_build_that_says_so_at_first_use(tmp_path):
+    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
+    no_openmp = tmp_path / "cc-without-openmp"
+    no_openmp.write_text(
+        "#!/bin/sh\n"
+        'for arg in "$@"; do\n'
+        '  if [ "$arg" = -fopenmp ]; then echo "unsupported option -fopenmp" >&2; exit 1; fi\n'
+        "done\n"
+        f'exec {shlex.quote(compiler)} "$@"\n'
+    )
+    no_openmp.chmod(0o755)
+    target = tmp_path / "site"
+    out = pip_install(project_copy(tmp_path), target, CC=str(no_openmp))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "ppo_fast._cython_kernels was built without OpenMP" in out.stdout + out.stderr
+
+    used = run_python(
+        IMPORT_FROM_PYTHONPATH_ONLY
+        + textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("error")  # import ppo_fast must not warn
+        import numpy as np, ppo_fast
+        assert ppo_fast.__file__.startswith("{target}"), ppo_fast.__file__
+        rng = np.random.default_rng(0)
+        rewards, values = rng.normal(size=(2, 3, 1 << 16))
+        mask = rng.random((3, 1 << 16)) < 0.9
+        ppo_fast.set_num_threads(3)  # 3 rows of 65536 positions: 3 threads, were there OpenMP
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = ppo_fast.gae(rewards, values, mask=mask, backend="cython")
+            second = ppo_fast.gae(rewards, values, mask=mask, backend="cython")
+        oracle = ppo_fast.gae(rewards, values, mask=mask, backend="python")
+        np.testing.assert_array_equal(first.advantages, second.advantages)
+        np.testing.assert_allclose(first.advantages, oracle.advantages, rtol=1e-12, atol=1e-12)
+        from ppo_fast import _cython_backend
+        print(_cython_backend.OPENMP, [str(w.message) for w in caught])
+        """).replace("{target}", str(target)),
+        cwd=tmp_path,
+        PYTHONPATH=str(target),
+    )
+    assert used.returncode == 0, used.stderr
+    openmp, warned = used.stdout.split(maxsplit=1)
+    assert openmp == "False"
+    assert warned.count("built without OpenMP") == 1, warned
