@@ -94,20 +94,6 @@ def _jit(function):
     return numba.njit(nogil=True, cache=_CACHE, inline="always")(function)
 
 
-@_jit
-def kl_value(log_ratio, estimator, clamp):
-    """Twin of ``_reference.kl_value``."""
-    if estimator == K1:
-        value = log_ratio
-    elif estimator == K2:
-        value = 0.5 * log_ratio * log_ratio
-    elif estimator == K3:
-        value = (math.exp(-log_ratio) if -log_ratio < 709.0 else math.inf) - 1.0 + log_ratio
-    else:
-        value = abs(log_ratio)
-    return min(max(value, -clamp), clamp)
-
-
 # exp by range reduction and a polynomial: x = n ln2 + r, |r| <= ln2/2, exp(x) = 2^n p(r), with
 # n rounded by the 1.5 * 2^(mantissa bits) shift trick and 2^n built from its exponent bits. All
 # of it is plain arithmetic LLVM vectorizes (math.exp is a libm call that it cannot: PyPI's
@@ -164,6 +150,24 @@ def _exp32(x):
     return p * _as_float_bits(np.int32((exponent + 127) << 23))
 
 
+@_jit
+def kl_value(log_ratio, estimator, clamp):
+    """Twin of ``_reference.kl_value``; log_ratio is float64."""
+    if estimator == K1:
+        value = log_ratio
+    elif estimator == K2:
+        value = 0.5 * log_ratio * log_ratio
+    elif estimator == K3:
+        # exp(x) = e * exp(x - 1) past 708, so that it overflows to inf where math.exp does
+        # (_exp64 saturates at exp(709) to stay vectorizable).
+        beyond = -log_ratio > 708.0
+        exp_neg = _exp64(-log_ratio - (1.0 if beyond else 0.0)) * (math.e if beyond else 1.0)
+        value = exp_neg - 1.0 + log_ratio
+    else:
+        value = abs(log_ratio)
+    return min(max(value, -clamp), clamp)
+
+
 def exp_poly(x):
     """exp in the dtype of x (float32 or float64), vectorizable; see _exp64 and _exp32."""
 
@@ -177,40 +181,58 @@ def _exp_poly_overload(x):
     return None
 
 
-def _kl_penalty_rows(logprobs, ref_logprobs, starts, spans, estimator, clamp, out):
-    """Twin: src/_kernels.pyx kl_penalty."""
-    for b in prange(starts.shape[0]):
-        start = np.uint64(starts[b])
-        for t in range(np.uint64(spans[b])):
-            i = start + t
-            log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
-            out[i] = kl_value(log_ratio, estimator, clamp)
+def _kl_penalty_rows(estimator):
+    """Twin: src/_kernels.pyx kl_penalty, built for one estimator (see _EstimatorKernel)."""
 
-
-def _shape_rewards_rows(
-    scores, logprobs, ref_logprobs, starts, spans, lengths, mask, kl_coef, estimator, clamp, out
-):
-    """Twin: src/_kernels.pyx shape_rewards."""
-    has_mask = mask.shape[0] > 0
-    for b in prange(starts.shape[0]):
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        length = np.uint64(lengths[b])
-        last = start + span  # one past the row when it has no valid position
-        for k in range(span):
-            t = span - _U1 - k
-            if t < length and (not has_mask or mask[start + t] != 0):
-                last = start + t
-                break
-        score = np.float64(scores[b])
-        for t in range(span):
-            i = start + t
-            if t < length and (not has_mask or mask[i] != 0):
+    def rows(logprobs, ref_logprobs, starts, spans, _estimator, clamp, out):
+        for b in prange(starts.shape[0]):
+            start = np.uint64(starts[b])
+            for t in range(np.uint64(spans[b])):
+                i = start + t
                 log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
-                reward = -kl_coef * kl_value(log_ratio, estimator, clamp)
-                out[i] = reward + (score if i == last else 0.0)
-            else:
-                out[i] = 0.0
+                out[i] = kl_value(log_ratio, estimator, clamp)
+
+    return rows
+
+
+def _shape_rewards_rows(estimator):
+    """Twin: src/_kernels.pyx shape_rewards, built for one estimator (see _EstimatorKernel)."""
+
+    def rows(
+        scores,
+        logprobs,
+        ref_logprobs,
+        starts,
+        spans,
+        lengths,
+        mask,
+        kl_coef,
+        _estimator,
+        clamp,
+        out,
+    ):
+        has_mask = mask.shape[0] > 0
+        for b in prange(starts.shape[0]):
+            start = np.uint64(starts[b])
+            span = np.uint64(spans[b])
+            length = np.uint64(lengths[b])
+            last = start + span  # one past the row when it has no valid position
+            for k in range(span):
+                t = span - _U1 - k
+                if t < length and (not has_mask or mask[start + t] != 0):
+                    last = start + t
+                    break
+            score = np.float64(scores[b])
+            for t in range(span):
+                i = start + t
+                if t < length and (not has_mask or mask[i] != 0):
+                    log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
+                    reward = -kl_coef * kl_value(log_ratio, estimator, clamp)
+                    out[i] = reward + (score if i == last else 0.0)
+                else:
+                    out[i] = 0.0
+
+    return rows
 
 
 def _gae_rows(
@@ -406,9 +428,24 @@ class _Kernel:
             self.serial(*args)
 
 
+class _EstimatorKernel:
+    """A row kernel built once per KL estimator, which the kernel sees as a constant.
+
+    A switch on a run-time estimator inside the token loop keeps LLVM from vectorizing it (k1
+    ran 12 times slower). The estimator argument stays in the signature, common to all backends.
+    """
+
+    def __init__(self, make_rows, estimator_position):
+        self.kernels = [_Kernel(make_rows(estimator)) for estimator in (K1, K2, K3, ABS)]
+        self.estimator_position = estimator_position
+
+    def __call__(self, *args):
+        self.kernels[args[self.estimator_position]](*args)
+
+
 # The backend interface: same names and signatures as _reference.py.
-kl_penalty = _Kernel(_kl_penalty_rows)
-shape_rewards = _Kernel(_shape_rewards_rows)
+kl_penalty = _EstimatorKernel(_kl_penalty_rows, estimator_position=4)
+shape_rewards = _EstimatorKernel(_shape_rewards_rows, estimator_position=8)
 gae = _Kernel(_gae_rows)
 moments = _Kernel(_moments_rows)
 whiten = _Kernel(_whiten_rows)

@@ -24,6 +24,14 @@ def _valid(mask: np.ndarray, i: int, t: int, length: int) -> bool:
     return t < length and (mask.shape[0] == 0 or mask[i] != 0)
 
 
+def safe_exp(x: float) -> float:
+    """exp that overflows to inf, as IEEE arithmetic does, instead of raising OverflowError."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def kl_value(log_ratio: float, estimator: int, clamp: float) -> float:
     """One token's KL estimate on log_ratio = logp - ref_logp, clamped to [-clamp, clamp]."""
     if estimator == K1:
@@ -31,8 +39,8 @@ def kl_value(log_ratio: float, estimator: int, clamp: float) -> float:
     elif estimator == K2:
         value = 0.5 * log_ratio * log_ratio
     elif estimator == K3:
-        # exp(-log_ratio) overflows to inf for log_ratio < -709; the clamp then bounds it.
-        value = (math.exp(-log_ratio) if -log_ratio < 709.0 else math.inf) - 1.0 + log_ratio
+        # exp(-log_ratio) overflows to inf for log_ratio below about -709.78; a clamp bounds it.
+        value = safe_exp(-log_ratio) - 1.0 + log_ratio
     else:
         value = abs(log_ratio)
     return min(max(value, -clamp), clamp)
@@ -130,11 +138,6 @@ def whiten(x, starts, spans, lengths, mask, mean, scale, offset, out, n_threads)
                 out[i] = (float(x[i]) - mean) / scale + offset
             else:
                 out[i] = 0.0
-
-
-def safe_exp(x: float) -> float:
-    """exp that saturates to inf instead of raising OverflowError."""
-    return math.exp(x) if x < 709.0 else math.inf
 
 
 def clipped_surrogate(

@@ -140,7 +140,12 @@ def test_agrees_with_numba(batch):
     actual = every_kernel(_cython_backend, inputs)
     for name, output in expected.items():
         eps = np.finfo(output.dtype).eps
-        if " k3 " in name or " grad " in name:
+        if " k3 " in name:
+            # exp(-r) - 1 + r cancels near r = 0: an ulp of exp is an absolute error of ~eps.
+            np.testing.assert_allclose(
+                actual[name], output, rtol=4 * eps, atol=8 * eps, err_msg=name
+            )
+        elif " grad " in name:
             np.testing.assert_allclose(actual[name], output, rtol=4 * eps, atol=0, err_msg=name)
         elif " sums " in name:
             np.testing.assert_allclose(actual[name], output, rtol=1e-9, atol=1e-6, err_msg=name)
