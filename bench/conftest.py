@@ -1,0 +1,169 @@
+"""pytest-benchmark suites over ppo_fast.benchmark's comparison table.
+
+    pytest bench/                                   the full matrix (minutes)
+    pytest bench/ --shapes 256x1024 --threads 2     a slice of it
+    pytest bench/ --benchmark-disable --shapes 4x16 --max-tokens 1000 --memory-shape 4x16
+                                                    every row once, as a test (what CI runs)
+
+Every row checks its output against ppo_fast's before it is timed. Rows are grouped by kernel,
+shape, dtype and threads, so pytest-benchmark's table shows each implementation relative to the
+roofline and to the others of its group; ``--benchmark-json`` keeps the raw numbers, and the
+terminal summary adds the ratios to the roofline, the speed-ups and the fitted scaling exponents.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ppo_fast import benchmark as engine
+
+
+def pytest_configure(config):
+    engine.quiet_openmp()  # before torch or the cython backend load libgomp
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_threads(request):
+    """torch's thread team at its largest size first (see engine.start_torch_threads)."""
+    if engine.unavailable("torch", ("torch",), None) is None:
+        threads = [int(t) for t in _csv(request.config, "--threads")]
+        engine.start_torch_threads(max(threads))
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("ppo_fast bench")
+    group.addoption(
+        "--shapes",
+        default=",".join(map(engine.shape_name, engine.ALL_SHAPES)),
+        help="comma-separated BxT shapes (default: %(default)s)",
+    )
+    group.addoption("--dtypes", default="float32,float64", help="(default: %(default)s)")
+    group.addoption("--threads", default="1,2", help="(default: %(default)s)")
+    group.addoption(
+        "--max-tokens",
+        default="1e8",
+        help="the scaling sweep times our kernels at 1e3, 1e4, ... up to this (%(default)s)",
+    )
+    group.addoption(
+        "--memory-shape",
+        default="1024x4096",
+        help="the batch of the peak-memory rows (default: %(default)s)",
+    )
+
+
+def _csv(config, name: str) -> list[str]:
+    return [part.strip() for part in config.getoption(name).split(",") if part.strip()]
+
+
+def pytest_generate_tests(metafunc):
+    config = metafunc.config
+    shapes = [engine.parse_shape(s) for s in _csv(config, "--shapes")]
+    dtypes = _csv(config, "--dtypes")
+    threads = [int(t) for t in _csv(config, "--threads")]
+    if "case" in metafunc.fixturenames:
+        cases = [
+            (kernel, implementation, shape, dtype, n)
+            for dtype in dtypes
+            for shape in shapes
+            for kernel in engine.KERNELS.values()
+            for n in threads
+            for implementation in kernel.implementations
+        ]
+        metafunc.parametrize(
+            "case",
+            cases,
+            ids=[
+                f"{k.name}-{i.name}-{engine.shape_name(s)}-{d}-{n}T".replace(" ", "_")
+                for k, i, s, d, n in cases
+            ],
+        )
+    if "scaling_case" in metafunc.fixturenames:
+        largest = float(config.getoption("--max-tokens"))
+        cases = [
+            (kernel, implementation, 10**power, n)
+            for power in range(3, 9)
+            if 10**power <= largest
+            for kernel in engine.KERNELS.values()
+            for n in threads
+            for implementation in kernel.implementations
+            if implementation.kind != engine.PEER and implementation.backend != "python"
+        ]
+        metafunc.parametrize(
+            "scaling_case",
+            cases,
+            ids=[f"{k.name}-{i.name}-{t:.0e}-{n}T".replace(" ", "_") for k, i, t, n in cases],
+        )
+    if "memory_case" in metafunc.fixturenames:
+        cases = [
+            (kernel, implementation)
+            for kernel in engine.KERNELS.values()
+            for implementation in kernel.implementations
+        ]
+        metafunc.parametrize(
+            "memory_case",
+            cases,
+            ids=[f"{k.name}-{i.name}".replace(" ", "_") for k, i in cases],
+        )
+
+
+class Batches:
+    """The batch of the current shape and dtype (one at a time: large ones are large)."""
+
+    def __init__(self):
+        self.key = None
+        self.batch = None
+        self.references: dict = {}
+
+    def get(self, shape, dtype) -> engine.Batch:
+        if self.key != (tuple(shape), dtype):
+            self.key = (tuple(shape), dtype)
+            self.batch = engine.Batch(shape, dtype)
+            self.references.clear()
+        return self.batch
+
+    def reference(self, kernel: engine.Kernel, batch: engine.Batch):
+        """ppo_fast's outputs: the first of our backends that runs here on this batch."""
+        if kernel.name not in self.references:
+            for implementation in kernel.implementations:
+                if implementation.kind != engine.OURS or engine.why_not(implementation):
+                    continue
+                if implementation.max_tokens and batch.tokens > implementation.max_tokens:
+                    continue
+                result = implementation.prepare(batch, 1)()
+                self.references[kernel.name] = implementation.outputs(result)
+                break
+        return self.references[kernel.name]
+
+
+@pytest.fixture(scope="session")
+def batches() -> Batches:
+    return Batches()
+
+
+@pytest.fixture
+def threads_restored():
+    yield
+    engine.set_threads_default()
+
+
+RESULTS: list[dict] = []
+
+
+def record(benchmark, row: dict) -> None:
+    """Keep the row for the terminal summary (its stats exist only when benchmarking)."""
+    stats = getattr(getattr(benchmark, "stats", None), "stats", None)
+    if stats is not None:
+        times = list(stats.data)
+        row.update(times=times, min=min(times), median=stats.median, max=max(times), status="ok")
+        RESULTS.append(row)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not RESULTS:
+        return
+    rows = [dict(row) for row in RESULTS]
+    engine.add_ratios(rows)
+    write = terminalreporter.write_line
+    write("")
+    for line in engine.format_report(rows).splitlines():
+        write(line)

@@ -1,0 +1,70 @@
+"""Every kernel x implementation (ours per backend, the peers, the roofline) x shape x dtype x
+threads, from ppo_fast.benchmark.KERNELS. Each row checks its output against ppo_fast's first."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import record
+
+from ppo_fast import benchmark as engine
+
+# A call slower than this is timed over a few rounds only (the Python loops over T).
+SLOW_CALL_SECONDS = 0.2
+SLOW_ROUNDS = 3
+
+
+def test_kernel(benchmark, case, batches, threads_restored):
+    kernel, implementation, shape, dtype, threads = case
+    reason = engine.why_not(implementation)
+    if (
+        reason is None
+        and implementation.max_tokens
+        and shape[0] * shape[1] > implementation.max_tokens
+    ):
+        reason = f"runs on batches of up to {implementation.max_tokens} tokens only"
+    if reason is not None:
+        pytest.skip(reason)
+    batch = batches.get(shape, dtype)
+    engine.set_threads(threads)
+    call = implementation.prepare(batch, threads)
+    start = time.perf_counter()
+    result = call()  # warm-up: compiles, and gives the output checked
+    warm_up = time.perf_counter() - start
+    if implementation.outputs is not None:
+        outputs = implementation.outputs(result)
+        mismatch = engine.compare(
+            kernel, implementation, outputs, batches.reference(kernel, batch), batch
+        )
+        assert mismatch is None, f"{implementation.name} computes something else: {mismatch}"
+    del result
+    read, written = kernel.traffic(batch)
+    benchmark.group = f"{kernel.name} {engine.shape_name(shape)} {dtype} {threads}T"
+    benchmark.extra_info.update(
+        kernel=kernel.name,
+        implementation=implementation.name,
+        bytes_read=read,
+        bytes_written=written,
+        source=implementation.source,
+        convention=implementation.convention,
+    )
+    if warm_up > SLOW_CALL_SECONDS:
+        benchmark.pedantic(call, rounds=SLOW_ROUNDS, iterations=1)
+    else:
+        benchmark(call)
+    record(
+        benchmark,
+        {
+            "kernel": kernel.name,
+            "implementation": implementation.name,
+            "kind": implementation.kind,
+            "shape": list(shape),
+            "tokens": batch.tokens,
+            "dtype": dtype,
+            "threads": threads,
+            "sweep": "shapes",
+            "bytes_read": read,
+            "bytes_written": written,
+        },
+    )

@@ -1,0 +1,294 @@
+"""The benchmarks cannot rot: every peer computes what ppo_fast computes, the bench/ suites run
+once as tests, and ``ppo-fast bench`` writes a row for every kernel x implementation.
+
+No test here asserts a time: only that things run, what they compute, and what they report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ppo_fast import benchmark as engine
+from ppo_fast import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES = [
+    (kernel, implementation)
+    for kernel in engine.KERNELS.values()
+    for implementation in kernel.implementations
+    # the oracle is the reference every other row is compared with
+    if implementation.kind != engine.ROOFLINE and implementation.backend != "python"
+]
+
+
+def reference(kernel: engine.Kernel, batch: engine.Batch) -> dict[str, np.ndarray]:
+    """The oracle's outputs: the pure-Python backend always loads."""
+    oracle = kernel.implementation("ppo_fast[python]")
+    return oracle.outputs(oracle.prepare(batch, 1)())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(
+    ("kernel", "implementation"),
+    CASES,
+    ids=[f"{k.name}-{i.name}".replace(" ", "_") for k, i in CASES],
+)
+def test_every_implementation_computes_what_ppo_fast_computes(kernel, implementation, dtype):
+    """The check every benchmark row makes before timing, on a ragged batch (lengths T/2..T)."""
+    batch = engine.Batch((6, 40), dtype, seed=3)
+    reason = engine.why_not(implementation)
+    if reason is not None:
+        # Not installed here: the report must say how to install it (our backends say why).
+        expected = "cannot be used" if implementation.kind == engine.OURS else engine.BENCH_EXTRA
+        assert expected in reason or "does not import" in reason
+        return
+    outputs = implementation.outputs(implementation.prepare(batch, 1)())
+    assert set(kernel.compare) <= set(outputs)
+    mismatch = engine.compare(kernel, implementation, outputs, reference(kernel, batch), batch)
+    assert mismatch is None, f"{kernel.name} / {implementation.name}: {mismatch}"
+
+
+def test_the_check_catches_a_different_computation():
+    kernel = engine.KERNELS["gae"]
+    implementation = kernel.implementation("ppo_fast[python]")
+    batch = engine.Batch((3, 10), "float64")
+    expected = reference(kernel, batch)
+    assert engine.compare(kernel, implementation, expected, expected, batch) is None
+    lam_zero = {name: array.copy() for name, array in expected.items()}
+    lam_zero["advantages"][0, 0] += 1e-6
+    assert "advantages differs at 1 of" in engine.compare(
+        kernel, implementation, lam_zero, expected, batch
+    )
+    # Past a row's end nothing is compared for GAE (verl does not zero it) ...
+    past_end = {name: array.copy() for name, array in expected.items()}
+    past_end["returns"][~batch.mask] = 7.0
+    assert engine.compare(kernel, implementation, past_end, expected, batch) is None
+    # ... but a kernel compared everywhere sees it.
+    kl = engine.KERNELS["kl_penalty"]
+    values = reference(kl, batch)
+    shifted = {"kl": values["kl"] + 1e-3}
+    assert "kl differs" in engine.compare(kl, implementation, shifted, values, batch)
+
+
+def test_the_batch_is_right_padded_with_zeros_and_deterministic():
+    batch = engine.Batch((5, 12), "float32")
+    assert batch.lengths.min() >= 6 and batch.lengths.max() <= 12
+    np.testing.assert_array_equal(batch.mask, np.arange(12) < batch.lengths[:, None])
+    for name in ("logprobs", "ref_logprobs", "old_logprobs", "rewards", "values", "advantages"):
+        array = getattr(batch, name)
+        assert array.dtype == np.float32
+        assert not np.any(array[~batch.mask])
+    assert np.all(batch.logprobs <= 0)
+    again = engine.Batch((5, 12), "float32")
+    np.testing.assert_array_equal(batch.rewards, again.rewards)
+
+
+def test_roofline_bytes_and_copy():
+    kernel = engine.KERNELS["gae"]
+    batch = engine.Batch((4, 16), "float32")
+    read, written = kernel.traffic(batch)
+    assert read == 2 * 64 * 4 + 64  # rewards and values, float32, and the bool mask
+    assert written == 2 * 64 * 4  # advantages and returns
+    copy = engine.Roofline(read, written)
+    assert copy.size == (read + written) // 2 and len(copy.slices) == 1
+    copy()
+    np.testing.assert_array_equal(copy.target, copy.source)
+    threaded = engine.Roofline(3 << 20, 3 << 20, threads=2)
+    assert len(threaded.slices) == 2
+    threaded()
+    np.testing.assert_array_equal(threaded.target, threaded.source)
+
+
+def test_time_calls_batches_fast_calls_and_samples_slow_ones_a_few_times():
+    calls = []
+    samples, number = engine.time_calls(lambda: calls.append(1), budget=0.01, min_repeats=3)
+    assert len(samples) >= 3
+    # The first call calibrates; it is a sample of its own only when one call fills a sample.
+    assert len(calls) == (0 if number == 1 else 1) + number * len(samples)
+    slow_calls = []
+
+    def slow():
+        slow_calls.append(1)
+        time.sleep(engine.SAMPLE_SECONDS * 2)
+
+    samples, number = engine.time_calls(slow, budget=0.0, min_repeats=3)
+    assert number == 1 and len(samples) == 3 and len(slow_calls) == 3
+
+
+def test_fit_exponent():
+    tokens = np.array([1e3, 1e4, 1e5, 1e6])
+    assert engine.fit_exponent(tokens, 3e-9 * tokens**0.8) == pytest.approx(0.8)
+    assert engine.fit_exponent(tokens, 2e-7 * tokens) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="two different token counts"):
+        engine.fit_exponent([1e3, 1e3], [1.0, 2.0])
+
+
+def test_importing_the_benchmark_loads_no_peer():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
+                import sys
+                import ppo_fast.benchmark, ppo_fast.cli
+                heavy = ("torch", "scipy", "matplotlib", "torchrl", "numba")
+                print(sorted(m for m in heavy if m in sys.modules))
+            """),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """``ppo-fast bench`` on a tiny workload, every kernel, both dtypes and thread counts."""
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    argv = ["bench", "--shapes", "4x16,8x128", "--threads", "1,2", "--dtype", "float32,float64"]
+    argv += ["--budget", "0.001", "--repeats", "1", "--scaling", "1e4", "--no-progress"]
+    argv += ["--json", str(path)]
+    return path, argv
+
+
+def test_cli_bench_writes_every_row(tiny_run, capsys):
+    path, argv = tiny_run
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    document = json.loads(path.read_text())
+    rows = document["rows"]
+    by_key = {
+        (
+            r["kernel"],
+            r["implementation"],
+            tuple(r["shape"]),
+            r["dtype"],
+            r["threads"],
+            r["sweep"],
+        ): r
+        for r in rows
+    }
+    for kernel in engine.KERNELS.values():
+        for implementation in kernel.implementations:
+            for shape in ((4, 16), (8, 128)):
+                for dtype in ("float32", "float64"):
+                    for threads in (1, 2):
+                        key = (kernel.name, implementation.name, shape, dtype, threads, "shapes")
+                        row = by_key[key]
+                        if engine.why_not(implementation) is None:
+                            assert row["status"] == "ok", row
+                            assert row["min"] <= row["median"] <= row["max"]
+                            if implementation.kind != engine.ROOFLINE:
+                                assert row["checked"] or row["reference"], row
+                            assert row["x_roofline"] > 0
+                        else:
+                            assert row["status"] == "skipped" and row["reason"]
+                            assert row["implementation"] in out.split("not run:")[1]
+            for tokens in (1000, 10000):
+                if implementation.kind == engine.PEER or implementation.backend == "python":
+                    continue
+                shape = engine.scaling_shape(tokens)
+                assert (kernel.name, implementation.name, shape, "float32", 2, "scaling") in by_key
+    fitted = {(f["kernel"], f["implementation"]) for f in document["exponents"]}
+    assert ("gae", "ppo_fast[numba]") in fitted and ("gae", "roofline") in fitted
+    assert document["environment"]["versions"]["numpy"] == np.__version__
+    assert "summary: speed-up of ppo_fast[numba]" in out
+    assert "scaling: time ~ tokens^k" in out
+    for kernel in engine.KERNELS:
+        assert f"\n{kernel}  4x16 float32, 1 thread" in out
+
+
+def test_cli_bench_plot(tiny_run, tmp_path):
+    path, _ = tiny_run
+    rows = json.loads(path.read_text())["rows"]
+    target = tmp_path / "bench.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        with pytest.raises(RuntimeError, match=r"ppo_fast\[bench\]"):
+            engine.plot(rows, str(target))
+        return
+    engine.plot(rows, str(target))
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--shapes", "4by16"], "a shape is BxT"),
+        (["--dtype", "float16"], "--dtype takes float32 and/or float64"),
+        (["--kernels", "gea"], "unknown kernel(s) gea"),
+        (["--threads", "0"], "--threads takes positive integers"),
+        (["--scaling", "lots"], "--scaling takes a token count"),
+    ],
+)
+def test_cli_bench_rejects_bad_options(argv, message, capsys):
+    assert cli.main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_report_lists_what_did_not_run_and_how_to_install_it():
+    kernel = engine.KERNELS["gae"]
+    batch = engine.Batch((4, 16), "float32")
+    peer = kernel.implementation("torchrl gae")
+    rows = [
+        engine._row(kernel, peer, batch, 1, "shapes", status="skipped", reason=engine.BENCH_EXTRA),
+    ]
+    report = engine.format_report(rows)
+    assert f"not run:\n  torchrl gae: skipped: {engine.BENCH_EXTRA}" in report
+
+
+def test_memory_and_first_call_probes_run_in_fresh_processes():
+    args = ["gae", "ppo_fast[python]", [4, 16], "float32"]
+    memory = engine._probe("memory_probe", args, engine.MALLOC_ENV)
+    assert memory["status"] == "ok" and memory["extra_peak_bytes"] >= 0
+    assert "VmHWM" in memory["method"] or "ru_maxrss" in memory["method"]
+    first = engine._probe("first_call_probe", ["python"])
+    assert set(first["calls"]) == set(engine.FIRST_CALL_KERNELS)
+    assert engine.import_seconds("ppo_fast") > 0
+
+
+def test_bench_suites_run_once_as_tests():
+    """pytest-benchmark's suites in bench/, every row once with timing off, on tiny batches."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "bench",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--benchmark-disable",
+            "--shapes",
+            "4x16",
+            "--dtypes",
+            "float32,float64",
+            "--threads",
+            "1,2",
+            "--max-tokens",
+            "1000",
+            "--memory-shape",
+            "4x16",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary
