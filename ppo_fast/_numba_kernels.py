@@ -264,7 +264,8 @@ def _gae_rows(
 
 
 def _moments_rows(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
-    """Twin: src/_kernels.pyx moments."""
+    """Twin: src/_kernels.pyx moments. Branch-free, so that the `reassoc` build vectorizes the
+    sums (a serial float64 sum is bound by the latency of its additions)."""
     has_mask = mask.shape[0] > 0
     for b in prange(starts.shape[0]):
         start = np.uint64(starts[b])
@@ -274,11 +275,11 @@ def _moments_rows(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq)
         total_sq = 0.0
         for t in range(np.uint64(spans[b])):
             i = start + t
-            if t < length and (not has_mask or mask[i] != 0):
-                centred = np.float64(x[i]) - shift
-                count += 1.0
-                total += centred
-                total_sq += centred * centred
+            valid = t < length and (not has_mask or mask[i] != 0)
+            centred = np.float64(x[i]) - shift
+            count += 1.0 if valid else 0.0
+            total += centred if valid else 0.0
+            total_sq += centred * centred if valid else 0.0
         counts[b] = count
         sums[b] = total
         sums_sq[b] = total_sq
@@ -447,8 +448,8 @@ class _EstimatorKernel:
 kl_penalty = _EstimatorKernel(_kl_penalty_rows, estimator_position=4)
 shape_rewards = _EstimatorKernel(_shape_rewards_rows, estimator_position=8)
 gae = _Kernel(_gae_rows)
-moments = _Kernel(_moments_rows)
+moments = _Kernel(_moments_rows, fastmath={"reassoc"})
 whiten = _Kernel(_whiten_rows)
-# reassoc lets LLVM vectorize the row sums; nothing else in these kernels is reassociable.
+# reassoc lets LLVM vectorize the row sums of these kernels; nothing else in them reassociates.
 clipped_surrogate = _Kernel(_clipped_surrogate_rows, fastmath={"reassoc"})
 value_loss = _Kernel(_value_loss_rows, fastmath={"reassoc"})

@@ -2,9 +2,12 @@
 
 ``KERNELS`` lists each public kernel with
 
-- the bytes it must read and write, which define its memory roofline: a copy that moves as many
-  bytes (reads + writes) as the kernel must, ``np.copyto`` of (reads + writes) / 2 bytes into a
-  preallocated buffer, split over the threads when there is more than one;
+- the bytes it must read and write, which define its memory roofline: a copy of the same number
+  of bytes the kernel must read and write (the definition of the project's benchmark issue),
+  ``np.copyto`` of reads + writes bytes into a preallocated buffer, split over the threads when
+  there is more than one. The copy reads and writes each of those bytes, so it moves twice the
+  kernel's compulsory traffic: 0.5x this roofline is the memory floor, 1x is "as fast as copying
+  all its data once";
 - our implementations, one per backend (the pure-Python oracle only on small batches);
 - the peers: the code that PPO trainers run today, copied faithfully in ``_bench_peers.py`` with
   the repository, path and commit they were read from, or the real function where its package
@@ -571,14 +574,14 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 
 class Roofline:
-    """A copy that moves read_bytes + write_bytes: (read + write) / 2 bytes into a buffer.
+    """A copy of read_bytes + write_bytes bytes into a preallocated buffer (see the module).
 
     NumPy's copy releases the GIL, so with ``threads`` > 1 the copy is cut into that many slices
     copied at once (slices of at least 1 MiB; smaller copies stay on one thread).
     """
 
     def __init__(self, read_bytes: int, write_bytes: int, threads: int = 1):
-        self.size = max(1, (read_bytes + write_bytes) // 2)
+        self.size = max(1, read_bytes + write_bytes)
         self.source = np.ones(self.size, dtype=np.uint8)
         self.target = np.empty_like(self.source)
         pieces = min(threads, max(1, self.size // _ROOFLINE_CHUNK))

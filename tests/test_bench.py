@@ -100,7 +100,7 @@ def test_roofline_bytes_and_copy():
     assert read == 2 * 64 * 4 + 64  # rewards and values, float32, and the bool mask
     assert written == 2 * 64 * 4  # advantages and returns
     copy = engine.Roofline(read, written)
-    assert copy.size == (read + written) // 2 and len(copy.slices) == 1
+    assert copy.size == read + written and len(copy.slices) == 1
     copy()
     np.testing.assert_array_equal(copy.target, copy.source)
     threaded = engine.Roofline(3 << 20, 3 << 20, threads=2)
