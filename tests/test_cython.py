@@ -130,9 +130,8 @@ def test_agrees_with_numba(batch):
     """The same operations in the same order: equal to numba, NaN and inf included.
 
     Except: exp comes from each side's libm (within 4 ulp there); the loss and moments kernels'
-    numba twins
-    may reassociate (LLVM's reassoc, which vectorizes their row sums): a few ulp per token, and
-    sums in another order.
+    numba twins may reassociate (LLVM's reassoc, which vectorizes their row sums): a few ulp per
+    token, and sums in another order.
     """
     from ppo_fast import _numba_kernels
 
