@@ -15,3 +15,16 @@ def test_ruff(command):
     assert ruff, "ruff is part of the test extra: pip install -e '.[test]'"
     out = subprocess.run([ruff, *command, "."], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    """The README opens with two commands; the second (the tests) is what .ci/run runs."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0]
+    install_and_run, install_and_test = (
+        line.split("  #")[0].strip() for line in block.strip().splitlines()
+    )
+    assert "ppo-fast bench" in install_and_run and "pip install" in install_and_run
+    assert install_and_test.endswith("python -m pytest") and "pip install" in install_and_test
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert install_and_test in [line.strip() for line in ci_lines]
