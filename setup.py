@@ -15,6 +15,14 @@ vectorized loops. ``-ffp-contract=off`` keeps the compiler from fusing multiply-
 mirror numba's llvm.fma, and the two builds give the same bits.
 ``-fno-trapping-math`` lets it vectorize a masked loop by computing every lane and selecting; it
 changes no value (LLVM, and so numba, assumes the same).
+
+The loss kernels' rows are C, in two headers that src/_kernels.pyx includes: src/_lanes.h (eight
+explicit lanes: AVX2 and FMA intrinsics when the compiler targets them, else GCC and Clang's
+generic vectors, else plain C) and src/_loss_rows.h (the kernels, over those lanes). GCC
+vectorizes a floating-point sum only when it may reassociate it, which would make the order of a
+row's sum depend on the build; explicit lanes fix that order in the source, so both builds still
+give the same bits. Listing the headers in ``depends`` makes a rebuild follow their changes and
+puts them in the sdist.
 """
 
 from __future__ import annotations
@@ -32,7 +40,13 @@ REQUIRE_CYTHON = os.environ.get("PPO_FAST_REQUIRE_CYTHON", "") == "1"
 PORTABLE = "ppo_fast._cython_kernels"
 AVX2 = "ppo_fast._cython_kernels_avx2"
 EXTENSIONS = [
-    Extension(name, ["src/_kernels.pyx"], depends=["src/_rows.pxd"]) for name in (PORTABLE, AVX2)
+    Extension(
+        name,
+        ["src/_kernels.pyx"],
+        depends=["src/_rows.pxd", "src/_lanes.h", "src/_loss_rows.h"],
+        include_dirs=["src"],
+    )
+    for name in (PORTABLE, AVX2)
 ]
 
 # Per compiler family: (optimisation and exact arithmetic, OpenMP compile, OpenMP link).

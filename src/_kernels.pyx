@@ -15,19 +15,20 @@ has the oracle's signature (ppo_fast/_reference.py), n_threads last. Conventions
   runs it, so results are identical bit for bit on any number of threads. Keeping the row body
   out of the ``prange`` also keeps Cython from turning a per-row ``+=`` into an OpenMP reduction.
 - The arithmetic is the numba twins', operation for operation: ``fma()`` exactly where they call
-  ``llvm.fma`` (the GAE chain, the losses' polynomial exp), and setup.py compiles with
-  ``-ffp-contract=off`` so that nothing else is fused (numba does not contract). Both builds give
-  the same bits; numba gives them too, up to the libm behind ``exp`` and the order of the loss
-  kernels' row sums (see the losses below).
+  ``llvm.fma`` (the GAE chain here, the losses' polynomial exp in src/_lanes.h), and setup.py
+  compiles with ``-ffp-contract=off`` so that nothing else is fused (numba does not contract).
+  Both builds give the same bits; numba gives them too, up to the libm behind ``exp`` and the
+  order of the loss kernels' row sums (see the losses below).
+- The two loss kernels do their rows in C, src/_loss_rows.h, over the explicit lanes of
+  src/_lanes.h; both headers are included below and compiled into this module.
 - Bounds and wrap-around checks are off (the twins index with unsigned integers for the same
   reason); the stages validate every index before they call in.
 - Without OpenMP the ``prange`` loops run serially; ``OPENMP`` says which build this is.
 """
 
 from cython.parallel cimport prange
-from libc.math cimport fma, fmaf
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.math cimport fma
+from libc.stdint cimport int64_t, uint8_t
 
 from _rows cimport is_valid, kl_value
 
@@ -354,155 +355,47 @@ def whiten(
 
 # -- Fused losses ---------------------------------------------------------------------------------
 #
-# Per-token arithmetic runs in the input dtype and every sum in float64, as in the twins; the
-# twins' types are kept where numba's promotion makes them float64 (the weight, and so the
-# gradient's product, are float64 there). The per-token work is branch-free so that the compiler
-# vectorizes it. The row sums cannot follow numba's (it lets LLVM reassociate them): each row is
-# summed in LANES partial sums (token t goes to lane t % LANES), added up in a fixed order. That
-# vectorizes without reassociation and gives the same bits in both builds and on any number of
-# threads. CHUNK tokens at a time go through a stack buffer between the two loops.
+# Each row is one call to a kernel of src/_loss_rows.h, written in C over the eight explicit
+# lanes of src/_lanes.h (AVX2 and FMA intrinsics in the _avx2 build, generic vectors otherwise),
+# with the same arithmetic as the numba twins. Why C: a row's loss is a sum, and GCC vectorizes a
+# floating-point sum only if it may reassociate it, which would tie the order of addition to each
+# build's vector width; the lanes fix that order in the source (token t of a row in lane t % 8,
+# the lanes added up in a fixed tree), so both builds and any number of threads give the same
+# bits. The twins sum in another order (LLVM's reassoc), so sums agree with numba's to rounding.
 
-cdef enum:
-    LANES = 8
-    CHUNK = 256  # a multiple of LANES
-
-# The twins' exp_poly (ppo_fast/_numba_kernels.py _exp32 and _exp64), constant for constant:
-# exp(x) = 2^n p(r) with x = n ln2 + r, n found by the 1.5 * 2^(mantissa bits) shift trick and
-# 2^n built from its exponent bits; inputs saturate so that 2^n stays a normal number.
-# (memcpy is how C reads a float's bits; compilers turn it into a register move.)
-
-
-cdef inline float _exp32(float x) noexcept nogil:
-    cdef float shift = 12582912.0  # 1.5 * 2^23
-    cdef float shifted, n, r, p, power
-    cdef int32_t shifted_bits, shift_bits
-    cdef uint32_t power_bits
-    if <float>-87.3 > x:
-        x = <float>-87.3
-    if <float>88.3 < x:
-        x = <float>88.3
-    shifted = fmaf(x, <float>1.44269504, shift)
-    n = shifted - shift
-    r = fmaf(-n, <float>0.693359375, x)
-    r = fmaf(-n, <float>-2.12194440e-4, r)
-    p = fmaf(<float>1.9875691500e-4, r, <float>1.3981999507e-3)
-    p = fmaf(p, r, <float>8.3334519073e-3)
-    p = fmaf(p, r, <float>4.1665795894e-2)
-    p = fmaf(p, r, <float>1.6666665459e-1)
-    p = fmaf(p, r, <float>5.0000001201e-1)
-    p = fmaf(p * r, r, r) + <float>1.0
-    memcpy(&shifted_bits, &shifted, 4)
-    memcpy(&shift_bits, &shift, 4)
-    # Unsigned, so that the shift is defined; the saturation keeps n + 127 within 1..254.
-    power_bits = <uint32_t>(shifted_bits - shift_bits + 127) << 23
-    memcpy(&power, &power_bits, 4)
-    return p * power
-
-
-cdef inline double _exp64(double x) noexcept nogil:
-    cdef double shift = 6755399441055744.0  # 1.5 * 2^52
-    cdef double shifted, n, r, p, power
-    cdef int64_t shifted_bits, shift_bits
-    cdef uint64_t power_bits
-    if -708.0 > x:
-        x = -708.0
-    if 709.0 < x:
-        x = 709.0
-    shifted = fma(x, 1.4426950408889634, shift)
-    n = shifted - shift
-    r = fma(-n, 6.93147180369123816490e-01, x)
-    r = fma(-n, 1.90821492927058770002e-10, r)
-    p = fma(2.08767569878680989792e-09, r, 2.50521083854417187751e-08)
-    p = fma(p, r, 2.75573192239858906526e-07)
-    p = fma(p, r, 2.75573192239858906526e-06)
-    p = fma(p, r, 2.48015873015873015873e-05)
-    p = fma(p, r, 1.98412698412698412698e-04)
-    p = fma(p, r, 1.38888888888888888889e-03)
-    p = fma(p, r, 8.33333333333333333333e-03)
-    p = fma(p, r, 4.16666666666666666667e-02)
-    p = fma(p, r, 1.66666666666666666667e-01)
-    p = fma(p, r, 0.5)
-    p = fma(p, r, 1.0)
-    p = fma(p, r, 1.0)
-    memcpy(&shifted_bits, &shifted, 8)
-    memcpy(&shift_bits, &shift, 8)
-    power_bits = <uint64_t>(shifted_bits - shift_bits + 1023) << 52
-    memcpy(&power, &power_bits, 8)
-    return p * power
-
-
-cdef inline floating exp_poly(floating x) noexcept nogil:
-    if floating is float:
-        return _exp32(x)
-    else:
-        return _exp64(x)
-
-
-cdef inline floating clip(floating x, floating low, floating high) noexcept nogil:
-    # The twins' min(max(x, low), high), comparison for comparison.
-    if low > x:
-        x = low
-    if high < x:
-        x = high
-    return x
-
-
-cdef inline void _sum_into_lanes(
-    const double* terms, Py_ssize_t n, double* lanes
-) noexcept nogil:
-    # Each lane adds every LANES-th term in order; the buffer's tail past n holds zeros.
-    cdef Py_ssize_t j = 0, lane
-    while j < n:
-        for lane in range(LANES):
-            lanes[lane] += terms[j + lane]
-        j += LANES
-
-
-cdef inline double _lanes_total(const double* lanes) noexcept nogil:
-    cdef double total = 0.0
-    cdef Py_ssize_t lane
-    for lane in range(LANES):
-        total += lanes[lane]
-    return total
-
-
-cdef inline void _policy_token(
-    bint valid,
-    double weight,
-    floating log_ratio,
-    floating advantage,
-    floating low,
-    floating high,
-    floating dual,
-    floating clamp,
-    floating scale,
-    floating* grad,
-    double* loss_term,
-    double* clipped_term,
-    double* dual_term,
-    double* kl_term,
-) noexcept nogil:
-    # Everything is computed and then selected, so that the loop over tokens vectorizes.
-    cdef floating zero = scale - scale  # as the twin: 0 in the input dtype
-    cdef floating ratio, unclipped, clipped, objective
-    cdef bint inside, is_clipped, is_dual, active
-    cdef double gradient
-    inside = (log_ratio >= -clamp) & (log_ratio <= clamp)
-    log_ratio = clip(log_ratio, -clamp, clamp)
-    ratio = exp_poly(log_ratio)
-    unclipped = ratio * advantage
-    clipped = clip(ratio, low, high) * advantage
-    is_clipped = clipped < unclipped
-    objective = clipped if is_clipped else unclipped
-    is_dual = (advantage < zero) & (dual * advantage > objective)
-    objective = dual * advantage if is_dual else objective
-    active = valid & inside & (not is_clipped) & (not is_dual)
-    gradient = -weight * <double>(advantage * ratio) * <double>scale
-    grad[0] = <floating>gradient if active else zero
-    loss_term[0] = -weight * <double>objective if valid else 0.0
-    clipped_term[0] = 1.0 if valid & is_clipped else 0.0
-    dual_term[0] = 1.0 if valid & is_dual else 0.0
-    kl_term[0] = -<double>log_ratio if valid else 0.0
+cdef extern from *:
+    """
+    #define PPO_FAST_LOSS_DTYPE 32
+    #include "_loss_rows.h"
+    #undef PPO_FAST_LOSS_DTYPE
+    #define PPO_FAST_LOSS_DTYPE 64
+    #include "_loss_rows.h"
+    #undef PPO_FAST_LOSS_DTYPE
+    """
+    void ppo_clipped_surrogate_row_f32(
+        const float* logprobs, const float* old_logprobs, const float* advantages,
+        const float* weights, bint has_weights, Py_ssize_t start, Py_ssize_t span,
+        Py_ssize_t length, const uint8_t* mask, bint has_mask, const float* params, float scale,
+        float* grad, double* row_loss, double* row_clipped, double* row_dual, double* row_kl,
+    ) noexcept nogil
+    void ppo_clipped_surrogate_row_f64(
+        const double* logprobs, const double* old_logprobs, const double* advantages,
+        const double* weights, bint has_weights, Py_ssize_t start, Py_ssize_t span,
+        Py_ssize_t length, const uint8_t* mask, bint has_mask, const double* params,
+        double scale, double* grad, double* row_loss, double* row_clipped, double* row_dual,
+        double* row_kl,
+    ) noexcept nogil
+    void ppo_value_loss_row_f32(
+        const float* values, const float* old_values, const float* returns, Py_ssize_t start,
+        Py_ssize_t span, Py_ssize_t length, const uint8_t* mask, bint has_mask,
+        float clip_range, float scale, float* grad, double* row_loss, double* row_clipped,
+    ) noexcept nogil
+    void ppo_value_loss_row_f64(
+        const double* values, const double* old_values, const double* returns,
+        Py_ssize_t start, Py_ssize_t span, Py_ssize_t length, const uint8_t* mask,
+        bint has_mask, double clip_range, double scale, double* grad, double* row_loss,
+        double* row_clipped,
+    ) noexcept nogil
 
 
 cdef inline void _clipped_surrogate_row(
@@ -516,10 +409,7 @@ cdef inline void _clipped_surrogate_row(
     Py_ssize_t length,
     const uint8_t* mask,
     bint has_mask,
-    floating low,
-    floating high,
-    floating dual,
-    floating clamp,
+    const floating* params,
     floating scale,
     floating* grad,
     double* row_loss,
@@ -527,69 +417,16 @@ cdef inline void _clipped_surrogate_row(
     double* row_dual,
     double* row_kl,
 ) noexcept nogil:
-    cdef double loss_terms[CHUNK]
-    cdef double clipped_terms[CHUNK]
-    cdef double dual_terms[CHUNK]
-    cdef double kl_terms[CHUNK]
-    cdef double loss_lanes[LANES]
-    cdef double clipped_lanes[LANES]
-    cdef double dual_lanes[LANES]
-    cdef double kl_lanes[LANES]
-    cdef Py_ssize_t first = 0, n, j, i, valid_end
-    for j in range(LANES):
-        loss_lanes[j] = clipped_lanes[j] = dual_lanes[j] = kl_lanes[j] = 0.0
-    while first < span:
-        n = min(CHUNK, span - first)
-        # One loop per case, so that no load in it is conditional and, without a mask, validity
-        # is a constant: the compiler then vectorizes each (numba's LLVM unswitches the twin).
-        valid_end = max(0, min(n, length - first))
-        if has_mask and has_weights:
-            for j in range(valid_end):
-                i = start + first + j
-                _policy_token(
-                    mask[i] != 0, weights[i],
-                    logprobs[i] - old_logprobs[i], advantages[i], low, high, dual, clamp, scale,
-                    &grad[i], &loss_terms[j], &clipped_terms[j], &dual_terms[j], &kl_terms[j],
-                )
-        elif has_mask:
-            for j in range(valid_end):
-                i = start + first + j
-                _policy_token(
-                    mask[i] != 0, 1.0,
-                    logprobs[i] - old_logprobs[i], advantages[i], low, high, dual, clamp, scale,
-                    &grad[i], &loss_terms[j], &clipped_terms[j], &dual_terms[j], &kl_terms[j],
-                )
-        elif has_weights:
-            for j in range(valid_end):
-                i = start + first + j
-                _policy_token(
-                    True, weights[i],
-                    logprobs[i] - old_logprobs[i], advantages[i], low, high, dual, clamp, scale,
-                    &grad[i], &loss_terms[j], &clipped_terms[j], &dual_terms[j], &kl_terms[j],
-                )
-        else:
-            for j in range(valid_end):
-                i = start + first + j
-                _policy_token(
-                    True, 1.0,
-                    logprobs[i] - old_logprobs[i], advantages[i], low, high, dual, clamp, scale,
-                    &grad[i], &loss_terms[j], &clipped_terms[j], &dual_terms[j], &kl_terms[j],
-                )
-        # Past the row's length nothing is valid: what the token function gives there.
-        for j in range(valid_end, n):
-            grad[start + first + j] = 0.0
-            loss_terms[j] = clipped_terms[j] = dual_terms[j] = kl_terms[j] = 0.0
-        for j in range(n, (n + LANES - 1) // LANES * LANES):
-            loss_terms[j] = clipped_terms[j] = dual_terms[j] = kl_terms[j] = 0.0
-        _sum_into_lanes(loss_terms, n, loss_lanes)
-        _sum_into_lanes(clipped_terms, n, clipped_lanes)
-        _sum_into_lanes(dual_terms, n, dual_lanes)
-        _sum_into_lanes(kl_terms, n, kl_lanes)
-        first += CHUNK
-    row_loss[0] = _lanes_total(loss_lanes)
-    row_clipped[0] = _lanes_total(clipped_lanes)
-    row_dual[0] = _lanes_total(dual_lanes)
-    row_kl[0] = _lanes_total(kl_lanes)
+    if floating is float:
+        ppo_clipped_surrogate_row_f32(
+            logprobs, old_logprobs, advantages, weights, has_weights, start, span, length, mask,
+            has_mask, params, scale, grad, row_loss, row_clipped, row_dual, row_kl,
+        )
+    else:
+        ppo_clipped_surrogate_row_f64(
+            logprobs, old_logprobs, advantages, weights, has_weights, start, span, length, mask,
+            has_mask, params, scale, grad, row_loss, row_clipped, row_dual, row_kl,
+        )
 
 
 def clipped_surrogate(
@@ -627,10 +464,7 @@ def clipped_surrogate(
             lengths[b],
             &mask[0],
             has_mask,
-            params[0],
-            params[1],
-            params[2],
-            params[3],
+            &params[0],
             grad_scale[b],
             &grad[0],
             &row_loss[b],
@@ -638,30 +472,6 @@ def clipped_surrogate(
             &row_dual[b],
             &row_kl[b],
         )
-
-
-cdef inline void _value_token(
-    bint valid,
-    floating value,
-    floating old,
-    floating target,
-    floating clip_range,
-    floating scale,
-    floating* grad,
-    double* loss_term,
-    double* clipped_term,
-) noexcept nogil:
-    cdef floating zero = scale - scale  # as the twin: 0 in the input dtype
-    cdef floating error, unclipped, clipped_error, clipped
-    cdef bint is_clipped
-    error = value - target
-    unclipped = error * error
-    clipped_error = clip(value, old - clip_range, old + clip_range) - target
-    clipped = clipped_error * clipped_error
-    is_clipped = clipped > unclipped
-    grad[0] = error * scale if valid & (not is_clipped) else zero
-    loss_term[0] = <double>(clipped if is_clipped else unclipped) * 0.5 if valid else 0.0
-    clipped_term[0] = 1.0 if valid & is_clipped else 0.0
 
 
 cdef inline void _value_loss_row(
@@ -679,41 +489,16 @@ cdef inline void _value_loss_row(
     double* row_loss,
     double* row_clipped,
 ) noexcept nogil:
-    cdef double loss_terms[CHUNK]
-    cdef double clipped_terms[CHUNK]
-    cdef double loss_lanes[LANES]
-    cdef double clipped_lanes[LANES]
-    cdef Py_ssize_t first = 0, n, j, i, valid_end
-    for j in range(LANES):
-        loss_lanes[j] = clipped_lanes[j] = 0.0
-    while first < span:
-        n = min(CHUNK, span - first)
-        # As in _clipped_surrogate_row: the valid prefix, one loop per case, then the rest.
-        valid_end = max(0, min(n, length - first))
-        if has_mask:
-            for j in range(valid_end):
-                i = start + first + j
-                _value_token(
-                    mask[i] != 0, values[i], old_values[i], returns[i],
-                    clip_range, scale, &grad[i], &loss_terms[j], &clipped_terms[j],
-                )
-        else:
-            for j in range(valid_end):
-                i = start + first + j
-                _value_token(
-                    True, values[i], old_values[i], returns[i],
-                    clip_range, scale, &grad[i], &loss_terms[j], &clipped_terms[j],
-                )
-        for j in range(valid_end, n):
-            grad[start + first + j] = 0.0
-            loss_terms[j] = clipped_terms[j] = 0.0
-        for j in range(n, (n + LANES - 1) // LANES * LANES):
-            loss_terms[j] = clipped_terms[j] = 0.0
-        _sum_into_lanes(loss_terms, n, loss_lanes)
-        _sum_into_lanes(clipped_terms, n, clipped_lanes)
-        first += CHUNK
-    row_loss[0] = _lanes_total(loss_lanes)
-    row_clipped[0] = _lanes_total(clipped_lanes)
+    if floating is float:
+        ppo_value_loss_row_f32(
+            values, old_values, returns, start, span, length, mask, has_mask, clip_range, scale,
+            grad, row_loss, row_clipped,
+        )
+    else:
+        ppo_value_loss_row_f64(
+            values, old_values, returns, start, span, length, mask, has_mask, clip_range, scale,
+            grad, row_loss, row_clipped,
+        )
 
 
 def value_loss(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from batches import ragged_batches
+from batches import Batch, ragged_batches
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -125,17 +125,9 @@ def every_kernel(kernels, inputs, n_threads=1):
     return outputs
 
 
-@given(batch=ragged_batches())
-def test_agrees_with_numba(batch):
-    """The same operations in the same order: equal to numba, NaN and inf included.
-
-    Except: exp comes from each side's libm (within 4 ulp there); the loss and moments kernels'
-    numba twins may reassociate (LLVM's reassoc, which vectorizes their row sums): a few ulp per
-    token, and sums in another order.
-    """
+def assert_agrees_with_numba(inputs):
     from ppo_fast import _numba_kernels
 
-    inputs = kernel_inputs(batch)
     expected = every_kernel(_numba_kernels, inputs)
     actual = every_kernel(_cython_backend, inputs)
     for name, output in expected.items():
@@ -159,6 +151,33 @@ def test_agrees_with_numba(batch):
             np.testing.assert_array_equal(actual[name], output, err_msg=name)
 
 
+def assert_both_builds_give_the_same_bits(inputs, n_threads):
+    from ppo_fast import _cython_kernels_avx2
+
+    assert _cython_kernels_avx2.BUILT_FOR_AVX2_FMA
+    portable = every_kernel(_cython_kernels, inputs)
+    avx2 = every_kernel(_cython_kernels_avx2, inputs, n_threads)
+    for name, output in portable.items():
+        bits = f"u{output.itemsize}"
+        np.testing.assert_array_equal(avx2[name].view(bits), output.view(bits), err_msg=name)
+
+
+needs_avx2_fma = pytest.mark.skipif(
+    not _cython_kernels.CPU_HAS_AVX2_FMA, reason="this CPU cannot run the AVX2 and FMA build"
+)
+
+
+@given(batch=ragged_batches())
+def test_agrees_with_numba(batch):
+    """The same operations in the same order: equal to numba, NaN and inf included.
+
+    Except: exp comes from each side's libm (within 4 ulp there); the loss and moments kernels'
+    numba twins may reassociate (LLVM's reassoc, which vectorizes their row sums): a few ulp per
+    token, and sums in another order.
+    """
+    assert_agrees_with_numba(kernel_inputs(batch))
+
+
 def test_the_avx2_build_is_taken_where_the_cpu_has_avx2_and_fma():
     on_x86_64 = platform.machine().lower() in ("x86_64", "amd64")
     expected = "avx2-fma" if on_x86_64 and _cython_kernels.CPU_HAS_AVX2_FMA else "portable"
@@ -166,21 +185,40 @@ def test_the_avx2_build_is_taken_where_the_cpu_has_avx2_and_fma():
     assert _cython_kernels.BUILT_FOR_AVX2_FMA is False
 
 
-@pytest.mark.skipif(
-    not _cython_kernels.CPU_HAS_AVX2_FMA, reason="this CPU cannot run the AVX2 and FMA build"
-)
+@needs_avx2_fma
 @given(batch=ragged_batches(), n_threads=st.sampled_from([1, 3]))
 def test_both_builds_give_the_same_bits(batch, n_threads):
-    """-ffp-contract=off and explicit fma(): wider vectors and hardware FMA change no bit."""
-    from ppo_fast import _cython_kernels_avx2
+    """-ffp-contract=off, explicit fma() and the loss kernels' explicit lanes (src/_lanes.h):
+    wider vectors and hardware FMA change no bit."""
+    assert_both_builds_give_the_same_bits(kernel_inputs(batch), n_threads)
 
-    assert _cython_kernels_avx2.BUILT_FOR_AVX2_FMA
+
+# The loss kernels (src/_loss_rows.h) go through a row 8 tokens at a time, in chunks of 256, and
+# copy a last partial block into padded lanes; the policy loss stops at a row's length, the value
+# loss reads the padding too. Rows on either side of each of those edges:
+EDGE_LENGTHS = [0, 1, 7, 8, 9, 255, 256, 257, 263, 264, 513]
+
+
+@pytest.mark.parametrize("layout", ["mask", "lengths", "packed"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_loss_rows_at_the_edges_of_blocks_and_chunks(layout, dtype):
+    rng = np.random.default_rng(7)
+    width = max(EDGE_LENGTHS) + 3
+    lengths = np.array(EDGE_LENGTHS)
+    if layout == "packed":
+        valid = np.ones(int(lengths.sum()), dtype=bool)
+        kwargs = {"cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)}
+    else:
+        valid = np.arange(width)[None, :] < lengths[:, None]
+        kwargs = {"lengths": lengths}
+        if layout == "mask":
+            valid &= rng.random(valid.shape) >= 0.2  # holes
+            kwargs = {"mask": valid}
+    batch = Batch(layout, np.dtype(dtype), valid, len(lengths), kwargs, rng)
     inputs = kernel_inputs(batch)
-    portable = every_kernel(_cython_kernels, inputs)
-    avx2 = every_kernel(_cython_kernels_avx2, inputs, n_threads)
-    for name, output in portable.items():
-        bits = f"u{output.itemsize}"
-        np.testing.assert_array_equal(avx2[name].view(bits), output.view(bits), err_msg=name)
+    assert_agrees_with_numba(inputs)
+    if _cython_kernels.CPU_HAS_AVX2_FMA:
+        assert_both_builds_give_the_same_bits(inputs, n_threads=3)
 
 
 # -- read-only inputs ---------------------------------------------------------------------------

@@ -1,0 +1,643 @@
+/* Eight lanes of float32 or float64: the vector layer under the loss kernels of _loss_rows.h.
+ *
+ * Why explicit lanes: a row's loss is a sum, and GCC vectorizes a floating-point sum only when it
+ * may reassociate it (the numba twins let LLVM do so), which would tie the order of addition to
+ * the vector width of each build. Here the lanes are in the source: token t of a row always goes
+ * to lane t % 8 and the lanes are added up in a fixed tree, so the portable and AVX2 builds, and
+ * any number of threads, give the same bits. Explicit vectors also spare the loss kernels what GCC
+ * makes of their uint8 mask in an auto-vectorized loop (32 tokens a step, mostly spilled).
+ *
+ * One interface, three implementations: AVX2 and FMA intrinsics (setup.py's _avx2 build); GCC
+ * and Clang generic 16-byte vectors (their other builds: SSE2, NEON, ...); plain C lane by lane
+ * (other compilers). Each operation is the same IEEE operation in all three, so they agree bit for
+ * bit: max(a, b) and min(a, b) are x86's a > b ? a : b and a < b ? a : b (which keep b when either
+ * is NaN: the twins' clip, comparison for comparison), fma is fused, float64 -> float32 rounds to
+ * nearest, and comparisons are false on NaN.
+ *
+ * Types: ppo_f32x8 and ppo_f64x8 (values), ppo_m32x8 and ppo_m64x8 (masks, one per lane of the
+ * values of the same width), ppo_c32x8 and ppo_c64x8 (counts of true mask lanes). Operations are
+ * named ppo_<type>_<operation>, so that _loss_rows.h can pick them by dtype.
+ */
+#ifndef PPO_FAST_LANES_H
+#define PPO_FAST_LANES_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(_MSC_VER)
+#define PPO_INLINE static __forceinline
+#else
+#define PPO_INLINE static inline __attribute__((always_inline))
+#endif
+
+/* A hint to fetch the cache line at base + bytes, which may lie past the end of an array: a
+ * prefetch never faults, and the address is computed as an integer. */
+PPO_INLINE void ppo_prefetch(const void* base, ptrdiff_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch((const void*)((uintptr_t)base + (uintptr_t)bytes));
+#else
+    (void)base;
+    (void)bytes;
+#endif
+}
+
+/* The twins' exp (ppo_fast/_numba_kernels.py _exp32 and _exp64), constant for constant:
+ * exp(x) = 2^n p(r) with x = n ln2 + r, n found by the 1.5 * 2^(mantissa bits) shift trick and
+ * 2^n built from its exponent bits; inputs saturate so that 2^n stays a normal number. */
+#define PPO_EXP32_LOW -87.3f
+#define PPO_EXP32_HIGH 88.3f
+#define PPO_EXP32_SHIFT 12582912.0f /* 1.5 * 2^23 */
+#define PPO_EXP32_LOG2E 1.44269504f
+#define PPO_EXP32_LN2_HIGH 0.693359375f /* Cephes' two-part ln2 */
+#define PPO_EXP32_LN2_LOW -2.12194440e-4f
+static const float ppo_exp32_polynomial[6] = {/* Cephes' expf minimax polynomial */
+    1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+    4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+#define PPO_EXP64_LOW -708.0
+#define PPO_EXP64_HIGH 709.0
+#define PPO_EXP64_SHIFT 6755399441055744.0 /* 1.5 * 2^52 */
+#define PPO_EXP64_LOG2E 1.4426950408889634
+#define PPO_EXP64_LN2_HIGH 6.93147180369123816490e-01 /* n * ln2_high is exact */
+#define PPO_EXP64_LN2_LOW 1.90821492927058770002e-10
+static const double ppo_exp64_polynomial[13] = {/* Taylor to degree 12 */
+    2.08767569878680989792e-09, 2.50521083854417187751e-08, 2.75573192239858906526e-07,
+    2.75573192239858906526e-06, 2.48015873015873015873e-05, 1.98412698412698412698e-04,
+    1.38888888888888888889e-03, 8.33333333333333333333e-03, 4.16666666666666666667e-02,
+    1.66666666666666666667e-01, 0.5, 1.0, 1.0};
+
+/* One lane of it, for the builds without AVX2 and FMA. */
+PPO_INLINE float ppo_exp32(float x) {
+    float shift = PPO_EXP32_SHIFT, shifted, n, r, p, power;
+    uint32_t shifted_bits, shift_bits, power_bits;
+    if (PPO_EXP32_LOW > x) x = PPO_EXP32_LOW;
+    if (PPO_EXP32_HIGH < x) x = PPO_EXP32_HIGH;
+    shifted = fmaf(x, PPO_EXP32_LOG2E, shift);
+    n = shifted - shift;
+    r = fmaf(-n, PPO_EXP32_LN2_HIGH, x);
+    r = fmaf(-n, PPO_EXP32_LN2_LOW, r);
+    p = ppo_exp32_polynomial[0];
+    for (int k = 1; k < 6; k++) p = fmaf(p, r, ppo_exp32_polynomial[k]);
+    p = fmaf(p * r, r, r) + 1.0f;
+    memcpy(&shifted_bits, &shifted, 4);
+    memcpy(&shift_bits, &shift, 4);
+    power_bits = (shifted_bits - shift_bits + 127u) << 23; /* unsigned, so that it wraps */
+    memcpy(&power, &power_bits, 4);
+    return p * power;
+}
+PPO_INLINE double ppo_exp64(double x) {
+    double shift = PPO_EXP64_SHIFT, shifted, n, r, p, power;
+    uint64_t shifted_bits, shift_bits, power_bits;
+    if (PPO_EXP64_LOW > x) x = PPO_EXP64_LOW;
+    if (PPO_EXP64_HIGH < x) x = PPO_EXP64_HIGH;
+    shifted = fma(x, PPO_EXP64_LOG2E, shift);
+    n = shifted - shift;
+    r = fma(-n, PPO_EXP64_LN2_HIGH, x);
+    r = fma(-n, PPO_EXP64_LN2_LOW, r);
+    p = ppo_exp64_polynomial[0];
+    for (int k = 1; k < 13; k++) p = fma(p, r, ppo_exp64_polynomial[k]);
+    memcpy(&shifted_bits, &shifted, 8);
+    memcpy(&shift_bits, &shift, 8);
+    power_bits = (shifted_bits - shift_bits + 1023u) << 52;
+    memcpy(&power, &power_bits, 8);
+    return p * power;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* -- AVX2 and FMA ------------------------------------------------------------------------------ */
+#include <immintrin.h>
+
+typedef __m256 ppo_f32x8;
+typedef __m256 ppo_m32x8;  /* all ones or zero per lane */
+typedef __m256i ppo_c32x8; /* int32 per lane: _loss_rows.h totals them every chunk */
+typedef struct {
+    __m256d low, high;
+} ppo_f64x8;
+typedef ppo_f64x8 ppo_m64x8;
+typedef __m256i ppo_c64x8; /* int64 per lane */
+
+PPO_INLINE ppo_f32x8 ppo_f32x8_splat(float x) { return _mm256_set1_ps(x); }
+PPO_INLINE ppo_f32x8 ppo_f32x8_load(const float* p) { return _mm256_loadu_ps(p); }
+PPO_INLINE void ppo_f32x8_store(float* p, ppo_f32x8 x) { _mm256_storeu_ps(p, x); }
+PPO_INLINE ppo_f32x8 ppo_f32x8_add(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_add_ps(a, b); }
+PPO_INLINE ppo_f32x8 ppo_f32x8_sub(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_sub_ps(a, b); }
+PPO_INLINE ppo_f32x8 ppo_f32x8_mul(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_mul_ps(a, b); }
+PPO_INLINE ppo_f32x8 ppo_f32x8_max(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_max_ps(a, b); }
+PPO_INLINE ppo_f32x8 ppo_f32x8_min(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_min_ps(a, b); }
+PPO_INLINE ppo_m32x8 ppo_f32x8_eq(ppo_f32x8 a, ppo_f32x8 b) {
+    return _mm256_cmp_ps(a, b, _CMP_EQ_OQ);
+}
+PPO_INLINE ppo_m32x8 ppo_f32x8_lt(ppo_f32x8 a, ppo_f32x8 b) {
+    return _mm256_cmp_ps(a, b, _CMP_LT_OQ);
+}
+PPO_INLINE ppo_m32x8 ppo_f32x8_gt(ppo_f32x8 a, ppo_f32x8 b) {
+    return _mm256_cmp_ps(a, b, _CMP_GT_OQ);
+}
+PPO_INLINE ppo_f32x8 ppo_f32x8_select(ppo_m32x8 m, ppo_f32x8 a, ppo_f32x8 b) {
+    return _mm256_blendv_ps(b, a, m);
+}
+
+PPO_INLINE ppo_f64x8 ppo_f64x8_splat(double x) {
+    ppo_f64x8 r = {_mm256_set1_pd(x), _mm256_set1_pd(x)};
+    return r;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_load(const double* p) {
+    ppo_f64x8 r = {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)};
+    return r;
+}
+PPO_INLINE void ppo_f64x8_store(double* p, ppo_f64x8 x) {
+    _mm256_storeu_pd(p, x.low);
+    _mm256_storeu_pd(p + 4, x.high);
+}
+#define PPO_F64X8_BOTH_HALVES(result_type, name, intrinsic)               \
+    PPO_INLINE result_type ppo_f64x8_##name(ppo_f64x8 a, ppo_f64x8 b) {   \
+        result_type r = {intrinsic(a.low, b.low), intrinsic(a.high, b.high)}; \
+        return r;                                                         \
+    }
+#define PPO_CMP_EQ(a, b) _mm256_cmp_pd(a, b, _CMP_EQ_OQ)
+#define PPO_CMP_LT(a, b) _mm256_cmp_pd(a, b, _CMP_LT_OQ)
+#define PPO_CMP_GT(a, b) _mm256_cmp_pd(a, b, _CMP_GT_OQ)
+PPO_F64X8_BOTH_HALVES(ppo_f64x8, add, _mm256_add_pd)
+PPO_F64X8_BOTH_HALVES(ppo_f64x8, sub, _mm256_sub_pd)
+PPO_F64X8_BOTH_HALVES(ppo_f64x8, mul, _mm256_mul_pd)
+PPO_F64X8_BOTH_HALVES(ppo_f64x8, max, _mm256_max_pd)
+PPO_F64X8_BOTH_HALVES(ppo_f64x8, min, _mm256_min_pd)
+PPO_F64X8_BOTH_HALVES(ppo_m64x8, eq, PPO_CMP_EQ)
+PPO_F64X8_BOTH_HALVES(ppo_m64x8, lt, PPO_CMP_LT)
+PPO_F64X8_BOTH_HALVES(ppo_m64x8, gt, PPO_CMP_GT)
+PPO_INLINE ppo_f64x8 ppo_f64x8_select(ppo_m64x8 m, ppo_f64x8 a, ppo_f64x8 b) {
+    ppo_f64x8 r = {_mm256_blendv_pd(b.low, a.low, m.low), _mm256_blendv_pd(b.high, a.high, m.high)};
+    return r;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_negative(ppo_f64x8 x) { /* flips the sign bit, as -x does */
+    __m256d sign = _mm256_set1_pd(-0.0);
+    ppo_f64x8 r = {_mm256_xor_pd(x.low, sign), _mm256_xor_pd(x.high, sign)};
+    return r;
+}
+
+PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) { /* lanes 0-3 to the low half */
+    ppo_f64x8 r = {_mm256_cvtps_pd(_mm256_castps256_ps128(x)),
+                   _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))};
+    return r;
+}
+PPO_INLINE ppo_f32x8 ppo_f32x8_from_f64(ppo_f64x8 x) {
+    return _mm256_set_m128(_mm256_cvtpd_ps(x.high), _mm256_cvtpd_ps(x.low));
+}
+
+PPO_INLINE ppo_m32x8 ppo_m32x8_all(void) { return _mm256_castsi256_ps(_mm256_set1_epi32(-1)); }
+PPO_INLINE ppo_m32x8 ppo_m32x8_and(ppo_m32x8 a, ppo_m32x8 b) { return _mm256_and_ps(a, b); }
+PPO_INLINE ppo_m32x8 ppo_m32x8_and_not(ppo_m32x8 a, ppo_m32x8 b) { /* a and not b */
+    return _mm256_andnot_ps(b, a);
+}
+PPO_INLINE ppo_m32x8 ppo_m32x8_from_bytes(const uint8_t* p) { /* lane i: p[i] != 0 */
+    int64_t bytes;
+    memcpy(&bytes, p, 8);
+    __m256i wide = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(wide, _mm256_setzero_si256()));
+}
+PPO_INLINE ppo_m32x8 ppo_m32x8_first(ptrdiff_t count) { /* lane i: i < count */
+    __m256i bound = _mm256_set1_epi32((int32_t)(count < 0 ? 0 : count < 8 ? count : 8));
+    __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(bound, lanes));
+}
+
+PPO_INLINE ppo_m64x8 ppo_m64x8_all(void) {
+    __m256d ones = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+    ppo_m64x8 r = {ones, ones};
+    return r;
+}
+PPO_INLINE ppo_m64x8 ppo_m64x8_and(ppo_m64x8 a, ppo_m64x8 b) {
+    ppo_m64x8 r = {_mm256_and_pd(a.low, b.low), _mm256_and_pd(a.high, b.high)};
+    return r;
+}
+PPO_INLINE ppo_m64x8 ppo_m64x8_and_not(ppo_m64x8 a, ppo_m64x8 b) {
+    ppo_m64x8 r = {_mm256_andnot_pd(b.low, a.low), _mm256_andnot_pd(b.high, a.high)};
+    return r;
+}
+PPO_INLINE ppo_m64x8 ppo_m64x8_from_bytes(const uint8_t* p) {
+    int32_t low, high;
+    memcpy(&low, p, 4);
+    memcpy(&high, p + 4, 4);
+    __m256i zero = _mm256_setzero_si256();
+    __m256i wide_low = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(low));
+    __m256i wide_high = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(high));
+    ppo_m64x8 r = {_mm256_castsi256_pd(_mm256_cmpgt_epi64(wide_low, zero)),
+                   _mm256_castsi256_pd(_mm256_cmpgt_epi64(wide_high, zero))};
+    return r;
+}
+PPO_INLINE ppo_m64x8 ppo_m64x8_first(ptrdiff_t count) {
+    __m256i bound = _mm256_set1_epi64x(count < 0 ? 0 : count < 8 ? count : 8);
+    ppo_m64x8 r = {_mm256_castsi256_pd(_mm256_cmpgt_epi64(bound, _mm256_setr_epi64x(0, 1, 2, 3))),
+                   _mm256_castsi256_pd(_mm256_cmpgt_epi64(bound, _mm256_setr_epi64x(4, 5, 6, 7)))};
+    return r;
+}
+
+PPO_INLINE ppo_c32x8 ppo_c32x8_zero(void) { return _mm256_setzero_si256(); }
+PPO_INLINE ppo_c32x8 ppo_c32x8_add(ppo_c32x8 counts, ppo_m32x8 m) { /* a true lane is -1 */
+    return _mm256_sub_epi32(counts, _mm256_castps_si256(m));
+}
+PPO_INLINE int64_t ppo_c32x8_total(ppo_c32x8 counts) {
+    int32_t lanes[8];
+    memcpy(lanes, &counts, sizeof lanes);
+    int64_t total = 0;
+    for (int lane = 0; lane < 8; lane++) total += lanes[lane];
+    return total;
+}
+PPO_INLINE ppo_c64x8 ppo_c64x8_zero(void) { return _mm256_setzero_si256(); }
+PPO_INLINE ppo_c64x8 ppo_c64x8_add(ppo_c64x8 counts, ppo_m64x8 m) {
+    counts = _mm256_sub_epi64(counts, _mm256_castpd_si256(m.low));
+    return _mm256_sub_epi64(counts, _mm256_castpd_si256(m.high));
+}
+PPO_INLINE int64_t ppo_c64x8_total(ppo_c64x8 counts) {
+    int64_t lanes[4];
+    memcpy(lanes, &counts, sizeof lanes);
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 x) {
+    const __m256 shift = _mm256_set1_ps(PPO_EXP32_SHIFT);
+    const __m256 low = _mm256_set1_ps(PPO_EXP32_LOW), high = _mm256_set1_ps(PPO_EXP32_HIGH);
+    x = _mm256_min_ps(high, _mm256_max_ps(low, x));
+    __m256 shifted = _mm256_fmadd_ps(x, _mm256_set1_ps(PPO_EXP32_LOG2E), shift);
+    __m256 n = _mm256_sub_ps(shifted, shift);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(PPO_EXP32_LN2_HIGH), x); /* fma(-n, ., x) */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(PPO_EXP32_LN2_LOW), r);
+    __m256 p = _mm256_set1_ps(ppo_exp32_polynomial[0]);
+    for (int k = 1; k < 6; k++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ppo_exp32_polynomial[k]));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    __m256i n_bits = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_castps_si256(shift));
+    __m256i power = _mm256_slli_epi32(_mm256_add_epi32(n_bits, _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
+}
+
+/* The two halves step by step, so that their dependency chains interleave. */
+PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
+    const __m256d shift = _mm256_set1_pd(PPO_EXP64_SHIFT), log2e = _mm256_set1_pd(PPO_EXP64_LOG2E);
+    const __m256d low = _mm256_set1_pd(PPO_EXP64_LOW), high = _mm256_set1_pd(PPO_EXP64_HIGH);
+    const __m256d ln2_high = _mm256_set1_pd(PPO_EXP64_LN2_HIGH);
+    const __m256d ln2_low = _mm256_set1_pd(PPO_EXP64_LN2_LOW);
+    const __m256i bias = _mm256_set1_epi64x(1023);
+    __m256d x0 = _mm256_min_pd(high, _mm256_max_pd(low, x.low));
+    __m256d x1 = _mm256_min_pd(high, _mm256_max_pd(low, x.high));
+    __m256d shifted0 = _mm256_fmadd_pd(x0, log2e, shift);
+    __m256d shifted1 = _mm256_fmadd_pd(x1, log2e, shift);
+    __m256d n0 = _mm256_sub_pd(shifted0, shift), n1 = _mm256_sub_pd(shifted1, shift);
+    __m256d r0 = _mm256_fnmadd_pd(n0, ln2_high, x0), r1 = _mm256_fnmadd_pd(n1, ln2_high, x1);
+    r0 = _mm256_fnmadd_pd(n0, ln2_low, r0);
+    r1 = _mm256_fnmadd_pd(n1, ln2_low, r1);
+    __m256d p0 = _mm256_set1_pd(ppo_exp64_polynomial[0]), p1 = p0;
+    for (int k = 1; k < 13; k++) {
+        __m256d coefficient = _mm256_set1_pd(ppo_exp64_polynomial[k]);
+        p0 = _mm256_fmadd_pd(p0, r0, coefficient);
+        p1 = _mm256_fmadd_pd(p1, r1, coefficient);
+    }
+    __m256i n0_bits = _mm256_sub_epi64(_mm256_castpd_si256(shifted0), _mm256_castpd_si256(shift));
+    __m256i n1_bits = _mm256_sub_epi64(_mm256_castpd_si256(shifted1), _mm256_castpd_si256(shift));
+    __m256i power0 = _mm256_slli_epi64(_mm256_add_epi64(n0_bits, bias), 52);
+    __m256i power1 = _mm256_slli_epi64(_mm256_add_epi64(n1_bits, bias), 52);
+    ppo_f64x8 r = {_mm256_mul_pd(p0, _mm256_castsi256_pd(power0)),
+                   _mm256_mul_pd(p1, _mm256_castsi256_pd(power1))};
+    return r;
+}
+
+#elif defined(__GNUC__) || defined(__clang__)
+/* -- GCC and Clang elsewhere: generic 16-byte vectors (SSE2, NEON, ...) ------------------------ */
+/* Two or four native vectors per lane type: generic vectors wider than the target's are lowered
+ * lane by lane, comparisons and selects included. */
+
+typedef float ppo_v4f __attribute__((vector_size(16)));
+typedef int32_t ppo_v4i __attribute__((vector_size(16)));
+typedef double ppo_v2d __attribute__((vector_size(16)));
+typedef int64_t ppo_v2l __attribute__((vector_size(16)));
+typedef struct {
+    ppo_v4f a, b;
+} ppo_f32x8;
+typedef struct {
+    ppo_v4i a, b; /* all ones or zero per lane */
+} ppo_m32x8;
+typedef ppo_m32x8 ppo_c32x8; /* int32 per lane: _loss_rows.h totals them every chunk */
+typedef struct {
+    ppo_v2d a, b, c, d;
+} ppo_f64x8;
+typedef struct {
+    ppo_v2l a, b, c, d;
+} ppo_m64x8;
+typedef ppo_m64x8 ppo_c64x8;
+
+/* PPO_PARTS_<type>(F) applies F to the name of each part. */
+#define PPO_PARTS_f32x8(F) F(a) F(b)
+#define PPO_PARTS_f64x8(F) F(a) F(b) F(c) F(d)
+#define PPO_PART_SPLAT(p) r.p = (__typeof__(r.p)){0} + x;
+#define PPO_PART_ADD(p) a.p += b.p;
+#define PPO_PART_SUB(p) a.p -= b.p;
+#define PPO_PART_MUL(p) a.p *= b.p;
+#define PPO_PART_EQ(p) r.p = (__typeof__(r.p))(a.p == b.p);
+#define PPO_PART_LT(p) r.p = (__typeof__(r.p))(a.p < b.p);
+#define PPO_PART_GT(p) r.p = (__typeof__(r.p))(a.p > b.p);
+#define PPO_PART_SELECT(p) \
+    a.p = (__typeof__(a.p))((m.p & (__typeof__(m.p))a.p) | (~m.p & (__typeof__(m.p))b.p));
+#define PPO_PART_ALL(p) r.p = ~(__typeof__(r.p)){0};
+#define PPO_PART_AND(p) a.p &= b.p;
+#define PPO_PART_AND_NOT(p) a.p &= ~b.p;
+#define PPO_PART_ZERO(p) r.p = (__typeof__(r.p)){0};
+#define PPO_PART_COUNT(p) counts.p -= m.p; /* a true lane is -1 */
+#define PPO_PART_TOTAL(p) \
+    for (int k = 0; k < (int)(sizeof counts.p / sizeof counts.p[0]); k++) total += counts.p[k];
+
+#define PPO_GENERIC_LANES(name, real, mask)                                                 \
+    PPO_INLINE ppo_##name ppo_##name##_splat(real x) {                                     \
+        ppo_##name r;                                                                      \
+        PPO_PARTS_##name(PPO_PART_SPLAT) return r;                                         \
+    }                                                                                      \
+    PPO_INLINE ppo_##name ppo_##name##_load(const real* p) {                               \
+        ppo_##name r;                                                                      \
+        memcpy(&r, p, sizeof r);                                                           \
+        return r;                                                                          \
+    }                                                                                      \
+    PPO_INLINE void ppo_##name##_store(real* p, ppo_##name x) { memcpy(p, &x, sizeof x); } \
+    PPO_INLINE ppo_##name ppo_##name##_add(ppo_##name a, ppo_##name b) {                   \
+        PPO_PARTS_##name(PPO_PART_ADD) return a;                                           \
+    }                                                                                      \
+    PPO_INLINE ppo_##name ppo_##name##_sub(ppo_##name a, ppo_##name b) {                   \
+        PPO_PARTS_##name(PPO_PART_SUB) return a;                                           \
+    }                                                                                      \
+    PPO_INLINE ppo_##name ppo_##name##_mul(ppo_##name a, ppo_##name b) {                   \
+        PPO_PARTS_##name(PPO_PART_MUL) return a;                                           \
+    }                                                                                      \
+    PPO_INLINE ppo_##mask ppo_##name##_eq(ppo_##name a, ppo_##name b) {                    \
+        ppo_##mask r;                                                                      \
+        PPO_PARTS_##name(PPO_PART_EQ) return r;                                            \
+    }                                                                                      \
+    PPO_INLINE ppo_##mask ppo_##name##_lt(ppo_##name a, ppo_##name b) {                    \
+        ppo_##mask r;                                                                      \
+        PPO_PARTS_##name(PPO_PART_LT) return r;                                            \
+    }                                                                                      \
+    PPO_INLINE ppo_##mask ppo_##name##_gt(ppo_##name a, ppo_##name b) {                    \
+        ppo_##mask r;                                                                      \
+        PPO_PARTS_##name(PPO_PART_GT) return r;                                            \
+    }                                                                                      \
+    PPO_INLINE ppo_##name ppo_##name##_select(ppo_##mask m, ppo_##name a, ppo_##name b) {  \
+        PPO_PARTS_##name(PPO_PART_SELECT) return a;                                        \
+    }                                                                                      \
+    PPO_INLINE ppo_##name ppo_##name##_max(ppo_##name a, ppo_##name b) {                   \
+        return ppo_##name##_select(ppo_##name##_gt(a, b), a, b);                           \
+    }                                                                                      \
+    PPO_INLINE ppo_##name ppo_##name##_min(ppo_##name a, ppo_##name b) {                   \
+        return ppo_##name##_select(ppo_##name##_lt(a, b), a, b);                           \
+    }                                                                                      \
+    PPO_INLINE ppo_##mask ppo_##mask##_all(void) {                                         \
+        ppo_##mask r;                                                                      \
+        PPO_PARTS_##name(PPO_PART_ALL) return r;                                           \
+    }                                                                                      \
+    PPO_INLINE ppo_##mask ppo_##mask##_and(ppo_##mask a, ppo_##mask b) {                   \
+        PPO_PARTS_##name(PPO_PART_AND) return a;                                           \
+    }                                                                                      \
+    PPO_INLINE ppo_##mask ppo_##mask##_and_not(ppo_##mask a, ppo_##mask b) {               \
+        PPO_PARTS_##name(PPO_PART_AND_NOT) return a;                                       \
+    }
+PPO_GENERIC_LANES(f32x8, float, m32x8)
+PPO_GENERIC_LANES(f64x8, double, m64x8)
+
+/* Masks from bytes: compare the 8 bytes with 0, then widen each byte to its lane by interleaving
+ * it with itself (punpcklbw and the like on SSE2, zip on NEON). */
+typedef int8_t ppo_v16b __attribute__((vector_size(16)));
+typedef int16_t ppo_v8s __attribute__((vector_size(16)));
+#if defined(__clang__)
+#define PPO_SHUFFLE(a, b, index_type, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define PPO_SHUFFLE(a, b, index_type, ...) __builtin_shuffle(a, b, (index_type){__VA_ARGS__})
+#endif
+PPO_INLINE ppo_m32x8 ppo_m32x8_from_bytes(const uint8_t* p) {
+    int64_t bytes;
+    memcpy(&bytes, p, 8);
+    ppo_v2l loaded = {bytes, 0};
+    ppo_v16b zero = {0}, nonzero = (ppo_v16b)loaded != zero;
+    ppo_v8s words = (ppo_v8s)PPO_SHUFFLE(
+        nonzero, nonzero, ppo_v16b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    ppo_m32x8 r = {(ppo_v4i)PPO_SHUFFLE(words, words, ppo_v8s, 0, 8, 1, 9, 2, 10, 3, 11),
+                   (ppo_v4i)PPO_SHUFFLE(words, words, ppo_v8s, 4, 12, 5, 13, 6, 14, 7, 15)};
+    return r;
+}
+PPO_INLINE ppo_m64x8 ppo_m64x8_from_bytes(const uint8_t* p) {
+    ppo_m32x8 m = ppo_m32x8_from_bytes(p);
+    ppo_m64x8 r = {(ppo_v2l)PPO_SHUFFLE(m.a, m.a, ppo_v4i, 0, 4, 1, 5),
+                   (ppo_v2l)PPO_SHUFFLE(m.a, m.a, ppo_v4i, 2, 6, 3, 7),
+                   (ppo_v2l)PPO_SHUFFLE(m.b, m.b, ppo_v4i, 0, 4, 1, 5),
+                   (ppo_v2l)PPO_SHUFFLE(m.b, m.b, ppo_v4i, 2, 6, 3, 7)};
+    return r;
+}
+PPO_INLINE ppo_m32x8 ppo_m32x8_first(ptrdiff_t count) {
+    int32_t bound = (int32_t)(count < 0 ? 0 : count < 8 ? count : 8);
+    ppo_v4i low = {0, 1, 2, 3}, high = {4, 5, 6, 7};
+    ppo_m32x8 r = {low < bound, high < bound};
+    return r;
+}
+PPO_INLINE ppo_m64x8 ppo_m64x8_first(ptrdiff_t count) {
+    int64_t bound = count < 0 ? 0 : count < 8 ? count : 8;
+    ppo_v2l a = {0, 1}, b = {2, 3}, c = {4, 5}, d = {6, 7};
+    ppo_m64x8 r = {(ppo_v2l)(a < bound), (ppo_v2l)(b < bound), (ppo_v2l)(c < bound),
+                   (ppo_v2l)(d < bound)};
+    return r;
+}
+
+#define PPO_GENERIC_COUNTS(name, mask, values)                                          \
+    PPO_INLINE ppo_##name ppo_##name##_zero(void) {                                    \
+        ppo_##name r;                                                                  \
+        PPO_PARTS_##values(PPO_PART_ZERO) return r;                                    \
+    }                                                                                  \
+    PPO_INLINE ppo_##name ppo_##name##_add(ppo_##name counts, ppo_##mask m) {          \
+        PPO_PARTS_##values(PPO_PART_COUNT) return counts;                              \
+    }                                                                                  \
+    PPO_INLINE int64_t ppo_##name##_total(ppo_##name counts) {                         \
+        int64_t total = 0;                                                             \
+        PPO_PARTS_##values(PPO_PART_TOTAL) return total;                               \
+    }
+PPO_GENERIC_COUNTS(c32x8, m32x8, f32x8)
+PPO_GENERIC_COUNTS(c64x8, m64x8, f64x8)
+
+PPO_INLINE ppo_f64x8 ppo_f64x8_negative(ppo_f64x8 x) {
+    ppo_f64x8 r = {-x.a, -x.b, -x.c, -x.d};
+    return r;
+}
+PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) {
+    ppo_f64x8 r = {{x.a[0], x.a[1]}, {x.a[2], x.a[3]}, {x.b[0], x.b[1]}, {x.b[2], x.b[3]}};
+    return r;
+}
+PPO_INLINE ppo_f32x8 ppo_f32x8_from_f64(ppo_f64x8 x) {
+    ppo_f32x8 r = {{(float)x.a[0], (float)x.a[1], (float)x.b[0], (float)x.b[1]},
+                   {(float)x.c[0], (float)x.c[1], (float)x.d[0], (float)x.d[1]}};
+    return r;
+}
+
+PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 x) {
+    float lanes[8];
+    memcpy(lanes, &x, sizeof lanes);
+    for (int lane = 0; lane < 8; lane++) lanes[lane] = ppo_exp32(lanes[lane]);
+    memcpy(&x, lanes, sizeof lanes);
+    return x;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
+    double lanes[8];
+    memcpy(lanes, &x, sizeof lanes);
+    for (int lane = 0; lane < 8; lane++) lanes[lane] = ppo_exp64(lanes[lane]);
+    memcpy(&x, lanes, sizeof lanes);
+    return x;
+}
+
+#else
+/* -- Other compilers: lane by lane, without branches ------------------------------------------- */
+/* Masks are all ones or zero in an integer of the lanes' width and a select combines bits, so
+ * that no branch depends on a mask (a mispredicted branch a token). */
+
+typedef struct {
+    float lane[8];
+} ppo_f32x8;
+typedef struct {
+    double lane[8];
+} ppo_f64x8;
+typedef struct {
+    uint32_t lane[8];
+} ppo_m32x8;
+typedef struct {
+    uint64_t lane[8];
+} ppo_m64x8;
+typedef int64_t ppo_c32x8;
+typedef int64_t ppo_c64x8;
+
+#define PPO_EACH_LANE(statement) \
+    for (int lane = 0; lane < 8; lane++) statement
+
+#define PPO_PORTABLE_LANES(name, real, mask, bits)                                            \
+    PPO_INLINE ppo_##name ppo_##name##_splat(real x) {                                       \
+        ppo_##name r;                                                                        \
+        PPO_EACH_LANE(r.lane[lane] = x);                                                     \
+        return r;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##name ppo_##name##_load(const real* p) {                                 \
+        ppo_##name r;                                                                        \
+        memcpy(r.lane, p, sizeof r.lane);                                                    \
+        return r;                                                                            \
+    }                                                                                        \
+    PPO_INLINE void ppo_##name##_store(real* p, ppo_##name x) {                              \
+        memcpy(p, x.lane, sizeof x.lane);                                                    \
+    }                                                                                        \
+    PPO_INLINE ppo_##name ppo_##name##_add(ppo_##name a, ppo_##name b) {                     \
+        PPO_EACH_LANE(a.lane[lane] += b.lane[lane]);                                         \
+        return a;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##name ppo_##name##_sub(ppo_##name a, ppo_##name b) {                     \
+        PPO_EACH_LANE(a.lane[lane] -= b.lane[lane]);                                         \
+        return a;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##name ppo_##name##_mul(ppo_##name a, ppo_##name b) {                     \
+        PPO_EACH_LANE(a.lane[lane] *= b.lane[lane]);                                         \
+        return a;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##mask ppo_##name##_eq(ppo_##name a, ppo_##name b) {                      \
+        ppo_##mask r;                                                                        \
+        PPO_EACH_LANE(r.lane[lane] = -(bits)(a.lane[lane] == b.lane[lane]));                 \
+        return r;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##mask ppo_##name##_lt(ppo_##name a, ppo_##name b) {                      \
+        ppo_##mask r;                                                                        \
+        PPO_EACH_LANE(r.lane[lane] = -(bits)(a.lane[lane] < b.lane[lane]));                  \
+        return r;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##mask ppo_##name##_gt(ppo_##name a, ppo_##name b) {                      \
+        ppo_##mask r;                                                                        \
+        PPO_EACH_LANE(r.lane[lane] = -(bits)(a.lane[lane] > b.lane[lane]));                  \
+        return r;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##name ppo_##name##_select(ppo_##mask m, ppo_##name a, ppo_##name b) {    \
+        bits a_bits[8], b_bits[8];                                                           \
+        memcpy(a_bits, a.lane, sizeof a_bits);                                               \
+        memcpy(b_bits, b.lane, sizeof b_bits);                                               \
+        PPO_EACH_LANE(a_bits[lane] =                                                         \
+                          (m.lane[lane] & a_bits[lane]) | (~m.lane[lane] & b_bits[lane]));  \
+        memcpy(a.lane, a_bits, sizeof a_bits);                                               \
+        return a;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##name ppo_##name##_max(ppo_##name a, ppo_##name b) {                     \
+        return ppo_##name##_select(ppo_##name##_gt(a, b), a, b);                             \
+    }                                                                                        \
+    PPO_INLINE ppo_##name ppo_##name##_min(ppo_##name a, ppo_##name b) {                     \
+        return ppo_##name##_select(ppo_##name##_lt(a, b), a, b);                             \
+    }                                                                                        \
+    PPO_INLINE ppo_##mask ppo_##mask##_all(void) {                                           \
+        ppo_##mask r;                                                                        \
+        PPO_EACH_LANE(r.lane[lane] = ~(bits)0);                                              \
+        return r;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##mask ppo_##mask##_and(ppo_##mask a, ppo_##mask b) {                     \
+        PPO_EACH_LANE(a.lane[lane] &= b.lane[lane]);                                         \
+        return a;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##mask ppo_##mask##_and_not(ppo_##mask a, ppo_##mask b) {                 \
+        PPO_EACH_LANE(a.lane[lane] &= ~b.lane[lane]);                                        \
+        return a;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##mask ppo_##mask##_from_bytes(const uint8_t* p) {                        \
+        ppo_##mask r;                                                                        \
+        PPO_EACH_LANE(r.lane[lane] = -(bits)(p[lane] != 0));                                 \
+        return r;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##mask ppo_##mask##_first(ptrdiff_t count) {                              \
+        ppo_##mask r;                                                                        \
+        PPO_EACH_LANE(r.lane[lane] = -(bits)(lane < count));                                 \
+        return r;                                                                            \
+    }
+PPO_PORTABLE_LANES(f32x8, float, m32x8, uint32_t)
+PPO_PORTABLE_LANES(f64x8, double, m64x8, uint64_t)
+
+PPO_INLINE int64_t ppo_c32x8_zero(void) { return 0; }
+PPO_INLINE int64_t ppo_c32x8_add(int64_t counts, ppo_m32x8 m) {
+    PPO_EACH_LANE(counts += m.lane[lane] & 1);
+    return counts;
+}
+PPO_INLINE int64_t ppo_c32x8_total(int64_t counts) { return counts; }
+PPO_INLINE int64_t ppo_c64x8_zero(void) { return 0; }
+PPO_INLINE int64_t ppo_c64x8_add(int64_t counts, ppo_m64x8 m) {
+    PPO_EACH_LANE(counts += (int64_t)(m.lane[lane] & 1));
+    return counts;
+}
+PPO_INLINE int64_t ppo_c64x8_total(int64_t counts) { return counts; }
+
+PPO_INLINE ppo_f64x8 ppo_f64x8_negative(ppo_f64x8 x) {
+    PPO_EACH_LANE(x.lane[lane] = -x.lane[lane]);
+    return x;
+}
+PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) {
+    ppo_f64x8 r;
+    PPO_EACH_LANE(r.lane[lane] = (double)x.lane[lane]);
+    return r;
+}
+PPO_INLINE ppo_f32x8 ppo_f32x8_from_f64(ppo_f64x8 x) {
+    ppo_f32x8 r;
+    PPO_EACH_LANE(r.lane[lane] = (float)x.lane[lane]);
+    return r;
+}
+
+PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 x) {
+    PPO_EACH_LANE(x.lane[lane] = ppo_exp32(x.lane[lane]));
+    return x;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
+    PPO_EACH_LANE(x.lane[lane] = ppo_exp64(x.lane[lane]));
+    return x;
+}
+#endif
+
+/* float64 rows need no conversion. */
+PPO_INLINE ppo_f64x8 ppo_f64x8_to_f64(ppo_f64x8 x) { return x; }
+PPO_INLINE ppo_f64x8 ppo_f64x8_from_f64(ppo_f64x8 x) { return x; }
+
+/* The lanes of a sum, added up in a fixed tree. */
+PPO_INLINE double ppo_f64x8_total(ppo_f64x8 x) {
+    double lanes[8];
+    ppo_f64x8_store(lanes, x);
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+           ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+#endif
