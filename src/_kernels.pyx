@@ -15,12 +15,12 @@ has the oracle's signature (ppo_fast/_reference.py), n_threads last. Conventions
   runs it, so results are identical bit for bit on any number of threads. Keeping the row body
   out of the ``prange`` also keeps Cython from turning a per-row ``+=`` into an OpenMP reduction.
 - The arithmetic is the numba twins', operation for operation: ``fma()`` exactly where they call
-  ``llvm.fma`` (the GAE chain here, the losses' polynomial exp in src/_lanes.h), and setup.py
-  compiles with ``-ffp-contract=off`` so that nothing else is fused (numba does not contract).
-  Both builds give the same bits; numba gives them too, up to the libm behind ``exp`` and the
-  order of the loss kernels' row sums (see the losses below).
-- The two loss kernels do their rows in C, src/_loss_rows.h, over the explicit lanes of
-  src/_lanes.h; both headers are included below and compiled into this module.
+  ``llvm.fma`` (the GAE chain here, the polynomial exp of k3 and the losses in src/_lanes.h),
+  and setup.py compiles with ``-ffp-contract=off`` so that nothing else is fused (numba does not
+  contract). Both builds give the same bits; numba gives them too, up to the order of the row
+  sums of the moments and loss kernels (see the rows in C below).
+- The KL, shaped-reward, moments and loss kernels do their rows in C, src/_loss_rows.h, over the
+  explicit lanes of src/_lanes.h; both headers are included below and compiled into this module.
 - Bounds and wrap-around checks are off (the twins index with unsigned integers for the same
   reason); the stages validate every index before they call in.
 - Without OpenMP the ``prange`` loops run serially; ``OPENMP`` says which build this is.
@@ -30,7 +30,7 @@ from cython.parallel cimport prange
 from libc.math cimport fma
 from libc.stdint cimport int64_t, uint8_t
 
-from _rows cimport is_valid, kl_value
+from _rows cimport is_valid
 
 ctypedef fused floating:
     float
@@ -67,6 +67,81 @@ BUILT_FOR_AVX2_FMA = bool(PPO_FAST_AVX2_FMA)
 CPU_HAS_AVX2_FMA = bool(ppo_fast_cpu_has_avx2_fma())
 
 
+# -- Rows in C ------------------------------------------------------------------------------------
+#
+# The KL, shaped-reward and moments rows, and the fused losses' rows: each is one call to a kernel
+# of src/_loss_rows.h, written in C over the eight explicit lanes of src/_lanes.h (AVX2 and FMA
+# intrinsics in the _avx2 build, generic vectors otherwise), with the same arithmetic as the numba
+# twins. Why C: their exp is vectorized (k3 and the policy loss), which libm's is not; and a row's
+# loss or moments is a sum, and GCC vectorizes a floating-point sum only if it may reassociate it,
+# which would tie the order of addition to each build's vector width; the lanes fix that order in
+# the source (token t of a row in lane t % 8, the lanes added up in a fixed tree), so both builds
+# and any number of threads give the same bits. The twins sum in another order (LLVM's reassoc),
+# so sums agree with numba's to rounding.
+
+cdef extern from *:
+    """
+    #define PPO_FAST_LOSS_DTYPE 32
+    #include "_loss_rows.h"
+    #undef PPO_FAST_LOSS_DTYPE
+    #define PPO_FAST_LOSS_DTYPE 64
+    #include "_loss_rows.h"
+    #undef PPO_FAST_LOSS_DTYPE
+    """
+    void ppo_kl_penalty_row_f32(
+        const float* logprobs, const float* ref_logprobs, Py_ssize_t start, Py_ssize_t span,
+        int estimator, double clamp, float* out,
+    ) noexcept nogil
+    void ppo_kl_penalty_row_f64(
+        const double* logprobs, const double* ref_logprobs, Py_ssize_t start, Py_ssize_t span,
+        int estimator, double clamp, double* out,
+    ) noexcept nogil
+    void ppo_shape_rewards_row_f32(
+        double score, const float* logprobs, const float* ref_logprobs, Py_ssize_t start,
+        Py_ssize_t span, Py_ssize_t length, const uint8_t* mask, bint has_mask, double kl_coef,
+        int estimator, double clamp, float* out,
+    ) noexcept nogil
+    void ppo_shape_rewards_row_f64(
+        double score, const double* logprobs, const double* ref_logprobs, Py_ssize_t start,
+        Py_ssize_t span, Py_ssize_t length, const uint8_t* mask, bint has_mask, double kl_coef,
+        int estimator, double clamp, double* out,
+    ) noexcept nogil
+    void ppo_moments_row_f32(
+        const float* x, Py_ssize_t start, Py_ssize_t span, Py_ssize_t length,
+        const uint8_t* mask, bint has_mask, double shift, double* count, double* total,
+        double* total_sq,
+    ) noexcept nogil
+    void ppo_moments_row_f64(
+        const double* x, Py_ssize_t start, Py_ssize_t span, Py_ssize_t length,
+        const uint8_t* mask, bint has_mask, double shift, double* count, double* total,
+        double* total_sq,
+    ) noexcept nogil
+    void ppo_clipped_surrogate_row_f32(
+        const float* logprobs, const float* old_logprobs, const float* advantages,
+        const float* weights, bint has_weights, Py_ssize_t start, Py_ssize_t span,
+        Py_ssize_t length, const uint8_t* mask, bint has_mask, const float* params, float scale,
+        float* grad, double* row_loss, double* row_clipped, double* row_dual, double* row_kl,
+    ) noexcept nogil
+    void ppo_clipped_surrogate_row_f64(
+        const double* logprobs, const double* old_logprobs, const double* advantages,
+        const double* weights, bint has_weights, Py_ssize_t start, Py_ssize_t span,
+        Py_ssize_t length, const uint8_t* mask, bint has_mask, const double* params,
+        double scale, double* grad, double* row_loss, double* row_clipped, double* row_dual,
+        double* row_kl,
+    ) noexcept nogil
+    void ppo_value_loss_row_f32(
+        const float* values, const float* old_values, const float* returns, Py_ssize_t start,
+        Py_ssize_t span, Py_ssize_t length, const uint8_t* mask, bint has_mask,
+        float clip_range, float scale, float* grad, double* row_loss, double* row_clipped,
+    ) noexcept nogil
+    void ppo_value_loss_row_f64(
+        const double* values, const double* old_values, const double* returns,
+        Py_ssize_t start, Py_ssize_t span, Py_ssize_t length, const uint8_t* mask,
+        bint has_mask, double clip_range, double scale, double* grad, double* row_loss,
+        double* row_clipped,
+    ) noexcept nogil
+
+
 cdef inline void _kl_penalty_row(
     const floating* logprobs,
     const floating* ref_logprobs,
@@ -76,11 +151,10 @@ cdef inline void _kl_penalty_row(
     double clamp,
     floating* out,
 ) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(start, start + span):
-        out[i] = <floating>kl_value(
-            <double>logprobs[i] - <double>ref_logprobs[i], estimator, clamp
-        )
+    if floating is float:
+        ppo_kl_penalty_row_f32(logprobs, ref_logprobs, start, span, estimator, clamp, out)
+    else:
+        ppo_kl_penalty_row_f64(logprobs, ref_logprobs, start, span, estimator, clamp, out)
 
 
 def kl_penalty(
@@ -115,23 +189,16 @@ cdef inline void _shape_rewards_row(
     double clamp,
     floating* out,
 ) noexcept nogil:
-    cdef Py_ssize_t t, i
-    cdef Py_ssize_t last = start + span  # one past the row when it has no valid position
-    cdef double reward
-    for t in range(span - 1, -1, -1):
-        if is_valid(mask, has_mask, start + t, t, length):
-            last = start + t
-            break
-    for t in range(span):
-        i = start + t
-        if is_valid(mask, has_mask, i, t, length):
-            reward = -kl_coef * kl_value(
-                <double>logprobs[i] - <double>ref_logprobs[i], estimator, clamp
-            )
-            # Adding 0.0 off the last token, as the twins do, turns a -0.0 reward into +0.0.
-            out[i] = <floating>(reward + (score if i == last else 0.0))
-        else:
-            out[i] = 0.0
+    if floating is float:
+        ppo_shape_rewards_row_f32(
+            score, logprobs, ref_logprobs, start, span, length, mask, has_mask, kl_coef,
+            estimator, clamp, out,
+        )
+    else:
+        ppo_shape_rewards_row_f64(
+            score, logprobs, ref_logprobs, start, span, length, mask, has_mask, kl_coef,
+            estimator, clamp, out,
+        )
 
 
 def shape_rewards(
@@ -249,19 +316,10 @@ cdef inline void _moments_row(
     double* total,
     double* total_sq,
 ) noexcept nogil:
-    cdef Py_ssize_t t, i
-    cdef double centred
-    cdef double row_count = 0.0, row_total = 0.0, row_total_sq = 0.0
-    for t in range(span):
-        i = start + t
-        if is_valid(mask, has_mask, i, t, length):
-            centred = <double>x[i] - shift
-            row_count += 1.0
-            row_total += centred
-            row_total_sq += centred * centred
-    count[0] = row_count
-    total[0] = row_total
-    total_sq[0] = row_total_sq
+    if floating is float:
+        ppo_moments_row_f32(x, start, span, length, mask, has_mask, shift, count, total, total_sq)
+    else:
+        ppo_moments_row_f64(x, start, span, length, mask, has_mask, shift, count, total, total_sq)
 
 
 def moments(
@@ -351,51 +409,6 @@ def whiten(
             offset,
             &out[0],
         )
-
-
-# -- Fused losses ---------------------------------------------------------------------------------
-#
-# Each row is one call to a kernel of src/_loss_rows.h, written in C over the eight explicit
-# lanes of src/_lanes.h (AVX2 and FMA intrinsics in the _avx2 build, generic vectors otherwise),
-# with the same arithmetic as the numba twins. Why C: a row's loss is a sum, and GCC vectorizes a
-# floating-point sum only if it may reassociate it, which would tie the order of addition to each
-# build's vector width; the lanes fix that order in the source (token t of a row in lane t % 8,
-# the lanes added up in a fixed tree), so both builds and any number of threads give the same
-# bits. The twins sum in another order (LLVM's reassoc), so sums agree with numba's to rounding.
-
-cdef extern from *:
-    """
-    #define PPO_FAST_LOSS_DTYPE 32
-    #include "_loss_rows.h"
-    #undef PPO_FAST_LOSS_DTYPE
-    #define PPO_FAST_LOSS_DTYPE 64
-    #include "_loss_rows.h"
-    #undef PPO_FAST_LOSS_DTYPE
-    """
-    void ppo_clipped_surrogate_row_f32(
-        const float* logprobs, const float* old_logprobs, const float* advantages,
-        const float* weights, bint has_weights, Py_ssize_t start, Py_ssize_t span,
-        Py_ssize_t length, const uint8_t* mask, bint has_mask, const float* params, float scale,
-        float* grad, double* row_loss, double* row_clipped, double* row_dual, double* row_kl,
-    ) noexcept nogil
-    void ppo_clipped_surrogate_row_f64(
-        const double* logprobs, const double* old_logprobs, const double* advantages,
-        const double* weights, bint has_weights, Py_ssize_t start, Py_ssize_t span,
-        Py_ssize_t length, const uint8_t* mask, bint has_mask, const double* params,
-        double scale, double* grad, double* row_loss, double* row_clipped, double* row_dual,
-        double* row_kl,
-    ) noexcept nogil
-    void ppo_value_loss_row_f32(
-        const float* values, const float* old_values, const float* returns, Py_ssize_t start,
-        Py_ssize_t span, Py_ssize_t length, const uint8_t* mask, bint has_mask,
-        float clip_range, float scale, float* grad, double* row_loss, double* row_clipped,
-    ) noexcept nogil
-    void ppo_value_loss_row_f64(
-        const double* values, const double* old_values, const double* returns,
-        Py_ssize_t start, Py_ssize_t span, Py_ssize_t length, const uint8_t* mask,
-        bint has_mask, double clip_range, double scale, double* grad, double* row_loss,
-        double* row_clipped,
-    ) noexcept nogil
 
 
 cdef inline void _clipped_surrogate_row(

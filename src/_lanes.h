@@ -175,6 +175,14 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_negative(ppo_f64x8 x) { /* flips the sign bit, as
     ppo_f64x8 r = {_mm256_xor_pd(x.low, sign), _mm256_xor_pd(x.high, sign)};
     return r;
 }
+PPO_INLINE int ppo_m64x8_any(ppo_m64x8 m) { /* whether any lane is true */
+    return _mm256_movemask_pd(_mm256_or_pd(m.low, m.high)) != 0;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_abs(ppo_f64x8 x) { /* clears the sign bit, as fabs does */
+    __m256d sign = _mm256_set1_pd(-0.0);
+    ppo_f64x8 r = {_mm256_andnot_pd(sign, x.low), _mm256_andnot_pd(sign, x.high)};
+    return r;
+}
 
 PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) { /* lanes 0-3 to the low half */
     ppo_f64x8 r = {_mm256_cvtps_pd(_mm256_castps256_ps128(x)),
@@ -261,8 +269,10 @@ PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 x) {
     x = _mm256_min_ps(high, _mm256_max_ps(low, x));
     __m256 shifted = _mm256_fmadd_ps(x, _mm256_set1_ps(PPO_EXP32_LOG2E), shift);
     __m256 n = _mm256_sub_ps(shifted, shift);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(PPO_EXP32_LN2_HIGH), x); /* fma(-n, ., x) */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(PPO_EXP32_LN2_LOW), r);
+    /* fma(-n, ., x) with -n a sign flip, not fnmadd: a NaN keeps the twin's sign */
+    __m256 negative_n = _mm256_xor_ps(n, _mm256_set1_ps(-0.0f));
+    __m256 r = _mm256_fmadd_ps(negative_n, _mm256_set1_ps(PPO_EXP32_LN2_HIGH), x);
+    r = _mm256_fmadd_ps(negative_n, _mm256_set1_ps(PPO_EXP32_LN2_LOW), r);
     __m256 p = _mm256_set1_ps(ppo_exp32_polynomial[0]);
     for (int k = 1; k < 6; k++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ppo_exp32_polynomial[k]));
     p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
@@ -283,9 +293,13 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
     __m256d shifted0 = _mm256_fmadd_pd(x0, log2e, shift);
     __m256d shifted1 = _mm256_fmadd_pd(x1, log2e, shift);
     __m256d n0 = _mm256_sub_pd(shifted0, shift), n1 = _mm256_sub_pd(shifted1, shift);
-    __m256d r0 = _mm256_fnmadd_pd(n0, ln2_high, x0), r1 = _mm256_fnmadd_pd(n1, ln2_high, x1);
-    r0 = _mm256_fnmadd_pd(n0, ln2_low, r0);
-    r1 = _mm256_fnmadd_pd(n1, ln2_low, r1);
+    /* fma(-n, ., x) with -n a sign flip, not fnmadd: a NaN keeps the twin's sign */
+    const __m256d sign = _mm256_set1_pd(-0.0);
+    __m256d negative_n0 = _mm256_xor_pd(n0, sign), negative_n1 = _mm256_xor_pd(n1, sign);
+    __m256d r0 = _mm256_fmadd_pd(negative_n0, ln2_high, x0);
+    __m256d r1 = _mm256_fmadd_pd(negative_n1, ln2_high, x1);
+    r0 = _mm256_fmadd_pd(negative_n0, ln2_low, r0);
+    r1 = _mm256_fmadd_pd(negative_n1, ln2_low, r1);
     __m256d p0 = _mm256_set1_pd(ppo_exp64_polynomial[0]), p1 = p0;
     for (int k = 1; k < 13; k++) {
         __m256d coefficient = _mm256_set1_pd(ppo_exp64_polynomial[k]);
@@ -460,6 +474,15 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_negative(ppo_f64x8 x) {
     ppo_f64x8 r = {-x.a, -x.b, -x.c, -x.d};
     return r;
 }
+PPO_INLINE int ppo_m64x8_any(ppo_m64x8 m) {
+    ppo_v2l either = (m.a | m.b) | (m.c | m.d);
+    return (either[0] | either[1]) != 0;
+}
+#define PPO_PART_ABS(p) x.p = (ppo_v2d)((ppo_v2l)x.p & magnitude);
+PPO_INLINE ppo_f64x8 ppo_f64x8_abs(ppo_f64x8 x) {
+    const ppo_v2l magnitude = (ppo_v2l){0} + INT64_MAX;
+    PPO_PARTS_f64x8(PPO_PART_ABS) return x;
+}
 PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) {
     ppo_f64x8 r = {{x.a[0], x.a[1]}, {x.a[2], x.a[3]}, {x.b[0], x.b[1]}, {x.b[2], x.b[3]}};
     return r;
@@ -605,6 +628,15 @@ PPO_INLINE int64_t ppo_c64x8_total(int64_t counts) { return counts; }
 
 PPO_INLINE ppo_f64x8 ppo_f64x8_negative(ppo_f64x8 x) {
     PPO_EACH_LANE(x.lane[lane] = -x.lane[lane]);
+    return x;
+}
+PPO_INLINE int ppo_m64x8_any(ppo_m64x8 m) {
+    uint64_t either = 0;
+    PPO_EACH_LANE(either |= m.lane[lane]);
+    return either != 0;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_abs(ppo_f64x8 x) {
+    PPO_EACH_LANE(x.lane[lane] = fabs(x.lane[lane]));
     return x;
 }
 PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) {

@@ -171,7 +171,8 @@ needs_avx2_fma = pytest.mark.skipif(
 def test_agrees_with_numba(batch):
     """The same operations in the same order: equal to numba, NaN and inf included.
 
-    Except: exp comes from each side's libm (within 4 ulp there); the loss and moments kernels'
+    Except: k3's exp is the twins' polynomial (_exp64) on both sides, which the tolerance lets
+    differ by an ulp or so should a compiler evaluate it otherwise; the loss and moments kernels'
     numba twins may reassociate (LLVM's reassoc, which vectorizes their row sums): a few ulp per
     token, and sums in another order.
     """
@@ -193,9 +194,10 @@ def test_both_builds_give_the_same_bits(batch, n_threads):
     assert_both_builds_give_the_same_bits(kernel_inputs(batch), n_threads)
 
 
-# The loss kernels (src/_loss_rows.h) go through a row 8 tokens at a time, in chunks of 256, and
-# copy a last partial block into padded lanes; the policy loss stops at a row's length, the value
-# loss reads the padding too. Rows on either side of each of those edges:
+# The kernels of src/_loss_rows.h go through a row 8 tokens at a time (the losses in chunks of
+# 256), and copy a last partial block into padded lanes; the policy loss and shaped rewards stop at
+# a row's length, the value loss and moments read the padding too. Rows on either side of each of
+# those edges:
 EDGE_LENGTHS = [0, 1, 7, 8, 9, 255, 256, 257, 263, 264, 513]
 
 
@@ -219,6 +221,29 @@ def test_loss_rows_at_the_edges_of_blocks_and_chunks(layout, dtype):
     assert_agrees_with_numba(inputs)
     if _cython_kernels.CPU_HAS_AVX2_FMA:
         assert_both_builds_give_the_same_bits(inputs, n_threads=3)
+
+
+# Around exp's saturation (the polynomial stops at exp(709); k3 takes e * exp(x - 1) past 708, so
+# that exp(-log_ratio) overflows to inf where libm's does), infinities, NaN and signed zeros.
+KL_EDGES = [np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0, -707.5, -708.0, -708.5, -709.5, -710.0, 800.0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_kl_estimators_at_the_edges_of_exp_agree_with_numba(dtype):
+    from ppo_fast import _numba_kernels
+
+    grid = np.array(KL_EDGES, dtype)
+    logprobs, ref_logprobs = (np.ascontiguousarray(a.ravel()) for a in np.meshgrid(grid, grid))
+    starts, spans = np.array([0], np.int64), np.array([logprobs.size], np.int64)
+    for estimator in range(4):
+        for clamp in (np.inf, 1.5):
+            outputs = []
+            for kernels in (_numba_kernels, _cython_backend):
+                out = np.empty_like(logprobs)
+                kernels.kl_penalty(logprobs, ref_logprobs, starts, spans, estimator, clamp, out, 1)
+                outputs.append(out)
+            case = f"estimator={estimator} clamp={clamp}"
+            np.testing.assert_array_equal(outputs[1], outputs[0], err_msg=case)
 
 
 # -- read-only inputs ---------------------------------------------------------------------------
