@@ -2,9 +2,10 @@
 
 Same names and signatures as the oracle, ``_reference.py``. Nothing compiles at run time and
 numba is not needed: this is what ``auto`` takes when numba is missing or fails to import.
-setup.py builds the kernels twice on x86-64: ``_cython_kernels`` for any CPU and
-``_cython_kernels_avx2`` for CPUs with AVX2 and FMA, which this module prefers where the CPU has
-them (hardware FMA matters to GAE). Both give the same bits.
+setup.py builds the kernels three times on x86-64: ``_cython_kernels`` for any CPU,
+``_cython_kernels_avx2`` for CPUs with AVX2 and FMA (hardware FMA matters to GAE), and
+``_cython_kernels_avx512`` for CPUs with AVX-512 F and DQ too (float64 lanes in one register:
+k3's exp). This module takes the widest the CPU runs; ``ISA`` names it. All give the same bits.
 
 This module is imported at the backend's first use (never by ``import ppo_fast``); that is when
 it warns, once, if the kernels were built without OpenMP.
@@ -12,6 +13,7 @@ it warns, once, if the kernels were built without OpenMP.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 try:
@@ -23,17 +25,30 @@ except ImportError as error:
         "`PPO_FAST_REQUIRE_CYTHON=1 pip install -v .` to see the compiler's error"
     ) from error
 
-_kernels = _portable
-if _portable.CPU_HAS_AVX2_FMA:
-    try:
-        from . import _cython_kernels_avx2 as _kernels
-    except ModuleNotFoundError as error:
-        if error.name != "ppo_fast._cython_kernels_avx2":
-            raise
-        # Not built (its build is optional): the portable kernels give the same bits.
+# The module of each build (setup.py), which the CPU runs or not (_portable.CPU_BUILDS).
+MODULES = {
+    "avx512": "_cython_kernels_avx512",
+    "avx2-fma": "_cython_kernels_avx2",
+    "portable": "_cython_kernels",
+}
 
+
+def _widest_build():
+    """The kernels of the widest build that was built and that this CPU runs."""
+    for build in _portable.CPU_BUILDS:  # widest first, "portable" last
+        name = f"{__package__}.{MODULES[build]}"
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name != name:
+                raise
+            # Not built (the x86-64 builds are optional): a narrower one gives the same bits.
+    return _portable
+
+
+_kernels = _widest_build()
 OPENMP: bool = _kernels.OPENMP
-ISA = "avx2-fma" if _kernels.BUILT_FOR_AVX2_FMA else "portable"
+ISA: str = _kernels.BUILD
 
 kl_penalty = _kernels.kl_penalty
 shape_rewards = _kernels.shape_rewards

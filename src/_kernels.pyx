@@ -2,8 +2,9 @@
 # cython: cdivision=True
 """The Cython backend: one kernel per stage, written over rows.
 
-setup.py builds this file twice, as ppo_fast._cython_kernels (any CPU) and, on x86-64, as
-ppo_fast._cython_kernels_avx2 (CPUs with AVX2 and FMA; ppo_fast/_cython_backend.py chooses).
+setup.py builds this file as ppo_fast._cython_kernels (any CPU) and, on x86-64, also as
+ppo_fast._cython_kernels_avx2 (CPUs with AVX2 and FMA) and ppo_fast._cython_kernels_avx512 (with
+AVX-512 F and DQ too); ppo_fast/_cython_backend.py takes the widest in ``CPU_BUILDS``.
 Each kernel is the twin of the numba kernel its docstring names (ppo_fast/_numba_kernels.py) and
 has the oracle's signature (ppo_fast/_reference.py), n_threads last. Conventions:
 
@@ -17,7 +18,7 @@ has the oracle's signature (ppo_fast/_reference.py), n_threads last. Conventions
 - The arithmetic is the numba twins', operation for operation: ``fma()`` exactly where they call
   ``llvm.fma`` (the GAE chain here, the polynomial exp of k3 and the losses in src/_lanes.h),
   and setup.py compiles with ``-ffp-contract=off`` so that nothing else is fused (numba does not
-  contract). Both builds give the same bits; numba gives them too, up to the order of the row
+  contract). Every build gives the same bits; numba gives them too, up to the order of the row
   sums of the moments and loss kernels (see the rows in C below).
 - The KL, shaped-reward, moments and loss kernels do their rows in C, src/_loss_rows.h, over the
   explicit lanes of src/_lanes.h; both headers are included below and compiled into this module.
@@ -43,41 +44,45 @@ cdef extern from *:
     #else
     #define PPO_FAST_OPENMP 0
     #endif
-    #if defined(__AVX2__) && defined(__FMA__)
-    #define PPO_FAST_AVX2_FMA 1
+    #if defined(__AVX2__) && defined(__FMA__) && defined(__AVX512F__) && defined(__AVX512DQ__)
+    #define PPO_FAST_BUILD "avx512"
+    #elif defined(__AVX2__) && defined(__FMA__)
+    #define PPO_FAST_BUILD "avx2-fma"
     #else
-    #define PPO_FAST_AVX2_FMA 0
+    #define PPO_FAST_BUILD "portable"
     #endif
-    /* Whether this CPU (and its OS) can run the AVX2 and FMA build. */
-    static int ppo_fast_cpu_has_avx2_fma(void) {
+    /* The widest build this CPU (and its OS, which libgcc's checks include) can run:
+     * 2 for avx512, 1 for avx2-fma, 0 for portable only. */
+    static int ppo_fast_cpu_level(void) {
     #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") ? 2 : 1;
     #else
         return 0;
     #endif
     }
     """
     const int PPO_FAST_OPENMP
-    const int PPO_FAST_AVX2_FMA
-    int ppo_fast_cpu_has_avx2_fma()
+    const char* PPO_FAST_BUILD
+    int ppo_fast_cpu_level()
 
 OPENMP = bool(PPO_FAST_OPENMP)
-BUILT_FOR_AVX2_FMA = bool(PPO_FAST_AVX2_FMA)
-CPU_HAS_AVX2_FMA = bool(ppo_fast_cpu_has_avx2_fma())
+BUILD = PPO_FAST_BUILD.decode("ascii")  # the instructions this module was compiled for
+CPU_BUILDS = ("avx512", "avx2-fma", "portable")[2 - ppo_fast_cpu_level():]  # widest first
 
 
 # -- Rows in C ------------------------------------------------------------------------------------
 #
 # The KL, shaped-reward and moments rows, and the fused losses' rows: each is one call to a kernel
 # of src/_loss_rows.h, written in C over the eight explicit lanes of src/_lanes.h (AVX2 and FMA
-# intrinsics in the _avx2 build, generic vectors otherwise), with the same arithmetic as the numba
-# twins. Why C: their exp is vectorized (k3 and the policy loss), which libm's is not; and a row's
-# loss or moments is a sum, and GCC vectorizes a floating-point sum only if it may reassociate it,
-# which would tie the order of addition to each build's vector width; the lanes fix that order in
-# the source (token t of a row in lane t % 8, the lanes added up in a fixed tree), so both builds
-# and any number of threads give the same bits. The twins sum in another order (LLVM's reassoc),
-# so sums agree with numba's to rounding.
+# intrinsics in the _avx2 build, AVX-512 for float64 in the _avx512 build, generic vectors
+# otherwise), with the same arithmetic as the numba twins. Why C: their exp is vectorized (k3 and
+# the policy loss), which libm's is not; and a row's loss or moments is a sum, and GCC vectorizes
+# a floating-point sum only if it may reassociate it, which would tie the order of addition to each
+# build's vector width; the lanes fix that order in the source (token t of a row in lane t % 8, the
+# lanes added up in a fixed tree), so every build and any number of threads give the same bits.
+# The twins sum in another order (LLVM's reassoc), so sums agree with numba's to rounding.
 
 cdef extern from *:
     """

@@ -3,16 +3,19 @@
  * Why explicit lanes: a row's loss is a sum, and GCC vectorizes a floating-point sum only when it
  * may reassociate it (the numba twins let LLVM do so), which would tie the order of addition to
  * the vector width of each build. Here the lanes are in the source: token t of a row always goes
- * to lane t % 8 and the lanes are added up in a fixed tree, so the portable and AVX2 builds, and
- * any number of threads, give the same bits. Explicit vectors also spare the loss kernels what GCC
- * makes of their uint8 mask in an auto-vectorized loop (32 tokens a step, mostly spilled).
+ * to lane t % 8 and the lanes are added up in a fixed tree, so the portable, AVX2 and AVX-512
+ * builds, and any number of threads, give the same bits. Explicit vectors also spare the loss
+ * kernels what GCC makes of their uint8 mask in an auto-vectorized loop (32 tokens a step, mostly
+ * spilled).
  *
- * One interface, three implementations: AVX2 and FMA intrinsics (setup.py's _avx2 build); GCC
- * and Clang generic 16-byte vectors (their other builds: SSE2, NEON, ...); plain C lane by lane
- * (other compilers). Each operation is the same IEEE operation in all three, so they agree bit for
- * bit: max(a, b) and min(a, b) are x86's a > b ? a : b and a < b ? a : b (which keep b when either
- * is NaN: the twins' clip, comparison for comparison), fma is fused, float64 -> float32 rounds to
- * nearest, and comparisons are false on NaN.
+ * One interface, three implementations: AVX2 and FMA intrinsics (setup.py's _avx2 build; its
+ * _avx512 build keeps them for float32 and holds float64's eight lanes in one AVX-512 register,
+ * which halves the instructions of the float64 lanes, k3's exp above all); GCC and Clang generic
+ * 16-byte vectors (their other builds: SSE2, NEON, ...); plain C lane by lane (other compilers).
+ * Each operation is the same IEEE operation in all of them, so they agree bit for bit: max(a, b)
+ * and min(a, b) are x86's a > b ? a : b and a < b ? a : b (which keep b when either is NaN: the
+ * twins' clip, comparison for comparison), fma is fused, float64 -> float32 rounds to nearest, and
+ * comparisons are false on NaN.
  *
  * Types: ppo_f32x8 and ppo_f64x8 (values), ppo_m32x8 and ppo_m64x8 (masks, one per lane of the
  * values of the same width), ppo_c32x8 and ppo_c64x8 (counts of true mask lanes). Operations are
@@ -111,11 +114,6 @@ PPO_INLINE double ppo_exp64(double x) {
 typedef __m256 ppo_f32x8;
 typedef __m256 ppo_m32x8;  /* all ones or zero per lane */
 typedef __m256i ppo_c32x8; /* int32 per lane: _loss_rows.h totals them every chunk */
-typedef struct {
-    __m256d low, high;
-} ppo_f64x8;
-typedef ppo_f64x8 ppo_m64x8;
-typedef __m256i ppo_c64x8; /* int64 per lane */
 
 PPO_INLINE ppo_f32x8 ppo_f32x8_splat(float x) { return _mm256_set1_ps(x); }
 PPO_INLINE ppo_f32x8 ppo_f32x8_load(const float* p) { return _mm256_loadu_ps(p); }
@@ -137,6 +135,141 @@ PPO_INLINE ppo_m32x8 ppo_f32x8_gt(ppo_f32x8 a, ppo_f32x8 b) {
 PPO_INLINE ppo_f32x8 ppo_f32x8_select(ppo_m32x8 m, ppo_f32x8 a, ppo_f32x8 b) {
     return _mm256_blendv_ps(b, a, m);
 }
+
+PPO_INLINE ppo_m32x8 ppo_m32x8_all(void) { return _mm256_castsi256_ps(_mm256_set1_epi32(-1)); }
+PPO_INLINE ppo_m32x8 ppo_m32x8_and(ppo_m32x8 a, ppo_m32x8 b) { return _mm256_and_ps(a, b); }
+PPO_INLINE ppo_m32x8 ppo_m32x8_and_not(ppo_m32x8 a, ppo_m32x8 b) { /* a and not b */
+    return _mm256_andnot_ps(b, a);
+}
+PPO_INLINE ppo_m32x8 ppo_m32x8_from_bytes(const uint8_t* p) { /* lane i: p[i] != 0 */
+    int64_t bytes;
+    memcpy(&bytes, p, 8);
+    __m256i wide = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(wide, _mm256_setzero_si256()));
+}
+PPO_INLINE ppo_m32x8 ppo_m32x8_first(ptrdiff_t count) { /* lane i: i < count */
+    __m256i bound = _mm256_set1_epi32((int32_t)(count < 0 ? 0 : count < 8 ? count : 8));
+    __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(bound, lanes));
+}
+
+PPO_INLINE ppo_c32x8 ppo_c32x8_zero(void) { return _mm256_setzero_si256(); }
+PPO_INLINE ppo_c32x8 ppo_c32x8_add(ppo_c32x8 counts, ppo_m32x8 m) { /* a true lane is -1 */
+    return _mm256_sub_epi32(counts, _mm256_castps_si256(m));
+}
+PPO_INLINE int64_t ppo_c32x8_total(ppo_c32x8 counts) {
+    int32_t lanes[8];
+    memcpy(lanes, &counts, sizeof lanes);
+    int64_t total = 0;
+    for (int lane = 0; lane < 8; lane++) total += lanes[lane];
+    return total;
+}
+
+PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 x) {
+    const __m256 shift = _mm256_set1_ps(PPO_EXP32_SHIFT);
+    const __m256 low = _mm256_set1_ps(PPO_EXP32_LOW), high = _mm256_set1_ps(PPO_EXP32_HIGH);
+    x = _mm256_min_ps(high, _mm256_max_ps(low, x));
+    __m256 shifted = _mm256_fmadd_ps(x, _mm256_set1_ps(PPO_EXP32_LOG2E), shift);
+    __m256 n = _mm256_sub_ps(shifted, shift);
+    /* fma(-n, ., x) with -n a sign flip, not fnmadd: a NaN keeps the twin's sign */
+    __m256 negative_n = _mm256_xor_ps(n, _mm256_set1_ps(-0.0f));
+    __m256 r = _mm256_fmadd_ps(negative_n, _mm256_set1_ps(PPO_EXP32_LN2_HIGH), x);
+    r = _mm256_fmadd_ps(negative_n, _mm256_set1_ps(PPO_EXP32_LN2_LOW), r);
+    __m256 p = _mm256_set1_ps(ppo_exp32_polynomial[0]);
+    for (int k = 1; k < 6; k++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ppo_exp32_polynomial[k]));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    __m256i n_bits = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_castps_si256(shift));
+    __m256i power = _mm256_slli_epi32(_mm256_add_epi32(n_bits, _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
+}
+
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* -- float64 on AVX-512F and DQ (setup.py's _avx512 build): eight lanes in one register, a mask
+ * in a mask register (__mmask8, bit i for lane i), counts as the popcount of each mask. The
+ * operations are those of the AVX2 block below, one instruction for its two. */
+typedef __m512d ppo_f64x8;
+typedef __mmask8 ppo_m64x8;
+typedef int64_t ppo_c64x8;
+
+PPO_INLINE ppo_f64x8 ppo_f64x8_splat(double x) { return _mm512_set1_pd(x); }
+PPO_INLINE ppo_f64x8 ppo_f64x8_load(const double* p) { return _mm512_loadu_pd(p); }
+PPO_INLINE void ppo_f64x8_store(double* p, ppo_f64x8 x) { _mm512_storeu_pd(p, x); }
+PPO_INLINE ppo_f64x8 ppo_f64x8_add(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_add_pd(a, b); }
+PPO_INLINE ppo_f64x8 ppo_f64x8_sub(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_sub_pd(a, b); }
+PPO_INLINE ppo_f64x8 ppo_f64x8_mul(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_mul_pd(a, b); }
+PPO_INLINE ppo_f64x8 ppo_f64x8_max(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_max_pd(a, b); }
+PPO_INLINE ppo_f64x8 ppo_f64x8_min(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_min_pd(a, b); }
+PPO_INLINE ppo_m64x8 ppo_f64x8_eq(ppo_f64x8 a, ppo_f64x8 b) {
+    return _mm512_cmp_pd_mask(a, b, _CMP_EQ_OQ);
+}
+PPO_INLINE ppo_m64x8 ppo_f64x8_lt(ppo_f64x8 a, ppo_f64x8 b) {
+    return _mm512_cmp_pd_mask(a, b, _CMP_LT_OQ);
+}
+PPO_INLINE ppo_m64x8 ppo_f64x8_gt(ppo_f64x8 a, ppo_f64x8 b) {
+    return _mm512_cmp_pd_mask(a, b, _CMP_GT_OQ);
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_select(ppo_m64x8 m, ppo_f64x8 a, ppo_f64x8 b) {
+    return _mm512_mask_blend_pd(m, b, a); /* a where m is set */
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_negative(ppo_f64x8 x) { /* flips the sign bit, as -x does */
+    return _mm512_xor_pd(x, _mm512_set1_pd(-0.0));
+}
+PPO_INLINE int ppo_m64x8_any(ppo_m64x8 m) { return m != 0; }
+PPO_INLINE ppo_f64x8 ppo_f64x8_abs(ppo_f64x8 x) { /* clears the sign bit, as fabs does */
+    return _mm512_andnot_pd(_mm512_set1_pd(-0.0), x);
+}
+
+PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) { return _mm512_cvtps_pd(x); }
+PPO_INLINE ppo_f32x8 ppo_f32x8_from_f64(ppo_f64x8 x) { return _mm512_cvtpd_ps(x); }
+
+PPO_INLINE ppo_m64x8 ppo_m64x8_all(void) { return (ppo_m64x8)0xFF; }
+PPO_INLINE ppo_m64x8 ppo_m64x8_and(ppo_m64x8 a, ppo_m64x8 b) { return (ppo_m64x8)(a & b); }
+PPO_INLINE ppo_m64x8 ppo_m64x8_and_not(ppo_m64x8 a, ppo_m64x8 b) { /* a and not b */
+    return (ppo_m64x8)(a & ~b);
+}
+PPO_INLINE ppo_m64x8 ppo_m64x8_from_bytes(const uint8_t* p) { /* lane i: p[i] != 0 */
+    int64_t bytes;
+    memcpy(&bytes, p, 8);
+    __m512i wide = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(bytes));
+    return _mm512_test_epi64_mask(wide, wide);
+}
+PPO_INLINE ppo_m64x8 ppo_m64x8_first(ptrdiff_t count) { /* lane i: i < count */
+    return (ppo_m64x8)((1u << (count < 0 ? 0 : count < 8 ? count : 8)) - 1u);
+}
+
+PPO_INLINE ppo_c64x8 ppo_c64x8_zero(void) { return 0; }
+PPO_INLINE ppo_c64x8 ppo_c64x8_add(ppo_c64x8 counts, ppo_m64x8 m) {
+    return counts + __builtin_popcount((unsigned)m);
+}
+PPO_INLINE int64_t ppo_c64x8_total(ppo_c64x8 counts) { return counts; }
+
+PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
+    const __m512d shift = _mm512_set1_pd(PPO_EXP64_SHIFT);
+    const __m512d low = _mm512_set1_pd(PPO_EXP64_LOW), high = _mm512_set1_pd(PPO_EXP64_HIGH);
+    x = _mm512_min_pd(high, _mm512_max_pd(low, x));
+    __m512d shifted = _mm512_fmadd_pd(x, _mm512_set1_pd(PPO_EXP64_LOG2E), shift);
+    __m512d n = _mm512_sub_pd(shifted, shift);
+    /* fma(-n, ., x) with -n a sign flip, not fnmadd: a NaN keeps the twin's sign */
+    __m512d negative_n = _mm512_xor_pd(n, _mm512_set1_pd(-0.0));
+    __m512d r = _mm512_fmadd_pd(negative_n, _mm512_set1_pd(PPO_EXP64_LN2_HIGH), x);
+    r = _mm512_fmadd_pd(negative_n, _mm512_set1_pd(PPO_EXP64_LN2_LOW), r);
+    __m512d p = _mm512_set1_pd(ppo_exp64_polynomial[0]);
+    for (int k = 1; k < 13; k++) {
+        p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(ppo_exp64_polynomial[k]));
+    }
+    __m512i n_bits = _mm512_sub_epi64(_mm512_castpd_si512(shifted), _mm512_castpd_si512(shift));
+    __m512i power = _mm512_slli_epi64(_mm512_add_epi64(n_bits, _mm512_set1_epi64(1023)), 52);
+    return _mm512_mul_pd(p, _mm512_castsi512_pd(power));
+}
+
+#else
+/* -- float64 on AVX2: two registers of four lanes ---------------------------------------------- */
+typedef struct {
+    __m256d low, high;
+} ppo_f64x8;
+typedef ppo_f64x8 ppo_m64x8;
+typedef __m256i ppo_c64x8; /* int64 per lane */
 
 PPO_INLINE ppo_f64x8 ppo_f64x8_splat(double x) {
     ppo_f64x8 r = {_mm256_set1_pd(x), _mm256_set1_pd(x)};
@@ -193,23 +326,6 @@ PPO_INLINE ppo_f32x8 ppo_f32x8_from_f64(ppo_f64x8 x) {
     return _mm256_set_m128(_mm256_cvtpd_ps(x.high), _mm256_cvtpd_ps(x.low));
 }
 
-PPO_INLINE ppo_m32x8 ppo_m32x8_all(void) { return _mm256_castsi256_ps(_mm256_set1_epi32(-1)); }
-PPO_INLINE ppo_m32x8 ppo_m32x8_and(ppo_m32x8 a, ppo_m32x8 b) { return _mm256_and_ps(a, b); }
-PPO_INLINE ppo_m32x8 ppo_m32x8_and_not(ppo_m32x8 a, ppo_m32x8 b) { /* a and not b */
-    return _mm256_andnot_ps(b, a);
-}
-PPO_INLINE ppo_m32x8 ppo_m32x8_from_bytes(const uint8_t* p) { /* lane i: p[i] != 0 */
-    int64_t bytes;
-    memcpy(&bytes, p, 8);
-    __m256i wide = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
-    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(wide, _mm256_setzero_si256()));
-}
-PPO_INLINE ppo_m32x8 ppo_m32x8_first(ptrdiff_t count) { /* lane i: i < count */
-    __m256i bound = _mm256_set1_epi32((int32_t)(count < 0 ? 0 : count < 8 ? count : 8));
-    __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(bound, lanes));
-}
-
 PPO_INLINE ppo_m64x8 ppo_m64x8_all(void) {
     __m256d ones = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
     ppo_m64x8 r = {ones, ones};
@@ -241,17 +357,6 @@ PPO_INLINE ppo_m64x8 ppo_m64x8_first(ptrdiff_t count) {
     return r;
 }
 
-PPO_INLINE ppo_c32x8 ppo_c32x8_zero(void) { return _mm256_setzero_si256(); }
-PPO_INLINE ppo_c32x8 ppo_c32x8_add(ppo_c32x8 counts, ppo_m32x8 m) { /* a true lane is -1 */
-    return _mm256_sub_epi32(counts, _mm256_castps_si256(m));
-}
-PPO_INLINE int64_t ppo_c32x8_total(ppo_c32x8 counts) {
-    int32_t lanes[8];
-    memcpy(lanes, &counts, sizeof lanes);
-    int64_t total = 0;
-    for (int lane = 0; lane < 8; lane++) total += lanes[lane];
-    return total;
-}
 PPO_INLINE ppo_c64x8 ppo_c64x8_zero(void) { return _mm256_setzero_si256(); }
 PPO_INLINE ppo_c64x8 ppo_c64x8_add(ppo_c64x8 counts, ppo_m64x8 m) {
     counts = _mm256_sub_epi64(counts, _mm256_castpd_si256(m.low));
@@ -261,24 +366,6 @@ PPO_INLINE int64_t ppo_c64x8_total(ppo_c64x8 counts) {
     int64_t lanes[4];
     memcpy(lanes, &counts, sizeof lanes);
     return lanes[0] + lanes[1] + lanes[2] + lanes[3];
-}
-
-PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 x) {
-    const __m256 shift = _mm256_set1_ps(PPO_EXP32_SHIFT);
-    const __m256 low = _mm256_set1_ps(PPO_EXP32_LOW), high = _mm256_set1_ps(PPO_EXP32_HIGH);
-    x = _mm256_min_ps(high, _mm256_max_ps(low, x));
-    __m256 shifted = _mm256_fmadd_ps(x, _mm256_set1_ps(PPO_EXP32_LOG2E), shift);
-    __m256 n = _mm256_sub_ps(shifted, shift);
-    /* fma(-n, ., x) with -n a sign flip, not fnmadd: a NaN keeps the twin's sign */
-    __m256 negative_n = _mm256_xor_ps(n, _mm256_set1_ps(-0.0f));
-    __m256 r = _mm256_fmadd_ps(negative_n, _mm256_set1_ps(PPO_EXP32_LN2_HIGH), x);
-    r = _mm256_fmadd_ps(negative_n, _mm256_set1_ps(PPO_EXP32_LN2_LOW), r);
-    __m256 p = _mm256_set1_ps(ppo_exp32_polynomial[0]);
-    for (int k = 1; k < 6; k++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ppo_exp32_polynomial[k]));
-    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-    __m256i n_bits = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_castps_si256(shift));
-    __m256i power = _mm256_slli_epi32(_mm256_add_epi32(n_bits, _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
 }
 
 /* The two halves step by step, so that their dependency chains interleave. */
@@ -314,6 +401,7 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
                    _mm256_mul_pd(p1, _mm256_castsi256_pd(power1))};
     return r;
 }
+#endif /* AVX-512 */
 
 #elif defined(__GNUC__) || defined(__clang__)
 /* -- GCC and Clang elsewhere: generic 16-byte vectors (SSE2, NEON, ...) ------------------------ */

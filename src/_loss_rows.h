@@ -308,7 +308,7 @@ static void PPO_ROW(ppo_value_loss_row)(
 /* Twins of _kl_penalty_rows, _shape_rewards_rows and _moments_rows, over the same lanes: k3's exp
  * is ppo_f64x8_exp, the twins' _exp64, which numba vectorizes and libm's exp does not; and the
  * moments' sums go token t of a row to lane t % 8, added up in a fixed tree (numba's order is
- * LLVM's reassociation), so that both builds and any thread count give the same bits. */
+ * LLVM's reassociation), so that every build and any thread count give the same bits. */
 
 #ifndef PPO_FAST_KL_VALUES
 #define PPO_FAST_KL_VALUES

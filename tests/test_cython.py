@@ -1,12 +1,13 @@
 """What is specific to the Cython backend; every other test runs on it too (see conftest).
 
-Its agreement with numba and between its two builds, read-only inputs, the OpenMP status, the
+Its agreement with numba and between its builds, read-only inputs, the OpenMP status, the
 fallback to it when numba cannot load, and what installing does when its build fails or the
 compiler has no OpenMP.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 import shlex
@@ -39,7 +40,7 @@ def run_python(code: str, cwd=None, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-# -- the same numbers as numba, and the same bits from both builds ---------------------------
+# -- the same numbers as numba, and the same bits from every build ---------------------------
 
 
 def kernel_inputs(batch):
@@ -151,19 +152,23 @@ def assert_agrees_with_numba(inputs):
             np.testing.assert_array_equal(actual[name], output, err_msg=name)
 
 
-def assert_both_builds_give_the_same_bits(inputs, n_threads):
-    from ppo_fast import _cython_kernels_avx2
-
-    assert _cython_kernels_avx2.BUILT_FOR_AVX2_FMA
+def assert_every_build_gives_the_same_bits(inputs, n_threads):
+    """Each wider build this CPU runs (setup.py: avx2-fma, avx512) against the portable one."""
     portable = every_kernel(_cython_kernels, inputs)
-    avx2 = every_kernel(_cython_kernels_avx2, inputs, n_threads)
-    for name, output in portable.items():
-        bits = f"u{output.itemsize}"
-        np.testing.assert_array_equal(avx2[name].view(bits), output.view(bits), err_msg=name)
+    for build in _cython_kernels.CPU_BUILDS[:-1]:
+        kernels = importlib.import_module(f"ppo_fast.{_cython_backend.MODULES[build]}")
+        assert kernels.BUILD == build
+        wider = every_kernel(kernels, inputs, n_threads)
+        for name, output in portable.items():
+            bits = f"u{output.itemsize}"
+            np.testing.assert_array_equal(
+                wider[name].view(bits), output.view(bits), err_msg=f"{build}: {name}"
+            )
 
 
-needs_avx2_fma = pytest.mark.skipif(
-    not _cython_kernels.CPU_HAS_AVX2_FMA, reason="this CPU cannot run the AVX2 and FMA build"
+needs_a_wider_build = pytest.mark.skipif(
+    _cython_kernels.CPU_BUILDS == ("portable",),
+    reason="this CPU runs only the portable build (no AVX2 and FMA)",
 )
 
 
@@ -179,19 +184,28 @@ def test_agrees_with_numba(batch):
     assert_agrees_with_numba(kernel_inputs(batch))
 
 
-def test_the_avx2_build_is_taken_where_the_cpu_has_avx2_and_fma():
+def test_the_widest_build_the_cpu_runs_is_taken():
     on_x86_64 = platform.machine().lower() in ("x86_64", "amd64")
-    expected = "avx2-fma" if on_x86_64 and _cython_kernels.CPU_HAS_AVX2_FMA else "portable"
-    assert _cython_backend.ISA == expected
-    assert _cython_kernels.BUILT_FOR_AVX2_FMA is False
+    assert _cython_kernels.BUILD == "portable"
+    assert _cython_kernels.CPU_BUILDS[-1] == "portable"
+    # On x86-64, setup.py builds all three (CI makes a failed build fatal).
+    assert _cython_backend.ISA == (_cython_kernels.CPU_BUILDS[0] if on_x86_64 else "portable")
 
 
-@needs_avx2_fma
+def test_a_build_that_was_not_built_gives_way_to_a_narrower_one(monkeypatch):
+    for build in _cython_kernels.CPU_BUILDS[:-1]:
+        # What importing a module that is not there raises (None in sys.modules: the same error).
+        monkeypatch.setitem(sys.modules, f"ppo_fast.{_cython_backend.MODULES[build]}", None)
+        builds = _cython_kernels.CPU_BUILDS
+        assert _cython_backend._widest_build().BUILD == builds[builds.index(build) + 1]
+
+
+@needs_a_wider_build
 @given(batch=ragged_batches(), n_threads=st.sampled_from([1, 3]))
-def test_both_builds_give_the_same_bits(batch, n_threads):
+def test_every_build_gives_the_same_bits(batch, n_threads):
     """-ffp-contract=off, explicit fma() and the loss kernels' explicit lanes (src/_lanes.h):
     wider vectors and hardware FMA change no bit."""
-    assert_both_builds_give_the_same_bits(kernel_inputs(batch), n_threads)
+    assert_every_build_gives_the_same_bits(kernel_inputs(batch), n_threads)
 
 
 # The kernels of src/_loss_rows.h go through a row 8 tokens at a time (the losses in chunks of
@@ -219,8 +233,7 @@ def test_loss_rows_at_the_edges_of_blocks_and_chunks(layout, dtype):
     batch = Batch(layout, np.dtype(dtype), valid, len(lengths), kwargs, rng)
     inputs = kernel_inputs(batch)
     assert_agrees_with_numba(inputs)
-    if _cython_kernels.CPU_HAS_AVX2_FMA:
-        assert_both_builds_give_the_same_bits(inputs, n_threads=3)
+    assert_every_build_gives_the_same_bits(inputs, n_threads=3)
 
 
 # Around exp's saturation (the polynomial stops at exp(709); k3 takes e * exp(x - 1) past 708, so
