@@ -183,7 +183,6 @@ PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
 }
 
-
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 /* -- float64 on AVX-512F and DQ (setup.py's _avx512 build): eight lanes in one register, a mask
  * in a mask register (__mmask8, bit i for lane i), counts as the popcount of each mask. The
