@@ -11,7 +11,7 @@ those with AVX2 and FMA, and ``_cython_kernels_avx512`` for those with AVX-512 F
 ppo_fast/_cython_backend.py picks the widest the CPU runs, at run time. Without hardware FMA each
 fma() is a call into libm: GAE runs about 1.8 times slower than numba, and the losses, whose
 polynomial exp is a chain of fma(), do not vectorize at all. AVX2 also doubles the width of the
-vectorized loops. AVX-512 holds the eight float64 lanes of src/_lanes.h in one register, which
+vectorized loops. AVX-512 holds the eight float64 lanes of src/lanes.h in one register, which
 halves the instructions of the float64 row code: k3's exp ran 1.2-1.3 times numba's time without
 it (numba compiles for the host, AVX-512 included).
 ``-ffp-contract=off`` keeps the compiler from fusing multiply-adds on its own (numba does not
@@ -20,17 +20,23 @@ llvm.fma, and every build gives the same bits.
 ``-fno-trapping-math`` lets it vectorize a masked loop by computing every lane and selecting; it
 changes no value (LLVM, and so numba, assumes the same).
 
-The loss kernels' rows are C, in two headers that src/_kernels.pyx includes: src/_lanes.h (eight
-explicit lanes: AVX2 and FMA intrinsics when the compiler targets them, float64 in AVX-512
-registers when it targets those too, else GCC and Clang's generic vectors, else plain C) and
-src/_loss_rows.h (the kernels, over those lanes). GCC vectorizes a floating-point sum only when
-it may reassociate it, which would make the order of a row's sum depend on the build; explicit
-lanes fix that order in the source, so every build still gives the same bits. Listing the
-headers in ``depends`` makes a rebuild follow their changes and puts them in the sdist.
+The Cython module is generated: ``render_kernels`` renders src/_kernels.pyx.tp with the kernel
+table of ppo_fast/_spec.py into src/_kernels.pyx (not committed), so that the Cython functions,
+their arguments and the C declarations of the row kernels come from the same table as every other
+backend. The rows themselves are hand-written C in headers named for what they hold: src/lanes.h
+(eight explicit lanes: AVX2 and FMA intrinsics when the compiler targets them, float64 in AVX-512
+registers when it targets those too, else GCC and Clang's generic vectors, else plain C), src/exp.h
+and src/rows.h with one src/rows_*.h per family of kernels. GCC vectorizes a floating-point sum
+only when it may reassociate it, which would make the order of a row's sum depend on the build;
+explicit lanes fix that order in the source, so every build still gives the same bits. Listing the
+template, the table and the headers in ``depends`` makes a rebuild follow their changes and puts
+them in the sdist.
 """
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
 import platform
 import sys
@@ -41,6 +47,10 @@ from setuptools.errors import BaseError, CompileError, LinkError
 
 REQUIRE_CYTHON = os.environ.get("PPO_FAST_REQUIRE_CYTHON", "") == "1"
 
+TEMPLATE = "src/_kernels.pyx.tp"
+GENERATED = "src/_kernels.pyx"  # not committed: rendered at every build
+SPEC = "ppo_fast/_spec.py"
+
 PORTABLE = "ppo_fast._cython_kernels"
 AVX2 = "ppo_fast._cython_kernels_avx2"
 AVX512 = "ppo_fast._cython_kernels_avx512"
@@ -49,11 +59,12 @@ X86_64_FLAGS = {
     AVX2: ["-mavx2", "-mfma"],
     AVX512: ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq"],
 }
+HEADERS = ["src/lanes.h", "src/exp.h", "src/rows.h", *sorted(glob.glob("src/rows_*.h"))]
 EXTENSIONS = [
     Extension(
         name,
-        ["src/_kernels.pyx"],
-        depends=["src/_rows.pxd", "src/_lanes.h", "src/_loss_rows.h"],
+        [GENERATED],
+        depends=[TEMPLATE, SPEC, *HEADERS],
         include_dirs=["src"],
     )
     for name in (PORTABLE, AVX2, AVX512)
@@ -67,6 +78,29 @@ FLAGS = {
 }
 
 
+def render_kernels() -> None:
+    """Render the Cython backend from its template and the kernel table (ppo_fast/_spec.py).
+
+    The table is loaded by path, not imported as part of ppo_fast: it needs only the standard
+    library, while the package needs numpy, which building does not.
+    """
+    from Cython import Tempita
+
+    spec = importlib.util.spec_from_file_location("ppo_fast_kernel_table", SPEC)
+    table = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = table  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(table)
+    with open(TEMPLATE) as f:
+        template = Tempita.Template(f.read(), name=TEMPLATE)
+    text = template.substitute(
+        KERNELS=table.KERNELS, ESTIMATORS=table.ESTIMATORS, EXP32=table.EXP32, EXP64=table.EXP64
+    )
+    old = open(GENERATED).read() if os.path.exists(GENERATED) else None
+    if text != old:  # an unchanged file keeps its time, so that nothing rebuilds for nothing
+        with open(GENERATED, "w") as f:
+            f.write(text)
+
+
 def _warn(message: str) -> None:
     # pip shows a build's output only with -v or when the build fails; CI logs keep it.
     print(f"\nWARNING: ppo_fast: {message}\n", file=sys.stderr, flush=True)
@@ -76,6 +110,7 @@ class BuildCython(build_ext):
     """Cythonize and compile each extension with OpenMP, else serially, else skip it."""
 
     def build_extensions(self) -> None:
+        render_kernels()
         family = "msvc" if self.compiler.compiler_type == "msvc" else "unix"
         x86_64 = platform.machine().lower() in ("x86_64", "amd64")
         built = []

@@ -4,15 +4,9 @@ KL-shaped rewards, GAE, masked whitening and fused clipped losses over ragged ba
 with a mask or lengths, or packed with cu_seqlens), on numba, Cython or the pure-Python oracle.
 """
 
-from ._backend import (
-    BackendUnavailableError,
-    available_backends,
-    get_backend,
-    get_num_threads,
-    set_backend,
-    set_num_threads,
-    warmup,
-)
+from ._backend import BackendUnavailableError, available_backends, get_backend, set_backend
+from ._threads import get_num_threads, set_num_threads
+from ._warmup import warmup
 from .gae import GAEResult, gae
 from .loss import PolicyLossResult, ValueLossResult, clipped_surrogate, value_loss
 from .rewards import kl_penalty, shape_rewards

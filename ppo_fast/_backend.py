@@ -1,4 +1,4 @@
-"""Backend registry, selection and the thread policy.
+"""Backend registry and selection, and the call of a kernel by its table entry.
 
 A backend is a module exposing the same kernel functions over rows (see ``_reference.py``, the
 oracle, for the signatures). ``python`` is the oracle; ``numba`` and ``cython`` are compiled.
@@ -11,13 +11,13 @@ environment variable ``PPO_FAST_BACKEND``, then ``auto``.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import threading
 from types import ModuleType
 
-import numpy as np
+from . import _threads
+from ._spec import KERNELS
 
 BACKENDS = ("numba", "cython", "python")
 _MODULES = {
@@ -26,15 +26,10 @@ _MODULES = {
     "cython": "ppo_fast._cython_backend",
 }
 
-# Below this many token positions a batch runs on one thread: starting threads costs more
-# than the work (measured on 2-core machines, see bench/).
-MIN_POSITIONS_PER_THREAD = 1 << 16
-
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType] = {}
 _failed: dict[str, str] = {}
 _selected: str | None = None
-_num_threads: int | None = None
 
 
 class BackendUnavailableError(ImportError):
@@ -121,88 +116,13 @@ def resolve(name: str | None = None) -> ModuleType:
     return _load(get_backend(name))
 
 
-@functools.cache
-def _cpu_count() -> int:
-    """Cores this process may use: its affinity mask, capped by a cgroup CPU quota."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        count = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        if quota != "max":
-            count = min(count, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return max(1, count)
+def run(name: str, backend: str | None, **arguments) -> None:
+    """Run kernel ``name`` of the table on ``backend``, its arguments given by name.
 
-
-def _env_threads(variable: str) -> int | None:
-    raw = os.environ.get(variable, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{variable} must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{variable} must be a positive integer, got {raw!r}")
-    return value
-
-
-def set_num_threads(n: int | None) -> None:
-    """Threads the kernels may use; ``None`` restores the default.
-
-    The default is ``PPO_FAST_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the cores this
-    process may use. Batches too small to gain run on one thread whatever this says.
+    Every argument but ``n_threads`` is required (``Kernel.bind`` raises on a missing one, so a
+    stage cannot pass them out of order); the threads follow the thread policy for the batch.
     """
-    global _num_threads
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"num_threads must be a positive integer or None, got {n!r}")
-    _num_threads = n
-
-
-def get_num_threads() -> int:
-    """The number of threads large batches run on."""
-    if _num_threads is not None:
-        return _num_threads
-    for variable in ("PPO_FAST_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = _env_threads(variable)
-        if value is not None:
-            return value
-    return _cpu_count()
-
-
-def threads_for(n_rows: int, n_positions: int) -> int:
-    """Threads for one call: never more than rows, none extra for small batches."""
-    wanted = min(get_num_threads(), n_rows, n_positions // MIN_POSITIONS_PER_THREAD)
-    return max(1, wanted)
-
-
-def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "float64")) -> None:
-    """Compile every kernel of ``backend`` for ``dtypes`` now rather than at first use.
-
-    Runs each stage on a small batch and, when more than one thread is in use, on one large
-    enough to take the parallel build. Without numba (or for cython and python) it only loads.
-    """
-    # The stages import this module, so they are imported here, at call time.
-    from .gae import gae
-    from .loss import clipped_surrogate, value_loss
-    from .rewards import kl_penalty, shape_rewards
-    from .whiten import whiten
-
-    name = get_backend(backend)
-    sizes = [(2, 8)]
-    if get_num_threads() > 1:
-        sizes.append((2, MIN_POSITIONS_PER_THREAD))
-    for dtype in dtypes:
-        for shape in sizes:
-            x = np.linspace(-1.0, 1.0, shape[0] * shape[1], dtype=dtype).reshape(shape)
-            mask = np.ones(shape, dtype=bool)
-            kl_penalty(x, x, backend=name)
-            shaped = shape_rewards(np.zeros(shape[0]), x, x, kl_coef=0.1, mask=mask, backend=name)
-            advantages = gae(shaped, x, mask=mask, backend=name).advantages
-            whiten(advantages, mask=mask, backend=name)
-            clipped_surrogate(x, x, advantages, mask=mask, backend=name)
-            value_loss(x, x, advantages, mask=mask, clip=0.2, backend=name)
+    kernel = KERNELS[name]
+    first_input = arguments[kernel.inputs[0].name]
+    arguments["n_threads"] = _threads.threads_for(arguments["starts"].shape[0], first_input.size)
+    getattr(resolve(backend), name)(*kernel.bind(arguments))

@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 import warnings
 
+from ._spec import KERNELS
+
 try:
     from . import _cython_kernels as _portable
 except ImportError as error:
@@ -50,13 +52,9 @@ _kernels = _widest_build()
 OPENMP: bool = _kernels.OPENMP
 ISA: str = _kernels.BUILD
 
-kl_penalty = _kernels.kl_penalty
-shape_rewards = _kernels.shape_rewards
-gae = _kernels.gae
-moments = _kernels.moments
-whiten = _kernels.whiten
-clipped_surrogate = _kernels.clipped_surrogate
-value_loss = _kernels.value_loss
+# The backend interface: one function per kernel of the table (the module is generated from it).
+for _name in KERNELS:
+    globals()[_name] = getattr(_kernels, _name)
 
 if not OPENMP:
     warnings.warn(

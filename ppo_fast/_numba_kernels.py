@@ -34,6 +34,8 @@ from numba import prange
 from numba.core import types
 from numba.extending import intrinsic, overload
 
+from ._spec import ESTIMATORS, EXP32, EXP64, KERNELS
+
 _CACHE = os.environ.get("PPO_FAST_NUMBA_CACHE", "") == "1"
 if _CACHE:
     warnings.warn(
@@ -43,7 +45,7 @@ if _CACHE:
         stacklevel=2,
     )
 
-K1, K2, K3, ABS = 0, 1, 2, 3
+K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
 _U1 = np.uint64(1)
 
 
@@ -94,56 +96,61 @@ def _jit(function):
     return numba.njit(nogil=True, cache=_CACHE, inline="always")(function)
 
 
-# exp by range reduction and a polynomial: x = n ln2 + r, |r| <= ln2/2, exp(x) = 2^n p(r), with
-# n rounded by the 1.5 * 2^(mantissa bits) shift trick and 2^n built from its exponent bits. All
-# of it is plain arithmetic LLVM vectorizes (math.exp is a libm call that it cannot: PyPI's
+# exp by range reduction and a polynomial, with the constants of the kernel table (_spec.EXP64 and
+# _spec.EXP32, which the Cython build reads too): x = n ln2 + r, |r| <= ln2/2, exp(x) = 2^n p(r),
+# with n rounded by the 1.5 * 2^(mantissa bits) shift trick and 2^n built from its exponent bits.
+# All of it is plain arithmetic LLVM vectorizes (math.exp is a libm call that it cannot: PyPI's
 # llvmlite has no SVML). Inputs are saturated so that 2^n stays a normal number: the result is
 # finite for every input, within 2 ulp of exp in float64 and 1 ulp in float32 (tests/test_loss.py).
 # Below exp(-708) (float64) or exp(-87.3) (float32) it returns that bound instead of a subnormal.
-_F64_SHIFT = 6755399441055744.0  # 1.5 * 2^52
-_F64_SHIFT_BITS = np.int64(np.float64(_F64_SHIFT).view(np.int64))
-_F32_SHIFT = np.float32(12582912.0)  # 1.5 * 2^23
-_F32_SHIFT_BITS = np.int32(_F32_SHIFT.view(np.int32))
 _F32 = np.float32
+# numba reads globals as constants: plain numbers and tuples, not the table's records.
+_E64_LOW, _E64_HIGH, _E64_SHIFT = EXP64.low, EXP64.high, EXP64.shift
+_E64_LOG2E, _E64_LN2_HIGH, _E64_LN2_LOW = EXP64.log2e, EXP64.ln2_high, EXP64.ln2_low
+_P64 = EXP64.polynomial
+_F64_SHIFT_BITS = np.int64(np.float64(_E64_SHIFT).view(np.int64))
+_E32_LOW, _E32_HIGH, _E32_SHIFT = _F32(EXP32.low), _F32(EXP32.high), _F32(EXP32.shift)
+_E32_LOG2E, _E32_LN2_HIGH = _F32(EXP32.log2e), _F32(EXP32.ln2_high)
+_E32_LN2_LOW = _F32(EXP32.ln2_low)
+_P32 = tuple(_F32(c) for c in EXP32.polynomial)
+_F32_SHIFT_BITS = np.int32(_E32_SHIFT.view(np.int32))
 
 
 @_jit
 def _exp64(x):
-    x = min(max(x, -708.0), 709.0)
-    shifted = fma(x, 1.4426950408889634, _F64_SHIFT)  # x / ln2 + shift
-    n = shifted - _F64_SHIFT
-    r = fma(-n, 6.93147180369123816490e-01, x)  # ln2 in two parts: exact n * ln2_hi
-    r = fma(-n, 1.90821492927058770002e-10, r)
-    # Taylor to degree 12: the remainder is below 2e-16 relative on |r| <= ln2/2.
-    p = fma(2.08767569878680989792e-09, r, 2.50521083854417187751e-08)
-    p = fma(p, r, 2.75573192239858906526e-07)
-    p = fma(p, r, 2.75573192239858906526e-06)
-    p = fma(p, r, 2.48015873015873015873e-05)
-    p = fma(p, r, 1.98412698412698412698e-04)
-    p = fma(p, r, 1.38888888888888888889e-03)
-    p = fma(p, r, 8.33333333333333333333e-03)
-    p = fma(p, r, 4.16666666666666666667e-02)
-    p = fma(p, r, 1.66666666666666666667e-01)
-    p = fma(p, r, 0.5)
-    p = fma(p, r, 1.0)
-    p = fma(p, r, 1.0)
+    x = min(max(x, _E64_LOW), _E64_HIGH)
+    shifted = fma(x, _E64_LOG2E, _E64_SHIFT)  # x / ln2 + shift
+    n = shifted - _E64_SHIFT
+    r = fma(-n, _E64_LN2_HIGH, x)  # ln2 in two parts: exact n * ln2_high
+    r = fma(-n, _E64_LN2_LOW, r)
+    p = fma(_P64[0], r, _P64[1])
+    p = fma(p, r, _P64[2])
+    p = fma(p, r, _P64[3])
+    p = fma(p, r, _P64[4])
+    p = fma(p, r, _P64[5])
+    p = fma(p, r, _P64[6])
+    p = fma(p, r, _P64[7])
+    p = fma(p, r, _P64[8])
+    p = fma(p, r, _P64[9])
+    p = fma(p, r, _P64[10])
+    p = fma(p, r, _P64[11])
+    p = fma(p, r, _P64[12])
     exponent = _as_int_bits(shifted) - _F64_SHIFT_BITS
     return p * _as_float_bits((exponent + np.int64(1023)) << np.int64(52))
 
 
 @_jit
 def _exp32(x):
-    x = min(max(x, _F32(-87.3)), _F32(88.3))
-    shifted = fma(x, _F32(1.44269504), _F32_SHIFT)
-    n = shifted - _F32_SHIFT
-    r = fma(-n, _F32(0.693359375), x)  # Cephes' two-part ln2
-    r = fma(-n, _F32(-2.12194440e-4), r)
-    # Cephes expf minimax polynomial.
-    p = fma(_F32(1.9875691500e-4), r, _F32(1.3981999507e-3))
-    p = fma(p, r, _F32(8.3334519073e-3))
-    p = fma(p, r, _F32(4.1665795894e-2))
-    p = fma(p, r, _F32(1.6666665459e-1))
-    p = fma(p, r, _F32(5.0000001201e-1))
+    x = min(max(x, _E32_LOW), _E32_HIGH)
+    shifted = fma(x, _E32_LOG2E, _E32_SHIFT)
+    n = shifted - _E32_SHIFT
+    r = fma(-n, _E32_LN2_HIGH, x)
+    r = fma(-n, _E32_LN2_LOW, r)
+    p = fma(_P32[0], r, _P32[1])
+    p = fma(p, r, _P32[2])
+    p = fma(p, r, _P32[3])
+    p = fma(p, r, _P32[4])
+    p = fma(p, r, _P32[5])
     p = fma(p * r, r, r) + _F32(1.0)
     exponent = _as_int_bits(shifted) - _F32_SHIFT_BITS
     # numba widens int32 arithmetic to int64: narrow back so the bits are a float32's.
@@ -181,35 +188,37 @@ def _exp_poly_overload(x):
     return None
 
 
-def _kl_penalty_rows(estimator):
-    """Twin: src/_kernels.pyx kl_penalty, built for one estimator (see _EstimatorKernel)."""
+def _kl_penalty_rows(code):
+    """Twin: src/rows_kl.h ppo_kl_penalty_row, built for the estimator `code` (the `estimator`
+    argument is that code; see _Specialised)."""
 
-    def rows(logprobs, ref_logprobs, starts, spans, _estimator, clamp, out):
+    def kl_penalty(logprobs, ref_logprobs, starts, spans, estimator, clamp, kl):
         for b in prange(starts.shape[0]):
             start = np.uint64(starts[b])
             for t in range(np.uint64(spans[b])):
                 i = start + t
                 log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
-                out[i] = kl_value(log_ratio, estimator, clamp)
+                kl[i] = kl_value(log_ratio, code, clamp)
 
-    return rows
+    return kl_penalty
 
 
-def _shape_rewards_rows(estimator):
-    """Twin: src/_kernels.pyx shape_rewards, built for one estimator (see _EstimatorKernel)."""
+def _shape_rewards_rows(code):
+    """Twin: src/rows_kl.h ppo_shape_rewards_row, built for the estimator `code` (see
+    _kl_penalty_rows)."""
 
-    def rows(
-        scores,
+    def shape_rewards(
         logprobs,
         ref_logprobs,
         starts,
         spans,
         lengths,
         mask,
+        scores,
         kl_coef,
-        _estimator,
+        estimator,
         clamp,
-        out,
+        rewards,
     ):
         has_mask = mask.shape[0] > 0
         for b in prange(starts.shape[0]):
@@ -227,18 +236,18 @@ def _shape_rewards_rows(estimator):
                 i = start + t
                 if t < length and (not has_mask or mask[i] != 0):
                     log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
-                    reward = -kl_coef * kl_value(log_ratio, estimator, clamp)
-                    out[i] = reward + (score if i == last else 0.0)
+                    reward = -kl_coef * kl_value(log_ratio, code, clamp)
+                    rewards[i] = reward + (score if i == last else 0.0)
                 else:
-                    out[i] = 0.0
+                    rewards[i] = 0.0
 
-    return rows
+    return shape_rewards
 
 
-def _gae_rows(
+def gae(
     rewards, values, starts, spans, lengths, mask, gammas, lams, bootstrap, advantages, returns
 ):
-    """Twin: src/_kernels.pyx gae. The running state is float64 whatever the input dtype."""
+    """Twin: src/rows_gae.h ppo_gae_row. The running state is float64 whatever the input dtype."""
     has_mask = mask.shape[0] > 0
     for b in prange(starts.shape[0]):
         start = np.uint64(starts[b])
@@ -263,9 +272,9 @@ def _gae_rows(
                 returns[i] = 0.0
 
 
-def _moments_rows(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
-    """Twin: src/_kernels.pyx moments. Branch-free, so that the `reassoc` build vectorizes the
-    sums (a serial float64 sum is bound by the latency of its additions)."""
+def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
+    """Twin: src/rows_moments.h ppo_moments_row. Branch-free, so that the `reassoc` build
+    vectorizes the sums (a serial float64 sum is bound by the latency of its additions)."""
     has_mask = mask.shape[0] > 0
     for b in prange(starts.shape[0]):
         start = np.uint64(starts[b])
@@ -285,8 +294,8 @@ def _moments_rows(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq)
         sums_sq[b] = total_sq
 
 
-def _whiten_rows(x, starts, spans, lengths, mask, mean, scale, offset, out):
-    """Twin: src/_kernels.pyx whiten."""
+def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened):
+    """Twin: src/rows_moments.h ppo_whiten_row."""
     has_mask = mask.shape[0] > 0
     for b in prange(starts.shape[0]):
         start = np.uint64(starts[b])
@@ -294,12 +303,12 @@ def _whiten_rows(x, starts, spans, lengths, mask, mean, scale, offset, out):
         for t in range(np.uint64(spans[b])):
             i = start + t
             if t < length and (not has_mask or mask[i] != 0):
-                out[i] = (np.float64(x[i]) - mean) / scale + offset
+                whitened[i] = (np.float64(x[i]) - mean) / scale + offset
             else:
-                out[i] = 0.0
+                whitened[i] = 0.0
 
 
-def _clipped_surrogate_rows(
+def clipped_surrogate(
     logprobs,
     old_logprobs,
     advantages,
@@ -308,28 +317,31 @@ def _clipped_surrogate_rows(
     spans,
     lengths,
     mask,
-    params,
-    grad_scale,
+    scales,
+    ratio_low,
+    ratio_high,
+    dual_clip,
+    log_ratio_clamp,
     grad,
     row_loss,
     row_clipped,
     row_dual,
     row_kl,
 ):
-    """Twin: src/_kernels.pyx clipped_surrogate. One pass: loss, gradient and statistics.
+    """Twin: src/rows_loss.h ppo_clipped_surrogate_row. One pass: loss, gradient and statistics.
 
-    Per-token arithmetic runs in the input dtype (params and grad_scale come in it), sums in
+    Per-token arithmetic runs in the input dtype (the scalars and scales come in it), sums in
     float64. The body is branch-free (selects) so that LLVM vectorizes it; the row sums are
     vectorized too, which the `reassoc` build allows. Their order of addition is fixed by the
     compiled loop, not by threads, so results stay identical on any number of threads.
     """
     has_mask = mask.shape[0] > 0
-    lo, hi, dual, clamp = params[0], params[1], params[2], params[3]
+    lo, hi, dual, clamp = ratio_low, ratio_high, dual_clip, log_ratio_clamp
     has_weights = weights.shape[0] > 0
     for b in prange(starts.shape[0]):
         start = np.uint64(starts[b])
         length = np.uint64(lengths[b])
-        scale = grad_scale[b]
+        scale = scales[b]
         zero = scale - scale  # 0 in the input dtype (the scale is finite; params may be inf)
         total = 0.0
         clipped_count = 0.0
@@ -362,7 +374,7 @@ def _clipped_surrogate_rows(
         row_kl[b] = kl_total
 
 
-def _value_loss_rows(
+def value_loss(
     values,
     old_values,
     returns,
@@ -370,19 +382,18 @@ def _value_loss_rows(
     spans,
     lengths,
     mask,
-    params,
-    grad_scale,
+    scales,
+    clip,
     grad,
     row_loss,
     row_clipped,
 ):
-    """Twin: src/_kernels.pyx value_loss. One pass, vectorized like the policy loss."""
+    """Twin: src/rows_loss.h ppo_value_loss_row. One pass, vectorized like the policy loss."""
     has_mask = mask.shape[0] > 0
-    clip = params[0]
     for b in prange(starts.shape[0]):
         start = np.uint64(starts[b])
         length = np.uint64(lengths[b])
-        scale = grad_scale[b]
+        scale = scales[b]
         zero = scale - scale  # 0 in the input dtype (the scale is finite; params may be inf)
         total = 0.0
         clipped_count = 0.0
@@ -411,6 +422,7 @@ class _Kernel:
     """A row kernel built serial and parallel from one source, compiled on first use."""
 
     def __init__(self, function, fastmath=False):
+        self.function = function  # the Python source, for the interface test
         self.serial = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath)(function)
         self.parallel = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath, parallel=True)(
             function
@@ -429,27 +441,31 @@ class _Kernel:
             self.serial(*args)
 
 
-class _EstimatorKernel:
-    """A row kernel built once per KL estimator, which the kernel sees as a constant.
+class _Specialised:
+    """A row kernel built once per value of a code argument, which the kernel sees as a constant
+    (the table's ``specialise``: the KL estimator).
 
     A switch on a run-time estimator inside the token loop keeps LLVM from vectorizing it (k1
-    ran 12 times slower). The estimator argument stays in the signature, common to all backends.
+    ran 12 times slower). The argument stays in the signature, common to all backends.
     """
 
-    def __init__(self, make_rows, estimator_position):
-        self.kernels = [_Kernel(make_rows(estimator)) for estimator in (K1, K2, K3, ABS)]
-        self.estimator_position = estimator_position
+    def __init__(self, make_rows, kernel, fastmath=False):
+        self.position = kernel.arguments.index(kernel.specialise)
+        codes = range(len(kernel.scalar(kernel.specialise).choices))
+        self.kernels = [_Kernel(make_rows(code), fastmath) for code in codes]
+        self.function = self.kernels[0].function
 
     def __call__(self, *args):
-        self.kernels[args[self.estimator_position]](*args)
+        self.kernels[args[self.position]](*args)
 
 
-# The backend interface: same names and signatures as _reference.py.
-kl_penalty = _EstimatorKernel(_kl_penalty_rows, estimator_position=4)
-shape_rewards = _EstimatorKernel(_shape_rewards_rows, estimator_position=8)
-gae = _Kernel(_gae_rows)
-moments = _Kernel(_moments_rows, fastmath={"reassoc"})
-whiten = _Kernel(_whiten_rows)
-# reassoc lets LLVM vectorize the row sums of these kernels; nothing else in them reassociates.
-clipped_surrogate = _Kernel(_clipped_surrogate_rows, fastmath={"reassoc"})
-value_loss = _Kernel(_value_loss_rows, fastmath={"reassoc"})
+# The backend interface: one callable per kernel of the table, with the table's arguments.
+# reassoc lets LLVM vectorize the row sums of the moments and loss kernels; nothing else in them
+# reassociates.
+kl_penalty = _Specialised(_kl_penalty_rows, KERNELS["kl_penalty"])
+shape_rewards = _Specialised(_shape_rewards_rows, KERNELS["shape_rewards"])
+gae = _Kernel(gae)
+moments = _Kernel(moments, fastmath={"reassoc"})
+whiten = _Kernel(whiten)
+clipped_surrogate = _Kernel(clipped_surrogate, fastmath={"reassoc"})
+value_loss = _Kernel(value_loss, fastmath={"reassoc"})

@@ -1,14 +1,13 @@
 """The oracle: every kernel as plain Python loops in float64. It is the specification.
 
-It imports no compiled code and checks every other backend. Each function has the exact
-signature of its compiled twins in ``_numba_kernels.py`` and ``src/*.pyx``: flat C-contiguous
-token arrays, per-row ``starts``, ``spans`` and ``lengths`` (int64), a flat uint8 ``mask`` that is
-empty when every position within ``lengths`` is valid, per-row parameters as float64 arrays, and
-preallocated outputs that every position of every row is written to. Position ``i = starts[b] + t``
-of row ``b`` is valid when ``t < lengths[b]`` and (no mask or ``mask[i] == 1``). ``n_threads``
-is accepted and ignored: the oracle is serial.
-
-Estimator codes: 0 = k1, 1 = k2, 2 = k3, 3 = abs (see ``rewards.py``).
+It imports no compiled code and checks every other backend. Each function is a kernel of the
+table, ``_spec.KERNELS``, with its arguments in the table's order, as its compiled twins in
+``_numba_kernels.py`` and the Cython module generated from ``src/_kernels.pyx.tp``: flat
+C-contiguous token arrays, per-row ``starts``, ``spans`` and ``lengths`` (int64), a flat uint8
+``mask`` that is empty when every position within ``lengths`` is valid, per-row values, scalars,
+and preallocated outputs that every position of every row is written to. Position
+``i = starts[b] + t`` of row ``b`` is valid when ``t < lengths[b]`` and (no mask or
+``mask[i] != 0``). ``n_threads`` is accepted and ignored: the oracle is serial.
 """
 
 from __future__ import annotations
@@ -17,7 +16,9 @@ import math
 
 import numpy as np
 
-K1, K2, K3, ABS = 0, 1, 2, 3
+from ._spec import ESTIMATORS
+
+K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
 
 
 def _valid(mask: np.ndarray, i: int, t: int, length: int) -> bool:
@@ -46,25 +47,25 @@ def kl_value(log_ratio: float, estimator: int, clamp: float) -> float:
     return min(max(value, -clamp), clamp)
 
 
-def kl_penalty(logprobs, ref_logprobs, starts, spans, estimator, clamp, out, n_threads):
+def kl_penalty(logprobs, ref_logprobs, starts, spans, estimator, clamp, kl, n_threads):
     for b in range(starts.shape[0]):
         for t in range(spans[b]):
             i = starts[b] + t
-            out[i] = kl_value(float(logprobs[i]) - float(ref_logprobs[i]), estimator, clamp)
+            kl[i] = kl_value(float(logprobs[i]) - float(ref_logprobs[i]), estimator, clamp)
 
 
 def shape_rewards(
-    scores,
     logprobs,
     ref_logprobs,
     starts,
     spans,
     lengths,
     mask,
+    scores,
     kl_coef,
     estimator,
     clamp,
-    out,
+    rewards,
     n_threads,
 ):
     for b in range(starts.shape[0]):
@@ -77,9 +78,9 @@ def shape_rewards(
             i = starts[b] + t
             if _valid(mask, i, t, lengths[b]):
                 kl = kl_value(float(logprobs[i]) - float(ref_logprobs[i]), estimator, clamp)
-                out[i] = -kl_coef * kl + (float(scores[b]) if i == last else 0.0)
+                rewards[i] = -kl_coef * kl + (float(scores[b]) if i == last else 0.0)
             else:
-                out[i] = 0.0
+                rewards[i] = 0.0
 
 
 def gae(
@@ -130,14 +131,14 @@ def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq, n_thr
         sums_sq[b] = total_sq
 
 
-def whiten(x, starts, spans, lengths, mask, mean, scale, offset, out, n_threads):
+def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened, n_threads):
     for b in range(starts.shape[0]):
         for t in range(spans[b]):
             i = starts[b] + t
             if _valid(mask, i, t, lengths[b]):
-                out[i] = (float(x[i]) - mean) / scale + offset
+                whitened[i] = (float(x[i]) - mean) / scale + offset
             else:
-                out[i] = 0.0
+                whitened[i] = 0.0
 
 
 def clipped_surrogate(
@@ -149,8 +150,11 @@ def clipped_surrogate(
     spans,
     lengths,
     mask,
-    params,
-    grad_scale,
+    scales,
+    ratio_low,
+    ratio_high,
+    dual_clip,
+    log_ratio_clamp,
     grad,
     row_loss,
     row_clipped,
@@ -160,11 +164,13 @@ def clipped_surrogate(
 ):
     """Per token: L = min(rho*A, clip(rho, lo, hi)*A), bounded below by c*A where A < 0.
 
-    params = [lo, hi, c, clamp] (c = inf without dual clip, clamp = inf without a log-ratio
-    clamp). Writes grad = grad_scale[b] * d(-w*L)/d logprobs, and per row the unscaled sum of
-    -w*L, the number of clipped and dual-clipped tokens and the sum of -log_ratio.
+    lo, hi = ratio_low, ratio_high; c = dual_clip (inf without dual clip); clamp =
+    log_ratio_clamp (inf without one). Writes grad = scales[b] * d(-w*L)/d logprobs, and per row
+    the unscaled sum of -w*L, the number of clipped and dual-clipped tokens and the sum of
+    -log_ratio.
     """
-    lo, hi, dual, clamp = (float(p) for p in params)
+    lo, hi = float(ratio_low), float(ratio_high)
+    dual, clamp = float(dual_clip), float(log_ratio_clamp)
     for b in range(starts.shape[0]):
         total = clipped_count = dual_count = kl_total = 0.0
         for t in range(spans[b]):
@@ -188,7 +194,7 @@ def clipped_surrogate(
             if is_dual:
                 objective = dual * advantage
             slope = 0.0 if (is_clipped or is_dual or not inside) else advantage * ratio
-            grad[i] = -weight * slope * float(grad_scale[b])
+            grad[i] = -weight * slope * float(scales[b])
             total += -weight * objective
             clipped_count += is_clipped
             dual_count += is_dual
@@ -207,8 +213,8 @@ def value_loss(
     spans,
     lengths,
     mask,
-    params,
-    grad_scale,
+    scales,
+    clip,
     grad,
     row_loss,
     row_clipped,
@@ -216,10 +222,10 @@ def value_loss(
 ):
     """Per token: 0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2).
 
-    params = [c] (inf without clipping). Writes grad = grad_scale[b] * d loss / d v, and per row
-    the unscaled loss sum and the number of tokens where the clipped term is strictly larger.
+    c = clip (inf without clipping). Writes grad = scales[b] * d loss / d v, and per row the
+    unscaled loss sum and the number of tokens where the clipped term is strictly larger.
     """
-    clip = float(params[0])
+    clip = float(clip)
     for b in range(starts.shape[0]):
         total = clipped_count = 0.0
         for t in range(spans[b]):
@@ -231,7 +237,7 @@ def value_loss(
             unclipped = (value - target) ** 2
             clipped = (min(max(value, old - clip), old + clip) - target) ** 2
             is_clipped = clipped > unclipped
-            grad[i] = 0.0 if is_clipped else (value - target) * float(grad_scale[b])
+            grad[i] = 0.0 if is_clipped else (value - target) * float(scales[b])
             total += 0.5 * (clipped if is_clipped else unclipped)
             clipped_count += is_clipped
         row_loss[b] = total

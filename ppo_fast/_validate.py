@@ -46,6 +46,16 @@ class Rows:
     def n_positions(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def arguments(self) -> dict[str, np.ndarray]:
+        """The layout arguments of a row kernel (``_spec.Kernel.layout_arguments``)."""
+        return {
+            "starts": self.starts,
+            "spans": self.spans,
+            "lengths": self.lengths,
+            "mask": self.mask,
+        }
+
 
 def _describe(x: Any) -> str:
     return f"{type(x).__module__}.{type(x).__qualname__}"

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _backend
+from . import _backend, _threads
 from . import _bench_peers as peers
 
 OURS, PEER, ROOFLINE = "ours", "peer", "roofline"
@@ -964,7 +964,7 @@ def start_torch_threads(threads: int) -> None:
 
 def set_threads(threads: int) -> None:
     """The thread count of ppo_fast and, when it is loaded, torch."""
-    _backend.set_num_threads(threads)
+    _threads.set_num_threads(threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
 
@@ -1181,9 +1181,9 @@ def run(plan: Plan, progress: Progress | None = None) -> list[dict[str, Any]]:
 
 
 def set_threads_default() -> None:
-    _backend.set_num_threads(None)
+    _threads.set_num_threads(None)
     if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(_backend.get_num_threads())
+        sys.modules["torch"].set_num_threads(_threads.get_num_threads())
 
 
 def _measure(
@@ -1551,7 +1551,7 @@ def environment() -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": _cpu_name(),
-        "cores": _backend._cpu_count(),
+        "cores": _threads._cpu_count(),
         "platform": platform.platform(),
         "versions": versions,
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", ""),

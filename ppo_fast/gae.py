@@ -44,9 +44,29 @@ def gae(
 ) -> GAEResult:
     """Advantages and returns by GAE; see the module docstring for the recursion.
 
-    ``rewards`` and ``values`` are (B, T) float32/float64 with at most one of ``mask`` (0/1,
-    holes and left padding allowed) or ``lengths`` (B,), or packed (N,) with ``cu_seqlens``
-    (B+1,). Inputs are never modified.
+    Parameters
+    ----------
+    rewards, values
+        (B, T) padded, or (N,) packed with ``cu_seqlens``; float32 or float64, one dtype.
+        ``values[b, t]`` is V(s_t), the value of the state before token t.
+    gamma, lam
+        Discount and GAE lambda in [0, 1]: scalars, or (B,) arrays, one per row.
+    mask, lengths, cu_seqlens
+        At most one: a 0/1 (B, T) ``mask`` (holes and left padding allowed; nonzero is valid),
+        ``lengths`` (B,) (positions 0 .. lengths[b]-1 of row b are valid), or ``cu_seqlens``
+        (B+1,) for packed (N,) arrays (row b is positions cu_seqlens[b] .. cu_seqlens[b+1]-1).
+        None of them: every position of a (B, T) array is valid.
+    bootstrap
+        (B,): the value of the state after each row's last valid token (truncated rows);
+        default 0 (every row ends in a terminal state).
+    backend
+        "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
+        ``PPO_FAST_BACKEND``, else "auto".
+
+    Returns
+    -------
+    GAEResult(advantages, returns), each shaped like ``rewards`` with its dtype; 0 at positions
+    that are not valid. Inputs are never modified.
     """
     rewards, values = _validate.token_arrays(rewards=rewards, values=values)
     rows = _validate.rows(rewards.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
@@ -60,18 +80,16 @@ def gae(
         next_values = _validate.per_row("bootstrap", bootstrap, rows.n_rows)
     advantages = np.empty_like(rewards)
     returns = np.empty_like(rewards)
-    _backend.resolve(backend).gae(
-        rewards.reshape(-1),
-        values.reshape(-1),
-        rows.starts,
-        rows.spans,
-        rows.lengths,
-        rows.mask,
-        gammas,
-        lams,
-        next_values,
-        advantages.reshape(-1),
-        returns.reshape(-1),
-        _backend.threads_for(rows.n_rows, rows.n_positions),
+    _backend.run(
+        "gae",
+        backend,
+        rewards=rewards.reshape(-1),
+        values=values.reshape(-1),
+        **rows.arguments,
+        gammas=gammas,
+        lams=lams,
+        bootstrap=next_values,
+        advantages=advantages.reshape(-1),
+        returns=returns.reshape(-1),
     )
     return GAEResult(advantages, returns)

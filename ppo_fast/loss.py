@@ -171,10 +171,38 @@ def clipped_surrogate(
 ) -> PolicyLossResult:
     """PPO's clipped-surrogate policy loss with its gradient and statistics; see the module.
 
-    ``logprobs`` (of the policy being trained), ``old_logprobs`` (of the policy that sampled)
-    and ``advantages`` are (B, T) with ``mask`` or ``lengths``, or packed (N,) with
-    ``cu_seqlens``; ``weights`` (same shape, optional) multiply the per-token loss.
-    ``clip_high=None`` means ``clip_high = clip_low``.
+    Parameters
+    ----------
+    logprobs, old_logprobs, advantages
+        The log-probabilities of the sampled tokens under the policy being trained and under the
+        policy that sampled them, and the advantages: (B, T) padded or (N,) packed with
+        ``cu_seqlens``; float32 or float64, one dtype.
+    mask, lengths, cu_seqlens
+        At most one: a 0/1 (B, T) ``mask`` (holes and left padding allowed; nonzero is valid),
+        ``lengths`` (B,) (positions 0 .. lengths[b]-1 of row b are valid), or ``cu_seqlens``
+        (B+1,) for packed (N,) arrays (row b is positions cu_seqlens[b] .. cu_seqlens[b+1]-1).
+        None of them: every position of a (B, T) array is valid.
+    clip_low, clip_high
+        The trust region [1 - clip_low, 1 + clip_high] of the ratio; clip_low in [0, 1],
+        clip_high >= 0 (inf: no upper clip); ``clip_high=None`` means ``clip_low``.
+    dual_clip
+        c > 1: bound the objective below by c * A where A < 0 (None: no dual clip).
+    log_ratio_clamp
+        Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (None: no clamp).
+    agg, num_tokens, num_seqs, loss_scale
+        The aggregation mode and its normaliser (see the module docstring); a normaliser only
+        for its mode.
+    weights
+        Optional per-token weights, shaped like ``logprobs``, multiplying the per-token loss.
+    backend
+        "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
+        ``PPO_FAST_BACKEND``, else "auto".
+
+    Returns
+    -------
+    PolicyLossResult(loss, grad, clipfrac, clipfrac_lower, approx_kl): the loss (float), d loss
+    / d logprobs shaped like ``logprobs`` (0 where not valid), and the statistics (floats, NaN
+    with no valid token).
     """
     arrays: dict[str, Any] = {
         "logprobs": logprobs,
@@ -201,26 +229,27 @@ def clipped_surrogate(
     )
     scales, counts = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
 
-    params = np.array([1.0 - low, 1.0 + high, dual, clamp], dtype=logp.dtype)
+    token = logp.dtype.type  # the per-token arithmetic runs in the input dtype
     grad = np.empty_like(logp)
     row_loss, row_clipped, row_dual, row_kl = (np.empty(rows.n_rows) for _ in range(4))
-    _backend.resolve(backend).clipped_surrogate(
-        logp.reshape(-1),
-        old.reshape(-1),
-        adv.reshape(-1),
-        token_weights,
-        rows.starts,
-        rows.spans,
-        rows.lengths,
-        rows.mask,
-        params,
-        scales.astype(logp.dtype),
-        grad.reshape(-1),
-        row_loss,
-        row_clipped,
-        row_dual,
-        row_kl,
-        _backend.threads_for(rows.n_rows, rows.n_positions),
+    _backend.run(
+        "clipped_surrogate",
+        backend,
+        logprobs=logp.reshape(-1),
+        old_logprobs=old.reshape(-1),
+        advantages=adv.reshape(-1),
+        weights=token_weights,
+        **rows.arguments,
+        scales=scales.astype(logp.dtype),
+        ratio_low=token(1.0 - low),
+        ratio_high=token(1.0 + high),
+        dual_clip=token(dual),
+        log_ratio_clamp=token(clamp),
+        grad=grad.reshape(-1),
+        row_loss=row_loss,
+        row_clipped=row_clipped,
+        row_dual=row_dual,
+        row_kl=row_kl,
     )
     valid = float(counts.sum())
     return PolicyLossResult(
@@ -249,8 +278,29 @@ def value_loss(
 ) -> ValueLossResult:
     """PPO's clipped value loss with its gradient and clip fraction; see the module docstring.
 
-    ``values`` are the critic's predictions being trained, ``old_values`` those at sampling
-    time, ``returns`` the targets; ``clip=None`` means no value clipping.
+    Parameters
+    ----------
+    values, old_values, returns
+        The critic's predictions being trained, those at sampling time, and the targets: (B, T)
+        padded or (N,) packed with ``cu_seqlens``; float32 or float64, one dtype.
+    mask, lengths, cu_seqlens
+        At most one: a 0/1 (B, T) ``mask`` (holes and left padding allowed; nonzero is valid),
+        ``lengths`` (B,) (positions 0 .. lengths[b]-1 of row b are valid), or ``cu_seqlens``
+        (B+1,) for packed (N,) arrays (row b is positions cu_seqlens[b] .. cu_seqlens[b+1]-1).
+        None of them: every position of a (B, T) array is valid.
+    clip
+        Clip the prediction to [old - clip, old + clip] (>= 0); None: no value clipping.
+    agg, num_tokens, num_seqs, loss_scale
+        As for ``clipped_surrogate``.
+    backend
+        "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
+        ``PPO_FAST_BACKEND``, else "auto".
+
+    Returns
+    -------
+    ValueLossResult(loss, grad, clipfrac): the loss (float), d loss / d values shaped like
+    ``values`` (0 where not valid), and the fraction of valid tokens where the clipped term is
+    strictly larger (NaN with no valid token).
     """
     new, old, target = _validate.token_arrays(values=values, old_values=old_values, returns=returns)
     rows = _validate.rows(new.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
@@ -258,20 +308,18 @@ def value_loss(
     scales, counts = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
     grad = np.empty_like(new)
     row_loss, row_clipped = np.empty(rows.n_rows), np.empty(rows.n_rows)
-    _backend.resolve(backend).value_loss(
-        new.reshape(-1),
-        old.reshape(-1),
-        target.reshape(-1),
-        rows.starts,
-        rows.spans,
-        rows.lengths,
-        rows.mask,
-        np.array([bound], dtype=new.dtype),
-        scales.astype(new.dtype),
-        grad.reshape(-1),
-        row_loss,
-        row_clipped,
-        _backend.threads_for(rows.n_rows, rows.n_positions),
+    _backend.run(
+        "value_loss",
+        backend,
+        values=new.reshape(-1),
+        old_values=old.reshape(-1),
+        returns=target.reshape(-1),
+        **rows.arguments,
+        scales=scales.astype(new.dtype),
+        clip=new.dtype.type(bound),
+        grad=grad.reshape(-1),
+        row_loss=row_loss,
+        row_clipped=row_clipped,
     )
     return ValueLossResult(
         loss=float((row_loss * scales).sum()),

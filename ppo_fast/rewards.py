@@ -25,10 +25,10 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _validate
+from . import _backend, _threads, _validate
+from ._spec import ESTIMATORS
 
 Estimator = Literal["k1", "k2", "k3", "abs"]
-ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
 
 
 def _clamp(clamp: float | None) -> float:
@@ -47,28 +47,41 @@ def kl_penalty(
 ) -> np.ndarray:
     """Per-token KL estimate between the policy and the reference, elementwise.
 
-    ``logprobs`` and ``ref_logprobs`` are float32 or float64 arrays of one shape (any number of
-    dimensions). Returns an array of that shape and dtype. See the module docstring.
+    Parameters
+    ----------
+    logprobs, ref_logprobs
+        The policy's and the reference model's log-probabilities of the sampled tokens: float32
+        or float64 arrays of one shape (any number of dimensions).
+    estimator
+        "k1", "k2", "k3" or "abs" (see the module docstring).
+    clamp
+        Bound the estimate to [-clamp, clamp] (clamp > 0); None for no bound.
+    backend
+        "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
+        ``PPO_FAST_BACKEND``, else "auto".
+
+    Returns
+    -------
+    An array of the shape and dtype of ``logprobs``; every position is computed (no mask).
     """
     code = ESTIMATORS.index(_validate.choice("estimator", estimator, ESTIMATORS))
     bound = _clamp(clamp)
     logp, ref = _validate.token_arrays(True, logprobs=logprobs, ref_logprobs=ref_logprobs)
-    flat_logp, flat_ref = logp.reshape(-1), ref.reshape(-1)
+    flat_logp = logp.reshape(-1)
     # Elementwise: cut the positions into rows only so that threads can share them.
     n = flat_logp.shape[0]
-    chunk = _backend.MIN_POSITIONS_PER_THREAD
-    starts = np.arange(0, n, chunk, dtype=np.int64)
-    spans = np.minimum(chunk, n - starts)
+    starts = np.arange(0, n, _threads.MIN_POSITIONS_PER_THREAD, dtype=np.int64)
     out = np.empty_like(flat_logp)
-    _backend.resolve(backend).kl_penalty(
-        flat_logp,
-        flat_ref,
-        starts,
-        spans,
-        code,
-        bound,
-        out,
-        _backend.threads_for(starts.shape[0], n),
+    _backend.run(
+        "kl_penalty",
+        backend,
+        logprobs=flat_logp,
+        ref_logprobs=ref.reshape(-1),
+        starts=starts,
+        spans=np.minimum(_threads.MIN_POSITIONS_PER_THREAD, n - starts),
+        estimator=code,
+        clamp=bound,
+        kl=out,
     )
     return out.reshape(logp.shape)
 
@@ -86,10 +99,30 @@ def shape_rewards(
     cu_seqlens: ArrayLike | None = None,
     backend: str | None = None,
 ) -> np.ndarray:
-    """KL-shaped per-token rewards, shaped like ``logprobs``; see the module docstring.
+    """KL-shaped per-token rewards; see the module docstring.
 
-    ``scores`` (B,) is each row's sequence-level score (any real dtype); ``logprobs`` and
-    ``ref_logprobs`` are (B, T) with ``mask`` or ``lengths``, or packed (N,) with ``cu_seqlens``.
+    Parameters
+    ----------
+    scores
+        (B,): each row's sequence-level score (any real dtype), added on its last valid token.
+    logprobs, ref_logprobs
+        (B, T) padded, or (N,) packed with ``cu_seqlens``; float32 or float64, one dtype.
+    kl_coef
+        The KL coefficient (>= 0): r_t = -kl_coef * KL_t (+ the score on the last token).
+    estimator, clamp
+        As for ``kl_penalty``.
+    mask, lengths, cu_seqlens
+        At most one: a 0/1 (B, T) ``mask`` (holes and left padding allowed; nonzero is valid),
+        ``lengths`` (B,) (positions 0 .. lengths[b]-1 of row b are valid), or ``cu_seqlens``
+        (B+1,) for packed (N,) arrays (row b is positions cu_seqlens[b] .. cu_seqlens[b+1]-1).
+        None of them: every position of a (B, T) array is valid.
+    backend
+        "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
+        ``PPO_FAST_BACKEND``, else "auto".
+
+    Returns
+    -------
+    Rewards shaped like ``logprobs`` with its dtype; 0 at positions that are not valid.
     """
     code = ESTIMATORS.index(_validate.choice("estimator", estimator, ESTIMATORS))
     bound = _clamp(clamp)
@@ -100,18 +133,16 @@ def shape_rewards(
         raise ValueError(f"scores must have shape ({rows.n_rows},), one score per row")
     row_scores = _validate.per_row("scores", scores, rows.n_rows)
     out = np.empty_like(logp)
-    _backend.resolve(backend).shape_rewards(
-        row_scores,
-        logp.reshape(-1),
-        ref.reshape(-1),
-        rows.starts,
-        rows.spans,
-        rows.lengths,
-        rows.mask,
-        coef,
-        code,
-        bound,
-        out.reshape(-1),
-        _backend.threads_for(rows.n_rows, rows.n_positions),
+    _backend.run(
+        "shape_rewards",
+        backend,
+        logprobs=logp.reshape(-1),
+        ref_logprobs=ref.reshape(-1),
+        **rows.arguments,
+        scores=row_scores,
+        kl_coef=coef,
+        estimator=code,
+        clamp=bound,
+        rewards=out.reshape(-1),
     )
     return out

@@ -85,26 +85,46 @@ def masked_moments(
     shift: float = 0.0,
     backend: str | None = None,
 ) -> Moments:
-    """Moments of ``x - shift`` over the valid positions; see the module docstring."""
+    """Moments of ``x - shift`` over the valid positions; see the module docstring.
+
+    Parameters
+    ----------
+    x
+        (B, T) padded, or (N,) packed with ``cu_seqlens``; float32 or float64.
+    mask, lengths, cu_seqlens
+        At most one: a 0/1 (B, T) ``mask`` (holes and left padding allowed; nonzero is valid),
+        ``lengths`` (B,) (positions 0 .. lengths[b]-1 of row b are valid), or ``cu_seqlens``
+        (B+1,) for packed (N,) arrays (row b is positions cu_seqlens[b] .. cu_seqlens[b+1]-1).
+        None of them: every position of a (B, T) array is valid.
+    shift
+        The value the moments are taken about (use the mean for an exact variance).
+    backend
+        "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
+        ``PPO_FAST_BACKEND``, else "auto".
+
+    Returns
+    -------
+    Moments(count, sum, sum_sq, shift), float64: all-reduce ``to_array()`` across ranks.
+    """
     (array,) = _validate.token_arrays(x=x)
     rows = _validate.rows(array.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     about = _validate.scalar("shift", shift)
-    return _row_moments(array, rows, about, _backend.resolve(backend))
+    return _row_moments(array, rows, about, backend)
 
 
-def _row_moments(array: np.ndarray, rows: _validate.Rows, shift: float, kernels) -> Moments:
+def _row_moments(
+    array: np.ndarray, rows: _validate.Rows, shift: float, backend: str | None
+) -> Moments:
     counts, sums, sums_sq = (np.empty(rows.n_rows) for _ in range(3))
-    kernels.moments(
-        array.reshape(-1),
-        rows.starts,
-        rows.spans,
-        rows.lengths,
-        rows.mask,
-        shift,
-        counts,
-        sums,
-        sums_sq,
-        _backend.threads_for(rows.n_rows, rows.n_positions),
+    _backend.run(
+        "moments",
+        backend,
+        x=array.reshape(-1),
+        **rows.arguments,
+        shift=shift,
+        counts=counts,
+        sums=sums,
+        sums_sq=sums_sq,
     )
     # Rows reduce on their own and then in row order: the same bits on any number of threads.
     return Moments(float(counts.sum()), float(sums.sum()), float(sums_sq.sum()), shift)
@@ -124,20 +144,42 @@ def whiten(
 ) -> np.ndarray:
     """Whiten ``x`` over its valid positions, or by given (global) ``moments``.
 
-    Returns an array shaped like ``x`` with its dtype; positions that are not valid are 0.
+    Parameters
+    ----------
+    x
+        (B, T) padded, or (N,) packed with ``cu_seqlens``; float32 or float64.
+    mask, lengths, cu_seqlens
+        At most one: a 0/1 (B, T) ``mask`` (holes and left padding allowed; nonzero is valid),
+        ``lengths`` (B,) (positions 0 .. lengths[b]-1 of row b are valid), or ``cu_seqlens``
+        (B+1,) for packed (N,) arrays (row b is positions cu_seqlens[b] .. cu_seqlens[b+1]-1).
+        None of them: every position of a (B, T) array is valid.
+    shift_mean
+        False adds the mean back: (x - mean) / sqrt(var + eps) + mean.
+    unbiased
+        Divide the variance by n - 1 instead of n (population, the default).
+    eps
+        Added to the variance under the square root (>= 0).
+    moments
+        Global ``Moments`` (all-reduced across ranks) to whiten by, instead of this batch's.
+    backend
+        "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
+        ``PPO_FAST_BACKEND``, else "auto".
+
+    Returns
+    -------
+    An array shaped like ``x`` with its dtype; positions that are not valid are 0.
     """
     (array,) = _validate.token_arrays(x=x)
     rows = _validate.rows(array.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     epsilon = _validate.scalar("eps", eps, lo=0.0)
-    kernels = _backend.resolve(backend)
     if moments is None:
-        rough = _row_moments(array, rows, 0.0, kernels)
+        rough = _row_moments(array, rows, 0.0, backend)
         if rough.count == 0:
             raise ValueError(
                 "whiten: no valid position (empty batch or all-zero mask): nothing to normalise"
             )
         # Second pass about the first mean: the variance without float64 cancellation.
-        moments = _row_moments(array, rows, rough.mean, kernels)
+        moments = _row_moments(array, rows, rough.mean, backend)
     elif not isinstance(moments, Moments):
         raise TypeError(
             f"moments must be a ppo_fast.Moments, got {type(moments).__name__}: "
@@ -148,16 +190,14 @@ def whiten(
     if scale == 0.0:
         raise ValueError("whiten: the variance is 0 and eps=0: pass eps > 0")
     out = np.empty_like(array)
-    kernels.whiten(
-        array.reshape(-1),
-        rows.starts,
-        rows.spans,
-        rows.lengths,
-        rows.mask,
-        mean,
-        scale,
-        0.0 if shift_mean else mean,
-        out.reshape(-1),
-        _backend.threads_for(rows.n_rows, rows.n_positions),
+    _backend.run(
+        "whiten",
+        backend,
+        x=array.reshape(-1),
+        **rows.arguments,
+        mean=mean,
+        scale=scale,
+        offset=0.0 if shift_mean else mean,
+        whitened=out.reshape(-1),
     )
     return out

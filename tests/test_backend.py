@@ -13,7 +13,7 @@ import pytest
 from conftest import COMPILED
 
 import ppo_fast
-from ppo_fast import _backend
+from ppo_fast import _threads
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -104,9 +104,9 @@ def test_num_threads_setting_and_environment():
 def test_small_batches_stay_on_one_thread():
     try:
         ppo_fast.set_num_threads(8)
-        assert _backend.threads_for(1000, 1000 * 16) == 1
-        assert _backend.threads_for(1, 10**8) == 1
-        assert _backend.threads_for(64, 64 * 32768) == 8
+        assert _threads.threads_for(1000, 1000 * 16) == 1
+        assert _threads.threads_for(1, 10**8) == 1
+        assert _threads.threads_for(64, 64 * 32768) == 8
     finally:
         ppo_fast.set_num_threads(None)
 

@@ -23,8 +23,10 @@ import pytest
 from batches import Batch, ragged_batches
 from hypothesis import given
 from hypothesis import strategies as st
+from kernel_cases import cases
 
 from ppo_fast import _cython_backend, _cython_kernels, _reference, _validate
+from ppo_fast._spec import ESTIMATORS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,127 +45,67 @@ def run_python(code: str, cwd=None, **env: str) -> subprocess.CompletedProcess:
 # -- the same numbers as numba, and the same bits from every build ---------------------------
 
 
-def kernel_inputs(batch):
-    rows = _validate.rows(batch.shape, **batch.layout_kwargs)
-    return {
-        "rows": rows,
-        "logprobs": batch.tokens().reshape(-1),
-        "ref_logprobs": batch.tokens().reshape(-1),
-        "values": batch.tokens().reshape(-1),
-        "scores": batch.row_values(),
-        "gammas": batch.rng.choice([1.0, 0.99, 0.5], batch.n_rows),
-        "lams": batch.rng.choice([1.0, 0.95, 0.0], batch.n_rows),
-        "bootstrap": batch.row_values(),
-    }
+def tolerance(case, output: str, dtype) -> dict[str, float]:
+    """How closely Cython must equal numba: the same operations in the same order, except
+
+    k3's exp is the twins' polynomial (_exp64) on both sides, which the tolerance lets differ by an
+    ulp or so should a compiler evaluate it otherwise; the loss and moments kernels' numba twins
+    may reassociate (LLVM's reassoc, which vectorizes their row sums): a few ulp per token, and
+    sums in another order.
+    """
+    eps = float(np.finfo(dtype).eps)
+    kernel = case.kernel
+    if kernel.specialise and case.arguments[kernel.specialise] == ESTIMATORS.index("k3"):
+        # exp(-r) - 1 + r cancels near r = 0: an ulp of exp is an absolute error of ~eps.
+        return {"rtol": 4 * eps, "atol": 8 * eps}
+    if output in kernel.gradients:
+        return {"rtol": 4 * eps, "atol": 0.0}
+    if output in {a.name for a in kernel.row_outputs}:
+        per_token = 4 * eps if kernel.gradients else 1e-13
+        return {"rtol": per_token, "atol": per_token * row_scale(case)}
+    return {"rtol": 0.0, "atol": 0.0}
 
 
-def every_kernel(kernels, inputs, n_threads=1):
-    """Each kernel of a backend module on one batch: {name: output}, exp-based names first."""
-    rows = inputs["rows"]
-    logprobs, ref_logprobs, values = inputs["logprobs"], inputs["ref_logprobs"], inputs["values"]
-    where = (rows.starts, rows.spans, rows.lengths, rows.mask)
-    outputs = {}
-    for name, code in (("k3", 2), ("k1", 0), ("k2", 1), ("abs", 3)):
-        for clamp in (np.inf, 1.5):
-            out = np.empty_like(logprobs)
-            kernels.kl_penalty(
-                logprobs, ref_logprobs, rows.starts, rows.spans, code, clamp, out, n_threads
-            )
-            outputs[f"kl_penalty {name} clamp={clamp}"] = out
-            out = np.empty_like(logprobs)
-            kernels.shape_rewards(
-                inputs["scores"], logprobs, ref_logprobs, *where, 0.1, code, clamp, out, n_threads
-            )
-            outputs[f"shape_rewards {name} clamp={clamp}"] = out
-    advantages, returns = np.empty_like(values), np.empty_like(values)
-    kernels.gae(
-        logprobs,
-        values,
-        *where,
-        inputs["gammas"],
-        inputs["lams"],
-        inputs["bootstrap"],
-        advantages,
-        returns,
-        n_threads,
-    )
-    outputs["gae advantages"], outputs["gae returns"] = advantages, returns
-    sums = [np.empty(rows.n_rows) for _ in range(3)]
-    kernels.moments(values, *where, 0.25, *sums, n_threads)
-    outputs["moments"] = np.concatenate(sums)
-    out = np.empty_like(values)
-    kernels.whiten(values, *where, 0.3, 1.7, 0.3, out, n_threads)
-    outputs["whiten"] = out
-    dtype = values.dtype
-    scales = np.linspace(0.5, 2.0, rows.n_rows).astype(dtype)
-    for weights in (np.zeros(0, dtype), np.abs(values)):
-        for dual, clamp in ((np.inf, np.inf), (3.0, 0.5)):
-            grad, sums = np.empty_like(values), [np.empty(rows.n_rows) for _ in range(4)]
-            params = np.array([0.8, 1.28, dual, clamp], dtype)
-            kernels.clipped_surrogate(
-                logprobs,
-                ref_logprobs,
-                values,
-                weights,
-                *where,
-                params,
-                scales,
-                grad,
-                *sums,
-                n_threads,
-            )
-            case = f"weights={weights.size > 0} dual={dual} clamp={clamp}"
-            outputs[f"clipped_surrogate grad {case}"] = grad
-            outputs[f"clipped_surrogate sums {case}"] = np.concatenate(sums)
-    for clip in (np.inf, 0.2):
-        grad, sums = np.empty_like(values), [np.empty(rows.n_rows) for _ in range(2)]
-        params = np.array([clip], dtype)
-        kernels.value_loss(
-            values, logprobs, ref_logprobs, *where, params, scales, grad, *sums, n_threads
-        )
-        outputs[f"value_loss grad clip={clip}"] = grad
-        outputs[f"value_loss sums clip={clip}"] = np.concatenate(sums)
-    return outputs
+def row_scale(case) -> float:
+    """A bound on a row sum's terms: the largest input times the longest row."""
+    inputs = [case.arguments[a.name] for a in case.kernel.inputs]
+    finite = [float(np.abs(x[np.isfinite(x)]).max(initial=0.0)) for x in inputs]
+    spans = case.arguments["spans"]
+    longest = int(spans.max()) if spans.size else 0
+    return max([1.0, *finite]) ** 2 * max(1, longest)
 
 
-def assert_agrees_with_numba(inputs):
+def assert_agrees_with_numba(batch):
     from ppo_fast import _numba_kernels
 
-    expected = every_kernel(_numba_kernels, inputs)
-    actual = every_kernel(_cython_backend, inputs)
-    for name, output in expected.items():
-        eps = np.finfo(output.dtype).eps
-        if " k3 " in name:
-            # exp(-r) - 1 + r cancels near r = 0: an ulp of exp is an absolute error of ~eps.
+    for case in cases(batch):
+        expected = case.run(_numba_kernels)
+        actual = case.run(_cython_backend)
+        for name, output in expected.items():
+            what = f"{name}\n{case.describe()}"
             np.testing.assert_allclose(
-                actual[name], output, rtol=4 * eps, atol=8 * eps, err_msg=name
+                actual[name], output, **tolerance(case, name, batch.dtype), err_msg=what
             )
-        elif " grad " in name:
-            np.testing.assert_allclose(actual[name], output, rtol=4 * eps, atol=0, err_msg=name)
-        elif " sums " in name:
-            np.testing.assert_allclose(actual[name], output, rtol=1e-9, atol=1e-6, err_msg=name)
-        elif name == "moments":
-            # numba's moments sum in vectorized (reassociated) order: equal up to rounding.
-            scale = np.abs(output).max(initial=1.0)
-            np.testing.assert_allclose(
-                actual[name], output, rtol=1e-13, atol=1e-13 * scale, err_msg=name
-            )
-        else:
-            np.testing.assert_array_equal(actual[name], output, err_msg=name)
 
 
-def assert_every_build_gives_the_same_bits(inputs, n_threads):
+def assert_every_build_gives_the_same_bits(batch, n_threads):
     """Each wider build this CPU runs (setup.py: avx2-fma, avx512) against the portable one."""
-    portable = every_kernel(_cython_kernels, inputs)
+    builds = []
     for build in _cython_kernels.CPU_BUILDS[:-1]:
         kernels = importlib.import_module(f"ppo_fast.{_cython_backend.MODULES[build]}")
         assert kernels.BUILD == build
-        wider = every_kernel(kernels, inputs, n_threads)
-        for name, output in portable.items():
-            bits = f"u{output.itemsize}"
-            np.testing.assert_array_equal(
-                wider[name].view(bits), output.view(bits), err_msg=f"{build}: {name}"
-            )
+        builds.append(kernels)
+    for case in cases(batch):
+        portable = case.run(_cython_kernels)
+        for kernels in builds:
+            wider = case.run(kernels, n_threads)
+            for name, output in portable.items():
+                bits = f"u{output.itemsize}"
+                np.testing.assert_array_equal(
+                    wider[name].view(bits),
+                    output.view(bits),
+                    err_msg=f"{kernels.BUILD}: {name}\n{case.describe()}",
+                )
 
 
 needs_a_wider_build = pytest.mark.skipif(
@@ -174,14 +116,9 @@ needs_a_wider_build = pytest.mark.skipif(
 
 @given(batch=ragged_batches())
 def test_agrees_with_numba(batch):
-    """The same operations in the same order: equal to numba, NaN and inf included.
-
-    Except: k3's exp is the twins' polynomial (_exp64) on both sides, which the tolerance lets
-    differ by an ulp or so should a compiler evaluate it otherwise; the loss and moments kernels'
-    numba twins may reassociate (LLVM's reassoc, which vectorizes their row sums): a few ulp per
-    token, and sums in another order.
-    """
-    assert_agrees_with_numba(kernel_inputs(batch))
+    """The same operations in the same order: equal to numba, NaN and inf included (within the
+    tolerances of ``tolerance``)."""
+    assert_agrees_with_numba(batch)
 
 
 def test_the_widest_build_the_cpu_runs_is_taken():
@@ -203,12 +140,12 @@ def test_a_build_that_was_not_built_gives_way_to_a_narrower_one(monkeypatch):
 @needs_a_wider_build
 @given(batch=ragged_batches(), n_threads=st.sampled_from([1, 3]))
 def test_every_build_gives_the_same_bits(batch, n_threads):
-    """-ffp-contract=off, explicit fma() and the loss kernels' explicit lanes (src/_lanes.h):
+    """-ffp-contract=off, explicit fma() and the loss kernels' explicit lanes (src/lanes.h):
     wider vectors and hardware FMA change no bit."""
-    assert_every_build_gives_the_same_bits(kernel_inputs(batch), n_threads)
+    assert_every_build_gives_the_same_bits(batch, n_threads)
 
 
-# The kernels of src/_loss_rows.h go through a row 8 tokens at a time (the losses in chunks of
+# The kernels of src/rows_*.h go through a row 8 tokens at a time (the losses in chunks of
 # 256), and copy a last partial block into padded lanes; the policy loss and shaped rewards stop at
 # a row's length, the value loss and moments read the padding too. Rows on either side of each of
 # those edges:
@@ -231,9 +168,8 @@ def test_loss_rows_at_the_edges_of_blocks_and_chunks(layout, dtype):
             valid &= rng.random(valid.shape) >= 0.2  # holes
             kwargs = {"mask": valid}
     batch = Batch(layout, np.dtype(dtype), valid, len(lengths), kwargs, rng)
-    inputs = kernel_inputs(batch)
-    assert_agrees_with_numba(inputs)
-    assert_every_build_gives_the_same_bits(inputs, n_threads=3)
+    assert_agrees_with_numba(batch)
+    assert_every_build_gives_the_same_bits(batch, n_threads=3)
 
 
 # Around exp's saturation (the polynomial stops at exp(709); k3 takes e * exp(x - 1) past 708, so
@@ -271,32 +207,28 @@ def test_kl_estimators_at_the_edges_of_exp_agree_with_numba(dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 def test_read_only_inputs_are_accepted_and_read_only_outputs_refused(dtype):
     rng = np.random.default_rng(5)
-    shape = (3, 7)
-    mask = rng.random(shape) < 0.7
-    inputs = {
-        "rows": _validate.rows(shape, mask=mask),
-        "logprobs": rng.normal(size=21).astype(dtype),
-        "ref_logprobs": rng.normal(size=21).astype(dtype),
-        "values": rng.normal(size=21).astype(dtype),
-        "scores": rng.normal(size=3),
-        "gammas": np.full(3, 0.99),
-        "lams": np.full(3, 0.95),
-        "bootstrap": rng.normal(size=3),
-    }
-    rows = inputs["rows"]
-    for array in (*(v for k, v in inputs.items() if k != "rows"), *vars(rows).values()):
-        if isinstance(array, np.ndarray):
-            array.flags.writeable = False
-    expected = every_kernel(_reference, inputs)
-    actual = every_kernel(_cython_backend, inputs)
-    for name, output in expected.items():
-        np.testing.assert_allclose(actual[name], output, rtol=1e-5, atol=1e-6, err_msg=name)
+    valid = rng.random((3, 7)) < 0.7
+    batch = Batch("mask", np.dtype(dtype), valid, 3, {"mask": valid}, rng)
+    written = set()
+    for case in cases(batch):
+        kernel = case.kernel
+        written = {a.name for a in (*kernel.outputs, *kernel.row_outputs)}
+        for name, value in case.arguments.items():
+            if isinstance(value, np.ndarray) and name not in written:
+                value.flags.writeable = False
+        expected = case.run(_reference)
+        actual = case.run(_cython_backend)
+        for name, output in expected.items():
+            np.testing.assert_allclose(
+                actual[name], output, rtol=1e-5, atol=1e-6, err_msg=f"{name} {case.name}"
+            )
 
-    out = np.zeros(21, dtype)
+    rows = _validate.rows(valid.shape, mask=valid)
+    values, out = np.zeros(21, dtype), np.zeros(21, dtype)
     out.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         _cython_backend.whiten(
-            inputs["values"], rows.starts, rows.spans, rows.lengths, rows.mask, 0, 1, 0, out, 1
+            values, rows.starts, rows.spans, rows.lengths, rows.mask, 0, 1, 0, out, 1
         )
 
 

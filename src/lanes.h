@@ -1,4 +1,4 @@
-/* Eight lanes of float32 or float64: the vector layer under the loss kernels of _loss_rows.h.
+/* Eight lanes of float32 or float64: the vector layer under the row kernels of rows.h.
  *
  * Why explicit lanes: a row's loss is a sum, and GCC vectorizes a floating-point sum only when it
  * may reassociate it (the numba twins let LLVM do so), which would tie the order of addition to
@@ -19,7 +19,7 @@
  *
  * Types: ppo_f32x8 and ppo_f64x8 (values), ppo_m32x8 and ppo_m64x8 (masks, one per lane of the
  * values of the same width), ppo_c32x8 and ppo_c64x8 (counts of true mask lanes). Operations are
- * named ppo_<type>_<operation>, so that _loss_rows.h can pick them by dtype.
+ * named ppo_<type>_<operation>, so that rows.h can pick them by dtype.
  */
 #ifndef PPO_FAST_LANES_H
 #define PPO_FAST_LANES_H
@@ -46,66 +46,7 @@ PPO_INLINE void ppo_prefetch(const void* base, ptrdiff_t bytes) {
 #endif
 }
 
-/* The twins' exp (ppo_fast/_numba_kernels.py _exp32 and _exp64), constant for constant:
- * exp(x) = 2^n p(r) with x = n ln2 + r, n found by the 1.5 * 2^(mantissa bits) shift trick and
- * 2^n built from its exponent bits; inputs saturate so that 2^n stays a normal number. */
-#define PPO_EXP32_LOW -87.3f
-#define PPO_EXP32_HIGH 88.3f
-#define PPO_EXP32_SHIFT 12582912.0f /* 1.5 * 2^23 */
-#define PPO_EXP32_LOG2E 1.44269504f
-#define PPO_EXP32_LN2_HIGH 0.693359375f /* Cephes' two-part ln2 */
-#define PPO_EXP32_LN2_LOW -2.12194440e-4f
-static const float ppo_exp32_polynomial[6] = {/* Cephes' expf minimax polynomial */
-    1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-    4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-#define PPO_EXP64_LOW -708.0
-#define PPO_EXP64_HIGH 709.0
-#define PPO_EXP64_SHIFT 6755399441055744.0 /* 1.5 * 2^52 */
-#define PPO_EXP64_LOG2E 1.4426950408889634
-#define PPO_EXP64_LN2_HIGH 6.93147180369123816490e-01 /* n * ln2_high is exact */
-#define PPO_EXP64_LN2_LOW 1.90821492927058770002e-10
-static const double ppo_exp64_polynomial[13] = {/* Taylor to degree 12 */
-    2.08767569878680989792e-09, 2.50521083854417187751e-08, 2.75573192239858906526e-07,
-    2.75573192239858906526e-06, 2.48015873015873015873e-05, 1.98412698412698412698e-04,
-    1.38888888888888888889e-03, 8.33333333333333333333e-03, 4.16666666666666666667e-02,
-    1.66666666666666666667e-01, 0.5, 1.0, 1.0};
-
-/* One lane of it, for the builds without AVX2 and FMA. */
-PPO_INLINE float ppo_exp32(float x) {
-    float shift = PPO_EXP32_SHIFT, shifted, n, r, p, power;
-    uint32_t shifted_bits, shift_bits, power_bits;
-    if (PPO_EXP32_LOW > x) x = PPO_EXP32_LOW;
-    if (PPO_EXP32_HIGH < x) x = PPO_EXP32_HIGH;
-    shifted = fmaf(x, PPO_EXP32_LOG2E, shift);
-    n = shifted - shift;
-    r = fmaf(-n, PPO_EXP32_LN2_HIGH, x);
-    r = fmaf(-n, PPO_EXP32_LN2_LOW, r);
-    p = ppo_exp32_polynomial[0];
-    for (int k = 1; k < 6; k++) p = fmaf(p, r, ppo_exp32_polynomial[k]);
-    p = fmaf(p * r, r, r) + 1.0f;
-    memcpy(&shifted_bits, &shifted, 4);
-    memcpy(&shift_bits, &shift, 4);
-    power_bits = (shifted_bits - shift_bits + 127u) << 23; /* unsigned, so that it wraps */
-    memcpy(&power, &power_bits, 4);
-    return p * power;
-}
-PPO_INLINE double ppo_exp64(double x) {
-    double shift = PPO_EXP64_SHIFT, shifted, n, r, p, power;
-    uint64_t shifted_bits, shift_bits, power_bits;
-    if (PPO_EXP64_LOW > x) x = PPO_EXP64_LOW;
-    if (PPO_EXP64_HIGH < x) x = PPO_EXP64_HIGH;
-    shifted = fma(x, PPO_EXP64_LOG2E, shift);
-    n = shifted - shift;
-    r = fma(-n, PPO_EXP64_LN2_HIGH, x);
-    r = fma(-n, PPO_EXP64_LN2_LOW, r);
-    p = ppo_exp64_polynomial[0];
-    for (int k = 1; k < 13; k++) p = fma(p, r, ppo_exp64_polynomial[k]);
-    memcpy(&shifted_bits, &shifted, 8);
-    memcpy(&shift_bits, &shift, 8);
-    power_bits = (shifted_bits - shift_bits + 1023u) << 52;
-    memcpy(&power, &power_bits, 8);
-    return p * power;
-}
+#include "exp.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* -- AVX2 and FMA ------------------------------------------------------------------------------ */
@@ -113,7 +54,7 @@ PPO_INLINE double ppo_exp64(double x) {
 
 typedef __m256 ppo_f32x8;
 typedef __m256 ppo_m32x8;  /* all ones or zero per lane */
-typedef __m256i ppo_c32x8; /* int32 per lane: _loss_rows.h totals them every chunk */
+typedef __m256i ppo_c32x8; /* int32 per lane: rows_loss.h totals them every chunk */
 
 PPO_INLINE ppo_f32x8 ppo_f32x8_splat(float x) { return _mm256_set1_ps(x); }
 PPO_INLINE ppo_f32x8 ppo_f32x8_load(const float* p) { return _mm256_loadu_ps(p); }
@@ -417,7 +358,7 @@ typedef struct {
 typedef struct {
     ppo_v4i a, b; /* all ones or zero per lane */
 } ppo_m32x8;
-typedef ppo_m32x8 ppo_c32x8; /* int32 per lane: _loss_rows.h totals them every chunk */
+typedef ppo_m32x8 ppo_c32x8; /* int32 per lane: rows_loss.h totals them every chunk */
 typedef struct {
     ppo_v2d a, b, c, d;
 } ppo_f64x8;

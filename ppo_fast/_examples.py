@@ -1,0 +1,77 @@
+"""Example arguments for any kernel of the table, from its entry alone.
+
+Warmup, the first-call probe of the benchmarks and the generic differential test
+(tests/test_kernels.py) call every kernel of ``_spec.KERNELS`` through this module, so a kernel
+added to the table is compiled, probed and tested without further edits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._spec import CODE, FLOAT64, ROWS, TOKEN, Kernel
+from ._validate import Rows
+
+
+def argument_dtype(dtype: str, token_dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if dtype == FLOAT64 else token_dtype
+
+
+def scalar_value(kernel: Kernel, name: str, value: Any, token_dtype: np.dtype) -> Any:
+    """A scalar as the backends take it: an int code, a float, or a NumPy scalar of the dtype."""
+    dtype = kernel.scalar(name).dtype
+    if dtype == CODE:
+        return int(value)
+    if dtype == TOKEN:
+        return token_dtype.type(value)
+    return float(value)
+
+
+def arguments(
+    kernel: Kernel,
+    rows: Rows,
+    dtype: Any,
+    rng: np.random.Generator,
+    *,
+    scalars: dict[str, Any] | None = None,
+    optional: bool = True,
+) -> dict[str, Any]:
+    """Every argument of ``kernel`` but n_threads, by name, over the batch ``rows``.
+
+    Inputs and row inputs are drawn uniformly in their table ranges; scalars are the table's first
+    example (code 0) unless given; optional inputs are present when ``optional``, else empty.
+    Outputs are fresh ``np.empty`` arrays, so that a kernel must write every position.
+    """
+    token_dtype = np.dtype(dtype)
+    n_positions = rows.n_positions
+    named: dict[str, Any] = {}
+    for array in kernel.inputs:
+        size = n_positions if optional or not array.optional else 0
+        named[array.name] = rng.uniform(array.low, array.high, size).astype(token_dtype)
+    named["starts"], named["spans"] = rows.starts, rows.spans
+    if kernel.layout == ROWS:
+        named["lengths"], named["mask"] = rows.lengths, rows.mask
+    for array in kernel.row_inputs:
+        values = rng.uniform(array.low, array.high, rows.n_rows)
+        named[array.name] = values.astype(argument_dtype(array.dtype, token_dtype))
+    given = scalars or {}
+    for scalar in kernel.scalars:
+        default = 0 if scalar.dtype == CODE else scalar.examples[0]
+        named[scalar.name] = scalar_value(
+            kernel, scalar.name, given.get(scalar.name, default), token_dtype
+        )
+    for array in kernel.outputs:
+        named[array.name] = np.empty(n_positions, token_dtype)
+    for array in kernel.row_outputs:
+        named[array.name] = np.empty(rows.n_rows)
+    return named
+
+
+def codes(kernel: Kernel) -> list[dict[str, int]]:
+    """One scalar override per value of the kernel's specialised code (every build of it)."""
+    if kernel.specialise is None:
+        return [{}]
+    count = len(kernel.scalar(kernel.specialise).choices)
+    return [{kernel.specialise: code} for code in range(count)]

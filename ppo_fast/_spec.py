@@ -1,0 +1,280 @@
+"""The kernel table: every kernel's interface, written once.
+
+Each backend (the oracle ``_reference.py``, ``_numba_kernels.py``, the Cython kernels generated
+from ``src/_kernels.pyx.tp``) exposes one function per entry of ``KERNELS``, with the positional
+arguments ``Kernel.arguments`` lists, in that order:
+
+    inputs          token arrays read, flat (N,), C-contiguous, in the token dtype (float32 or
+                    float64); an optional one is passed empty, (0,), when absent
+    layout          "rows": starts, spans, lengths (int64 (B,)) and mask (uint8 (N,), or (0,)
+                    when every position within lengths is valid): see ``_validate.Rows``;
+                    "elementwise": starts and spans only (the positions are cut into rows only so
+                    that threads can share them)
+    row inputs      (B,) arrays, one value per row, float64 or in the token dtype
+    scalars         float64, the token dtype (a NumPy scalar of it), or an integer code
+    outputs         token arrays written at every position of every row (0 where not valid)
+    row outputs     float64 (B,), one value per row (sums and counts, reduced per row)
+    n_threads       the threads the call may use
+
+This module is plain Python with no import beyond the standard library: setup.py loads it by path
+to generate the Cython wrappers, so the C side is written from the same table. The stages bind
+their arguments by name (``Kernel.bind``); warmup, the generic differential test
+(tests/test_kernels.py), the first-call probe and the benchmark registry iterate over the table.
+Adding a kernel: CONTRIBUTING.md.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+# Estimators of KL(policy || reference) per token, by code: the code is the position.
+ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
+
+FLOAT64, TOKEN, CODE = "float64", "token", "code"
+ROWS, ELEMENTWISE = "rows", "elementwise"
+
+
+@dataclass(frozen=True)
+class Array:
+    """A token array (input or output), or a per-row array (row input or row output)."""
+
+    name: str
+    dtype: str = TOKEN  # TOKEN or FLOAT64
+    optional: bool = False  # an input that may be passed empty, (0,), when absent
+    # Values the generic test and warmup draw for it: uniform in [low, high].
+    low: float = -2.0
+    high: float = 2.0
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A scalar argument: FLOAT64, TOKEN (a NumPy scalar of the token dtype) or CODE (int)."""
+
+    name: str
+    dtype: str = FLOAT64
+    # Values the generic test draws from (codes: every code of `choices`); the first is what
+    # warmup uses.
+    examples: tuple[float, ...] = ()
+    choices: tuple[str, ...] = ()  # CODE: the names of the codes 0, 1, ...
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    summary: str
+    inputs: tuple[Array, ...]
+    layout: str = ROWS
+    row_inputs: tuple[Array, ...] = ()
+    scalars: tuple[Scalar, ...] = ()
+    outputs: tuple[Array, ...] = ()
+    row_outputs: tuple[Array, ...] = ()
+    # output -> the input it is the gradient of (d loss / d input, per token)
+    gradients: dict[str, str] = field(default_factory=dict)
+    # A CODE scalar the compiled backends build one kernel for each value of (a run-time switch
+    # in the token loop keeps it from vectorizing).
+    specialise: str | None = None
+
+    @property
+    def layout_arguments(self) -> tuple[str, ...]:
+        if self.layout == ROWS:
+            return ("starts", "spans", "lengths", "mask")
+        return ("starts", "spans")
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """The positional arguments of every backend's function, in order."""
+        return (
+            *(a.name for a in self.inputs),
+            *self.layout_arguments,
+            *(a.name for a in self.row_inputs),
+            *(s.name for s in self.scalars),
+            *(a.name for a in self.outputs),
+            *(a.name for a in self.row_outputs),
+            "n_threads",
+        )
+
+    def scalar(self, name: str) -> Scalar:
+        return next(s for s in self.scalars if s.name == name)
+
+    def bind(self, named: dict[str, Any]) -> tuple[Any, ...]:
+        """The positional arguments from a dict of every one of them by name."""
+        try:
+            return tuple(named[name] for name in self.arguments)
+        except KeyError as error:
+            raise TypeError(f"kernel {self.name} needs argument {error.args[0]!r}") from None
+
+
+_CLAMPS = (math.inf, 10.0, 0.3)
+_LOG_RATIOS = Array("logprobs"), Array("ref_logprobs")
+
+KERNELS: dict[str, Kernel] = {
+    kernel.name: kernel
+    for kernel in (
+        Kernel(
+            "kl_penalty",
+            "per-token KL estimate, elementwise",
+            inputs=_LOG_RATIOS,
+            layout=ELEMENTWISE,
+            scalars=(
+                Scalar("estimator", CODE, choices=ESTIMATORS),
+                Scalar("clamp", examples=_CLAMPS),
+            ),
+            outputs=(Array("kl"),),
+            specialise="estimator",
+        ),
+        Kernel(
+            "shape_rewards",
+            "KL-shaped rewards, the score on each row's last valid token",
+            inputs=_LOG_RATIOS,
+            row_inputs=(Array("scores", FLOAT64),),
+            scalars=(
+                Scalar("kl_coef", examples=(0.05, 0.0, 1.5)),
+                Scalar("estimator", CODE, choices=ESTIMATORS),
+                Scalar("clamp", examples=_CLAMPS),
+            ),
+            outputs=(Array("rewards"),),
+            specialise="estimator",
+        ),
+        Kernel(
+            "gae",
+            "GAE advantages and returns, float64 state",
+            inputs=(Array("rewards"), Array("values")),
+            row_inputs=(
+                Array("gammas", FLOAT64, low=0.0, high=1.0),
+                Array("lams", FLOAT64, low=0.0, high=1.0),
+                Array("bootstrap", FLOAT64),
+            ),
+            outputs=(Array("advantages"), Array("returns")),
+        ),
+        Kernel(
+            "moments",
+            "per-row count, sum and sum of squares of x - shift (float64)",
+            inputs=(Array("x"),),
+            scalars=(Scalar("shift", examples=(0.0, 0.7)),),
+            row_outputs=(
+                Array("counts", FLOAT64),
+                Array("sums", FLOAT64),
+                Array("sums_sq", FLOAT64),
+            ),
+        ),
+        Kernel(
+            "whiten",
+            "(x - mean) / scale + offset at the valid positions",
+            inputs=(Array("x"),),
+            scalars=(
+                Scalar("mean", examples=(0.0, 0.3)),
+                Scalar("scale", examples=(1.0, 0.01, 7.0)),
+                Scalar("offset", examples=(0.0, 0.3)),
+            ),
+            outputs=(Array("whitened"),),
+        ),
+        Kernel(
+            "clipped_surrogate",
+            "PPO's clipped surrogate: per-row loss sums, d loss / d logprobs and statistics",
+            inputs=(
+                Array("logprobs", low=-3.0, high=0.0),
+                Array("old_logprobs", low=-3.0, high=0.0),
+                Array("advantages"),
+                Array("weights", optional=True, low=0.0, high=2.0),
+            ),
+            row_inputs=(Array("scales", TOKEN, low=0.0, high=1.0),),
+            scalars=(
+                Scalar("ratio_low", TOKEN, examples=(0.8, 0.0, 0.95)),
+                Scalar("ratio_high", TOKEN, examples=(1.28, 1.2, math.inf)),
+                Scalar("dual_clip", TOKEN, examples=(3.0, math.inf, 1.01)),
+                Scalar("log_ratio_clamp", TOKEN, examples=(20.0, math.inf, 0.1)),
+            ),
+            outputs=(Array("grad"),),
+            row_outputs=(
+                Array("row_loss", FLOAT64),
+                Array("row_clipped", FLOAT64),
+                Array("row_dual", FLOAT64),
+                Array("row_kl", FLOAT64),
+            ),
+            gradients={"grad": "logprobs"},
+        ),
+        Kernel(
+            "value_loss",
+            "clipped value loss: per-row loss sums, d loss / d values and the clipped count",
+            inputs=(Array("values"), Array("old_values"), Array("returns")),
+            row_inputs=(Array("scales", TOKEN, low=0.0, high=1.0),),
+            scalars=(Scalar("clip", TOKEN, examples=(0.2, math.inf, 0.0)),),
+            outputs=(Array("grad"),),
+            row_outputs=(Array("row_loss", FLOAT64), Array("row_clipped", FLOAT64)),
+            gradients={"grad": "values"},
+        ),
+    )
+}
+
+
+# -- exp -----------------------------------------------------------------------------------------
+#
+# The compiled kernels' vectorizable exp (numba's _exp32/_exp64 and src/exp.h's, which the
+# generated Cython defines these for): x = n ln2 + r, |r| <= ln2/2, exp(x) = 2^n p(r), n rounded by
+# the 1.5 * 2^(mantissa bits) shift trick, 2^n built from its exponent bits, inputs saturated so
+# that 2^n stays a normal number.
+
+
+def _float32(x: float) -> float:
+    """x rounded to float32 (as a Python float), so that C and numba read the same constant."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+@dataclass(frozen=True)
+class ExpConstants:
+    low: float
+    high: float
+    shift: float
+    log2e: float
+    ln2_high: float
+    ln2_low: float
+    polynomial: tuple[float, ...]
+
+
+EXP64 = ExpConstants(
+    low=-708.0,
+    high=709.0,
+    shift=6755399441055744.0,  # 1.5 * 2^52
+    log2e=1.4426950408889634,
+    ln2_high=6.93147180369123816490e-01,  # n * ln2_high is exact
+    ln2_low=1.90821492927058770002e-10,
+    # Taylor to degree 12: the remainder is below 2e-16 relative on |r| <= ln2/2.
+    polynomial=(
+        2.08767569878680989792e-09,
+        2.50521083854417187751e-08,
+        2.75573192239858906526e-07,
+        2.75573192239858906526e-06,
+        2.48015873015873015873e-05,
+        1.98412698412698412698e-04,
+        1.38888888888888888889e-03,
+        8.33333333333333333333e-03,
+        4.16666666666666666667e-02,
+        1.66666666666666666667e-01,
+        0.5,
+        1.0,
+        1.0,
+    ),
+)
+EXP32 = ExpConstants(
+    low=_float32(-87.3),
+    high=_float32(88.3),
+    shift=12582912.0,  # 1.5 * 2^23
+    log2e=_float32(1.44269504),
+    ln2_high=0.693359375,  # Cephes' two-part ln2
+    ln2_low=_float32(-2.12194440e-4),
+    # Cephes' expf minimax polynomial (its last steps, p * r * r + r + 1, are in the code).
+    polynomial=tuple(
+        _float32(c)
+        for c in (
+            1.9875691500e-4,
+            1.3981999507e-3,
+            8.3334519073e-3,
+            4.1665795894e-2,
+            1.6666665459e-1,
+            5.0000001201e-1,
+        )
+    ),
+)

@@ -1,0 +1,100 @@
+/* The Cython backend's row kernels in C, one row per call: what src/_kernels.pyx (generated from
+ * src/_kernels.pyx.tp and ppo_fast/_spec.py) calls from its prange over rows. Each kernel is the
+ * twin, operation for operation, of the numba kernel of the same name in
+ * ppo_fast/_numba_kernels.py, and has the table's arguments in the table's order (_spec.py):
+ * inputs, start and span (and length, mask and has_mask), row inputs, scalars, outputs and
+ * pointers to the row's row outputs. One header per family:
+ *
+ *   rows_kl.h       kl_penalty, shape_rewards (the KL estimators, specialised per estimator)
+ *   rows_gae.h      gae
+ *   rows_moments.h  moments, whiten
+ *   rows_loss.h     clipped_surrogate, value_loss
+ *
+ * Written once over the dtype: the generated module includes this file twice, with
+ * PPO_FAST_DTYPE 32 and then 64, which defines ppo_<kernel>_row_f32 and then the _f64 twins.
+ * Within, ppo_real is the dtype and ppo_vec, ppo_mask and ppo_count its lane types (lanes.h);
+ * PPO_V(op), PPO_M(op) and PPO_C(op) name their operations.
+ *
+ * Why C over explicit lanes rather than Cython: lanes.h. Per-token arithmetic runs in the dtype
+ * and every sum in float64, with the twins' types where numba's promotion makes them float64 (the
+ * policy loss's weight, and so its gradient's product). Tokens go 8 at a time, token t of a row in
+ * lane t % 8; a row's last partial block is copied into zero-padded lanes that are invalid. An
+ * invalid lane is zeroed before it reaches a sum, so that nothing stored at a masked position
+ * (NaN, inf) does; a zero term adds nothing, as the twins' `else 0.0`.
+ */
+#include "lanes.h"
+
+
+#if PPO_FAST_DTYPE == 32
+#define ppo_real float
+#define PPO_LANES f32x8
+#define PPO_MASKS m32x8
+#define PPO_COUNTS c32x8
+#define PPO_ROW(name) name##_f32
+#elif PPO_FAST_DTYPE == 64
+#define ppo_real double
+#define PPO_LANES f64x8
+#define PPO_MASKS m64x8
+#define PPO_COUNTS c64x8
+#define PPO_ROW(name) name##_f64
+#else
+#error "rows.h: define PPO_FAST_DTYPE as 32 or 64 before including it"
+#endif
+
+#ifndef PPO_FAST_ROWS_NAMES
+#define PPO_FAST_ROWS_NAMES
+#define PPO_CONCAT_(a, b) a##b
+#define PPO_CONCAT(a, b) PPO_CONCAT_(a, b)
+#define PPO_V(operation) PPO_CONCAT(PPO_CONCAT(ppo_, PPO_LANES), PPO_CONCAT(_, operation))
+#define PPO_M(operation) PPO_CONCAT(PPO_CONCAT(ppo_, PPO_MASKS), PPO_CONCAT(_, operation))
+#define PPO_C(operation) PPO_CONCAT(PPO_CONCAT(ppo_, PPO_COUNTS), PPO_CONCAT(_, operation))
+#define PPO_CHUNK 256 /* tokens a row goes through at a time: a multiple of 8 */
+
+/* Which of the 8 tokens from position t of a row are valid. */
+PPO_INLINE ppo_m64x8 ppo_valid_lanes(
+    const uint8_t* mask, int has_mask, ptrdiff_t i, ptrdiff_t t, ptrdiff_t length) {
+    ppo_m64x8 valid = ppo_m64x8_first(length - t);
+    return has_mask ? ppo_m64x8_and(valid, ppo_m64x8_from_bytes(mask + i)) : valid;
+}
+#endif
+#define ppo_vec PPO_CONCAT(ppo_, PPO_LANES)
+#define ppo_mask PPO_CONCAT(ppo_, PPO_MASKS)
+#define ppo_count PPO_CONCAT(ppo_, PPO_COUNTS)
+
+/* The twins' min(max(x, low), high), comparison for comparison. */
+PPO_INLINE ppo_vec PPO_ROW(ppo_clip)(ppo_vec x, ppo_vec low, ppo_vec high) {
+    return PPO_V(min)(high, PPO_V(max)(low, x));
+}
+
+/* A row's last partial block: `count` < 8 tokens from position i of up to four token arrays
+ * (NULL: absent), and their mask (all valid without one), in zero-padded lanes. */
+typedef struct {
+    ppo_real tokens[4][8], grad[8];
+    uint8_t mask[8];
+} PPO_ROW(ppo_tail);
+
+PPO_INLINE void PPO_ROW(ppo_tail_fill)(
+    PPO_ROW(ppo_tail) * tail, const ppo_real* const arrays[4], int has_mask, const uint8_t* mask,
+    ptrdiff_t i, ptrdiff_t count) {
+    memset(tail, 0, sizeof *tail);
+    for (ptrdiff_t lane = 0; lane < count; lane++) {
+        for (int k = 0; k < 4; k++) {
+            if (arrays[k]) tail->tokens[k][lane] = arrays[k][i + lane];
+        }
+        tail->mask[lane] = has_mask ? mask[i + lane] : 1;
+    }
+}
+
+#include "rows_kl.h"
+#include "rows_gae.h"
+#include "rows_moments.h"
+#include "rows_loss.h"
+
+#undef ppo_real
+#undef PPO_LANES
+#undef PPO_MASKS
+#undef PPO_COUNTS
+#undef PPO_ROW
+#undef ppo_vec
+#undef ppo_mask
+#undef ppo_count

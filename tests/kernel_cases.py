@@ -1,0 +1,95 @@
+"""Every kernel of the table on a generated batch: the cases the generic tests run.
+
+A case is one kernel with one choice of its scalars (each scalar walks through the table's
+examples, every code of a specialised kernel gets its own case), its optional inputs present or
+absent, on one ragged batch whose invalid positions hold NaN or inf. Nothing here names a kernel:
+a kernel added to ``_spec.KERNELS`` is in every case list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from batches import Batch
+
+from ppo_fast import _examples, _validate
+from ppo_fast._spec import CODE, ELEMENTWISE, KERNELS, Kernel
+
+
+@dataclass
+class Case:
+    kernel: Kernel
+    name: str
+    arguments: dict[str, Any]  # every argument but n_threads
+
+    def run(self, backend_module, n_threads: int = 1) -> dict[str, np.ndarray]:
+        """The kernel's outputs and row outputs on fresh copies of the output arrays."""
+        arguments = dict(self.arguments)
+        written = [a.name for a in (*self.kernel.outputs, *self.kernel.row_outputs)]
+        for name in written:
+            # NaN-filled, so that a position a kernel fails to write shows.
+            arguments[name] = np.full_like(arguments[name], np.nan)
+        arguments["n_threads"] = n_threads
+        getattr(backend_module, self.kernel.name)(*self.kernel.bind(arguments))
+        return {name: arguments[name] for name in written}
+
+    def describe(self) -> str:
+        """The whole case, for a failure message (bottleneck's reduce_test style)."""
+        lines = [f"kernel={self.kernel.name} case={self.name}"]
+        for name, value in self.arguments.items():
+            if self.kernel.outputs and name in {a.name for a in self.kernel.outputs}:
+                continue
+            text = np.array2string(np.asarray(value), threshold=64, precision=17)
+            lines.append(f"  {name} = {text}")
+        return "\n".join(lines)
+
+
+def _rows_of(batch: Batch, kernel: Kernel) -> _validate.Rows:
+    if kernel.layout == ELEMENTWISE:
+        # Elementwise kernels see the positions cut into rows: the batch's rows serve.
+        rows = _validate.rows(batch.shape, **batch.layout_kwargs)
+        return _validate.Rows(rows.shape, rows.starts, rows.spans, rows.spans, rows.mask, False)
+    return _validate.rows(batch.shape, **batch.layout_kwargs)
+
+
+def _scalar_choices(kernel: Kernel) -> list[dict[str, Any]]:
+    """Each scalar walks through its examples (every code of a specialised kernel)."""
+    codes = _examples.codes(kernel)
+    longest = max((len(s.examples) for s in kernel.scalars if s.dtype != CODE), default=1)
+    choices = []
+    for code in codes:
+        for k in range(longest):
+            choice = dict(code)
+            for scalar in kernel.scalars:
+                if scalar.dtype != CODE:
+                    choice[scalar.name] = scalar.examples[k % len(scalar.examples)]
+                else:
+                    choice.setdefault(scalar.name, 0)
+            choices.append(choice)
+    return choices
+
+
+def cases(batch: Batch, kernels=None) -> list[Case]:
+    """Every kernel (or those named) in every scalar choice, optional inputs on and off."""
+    out = []
+    for kernel in (KERNELS[name] for name in kernels) if kernels else KERNELS.values():
+        rows = _rows_of(batch, kernel)
+        invalid = ~batch.valid.reshape(-1)
+        if kernel.layout == ELEMENTWISE:
+            invalid[:] = False  # every position is an input there
+        has_optional = any(a.optional for a in kernel.inputs)
+        for optional in (True, False) if has_optional else (True,):
+            for scalars in _scalar_choices(kernel):
+                arguments = _examples.arguments(
+                    kernel, rows, batch.dtype, batch.rng, scalars=scalars, optional=optional
+                )
+                for array in kernel.inputs:
+                    values = arguments[array.name]
+                    if values.size and invalid.any():
+                        junk = np.array([np.nan, np.inf, -np.inf], dtype=values.dtype)
+                        values[invalid] = junk[batch.rng.integers(0, 3, int(invalid.sum()))]
+                name = " ".join(f"{k}={v}" for k, v in scalars.items())
+                out.append(Case(kernel, f"{name} optional={optional}", arguments))
+    return out

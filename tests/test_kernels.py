@@ -1,0 +1,101 @@
+"""The kernel table against every backend: the interface, and one generic differential test.
+
+Every kernel of ``_spec.KERNELS``, on every backend that loads, in every layout, float32 and
+float64, against the oracle; and the compiled backends bit for bit on one and two threads. Stage
+tests (test_gae.py, test_loss.py, ...) hold the identities, seeds and hostile inputs of each stage.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+from batches import ragged_batches
+from conftest import COMPILED, RTOL
+from hypothesis import given, settings
+from kernel_cases import cases
+
+import ppo_fast
+from ppo_fast import _backend, _reference
+from ppo_fast._spec import KERNELS
+
+
+def _parameters(function) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def _backend_parameters(backend: str, name: str) -> list[str]:
+    kernel = getattr(_backend.resolve(backend), name)
+    if backend == "numba":
+        # The Python source of the compiled kernel; n_threads is the wrapper's.
+        return [*_parameters(kernel.function), "n_threads"]
+    if backend == "cython":
+        # Cython's fused functions keep their signature as the first line of the docstring.
+        specialised = next(iter(kernel.__signatures__.values()))
+        return _parameters(specialised)
+    return _parameters(kernel)
+
+
+@pytest.mark.parametrize("backend", ppo_fast.available_backends())
+@pytest.mark.parametrize("name", KERNELS)
+def test_every_backend_exposes_the_table_kernel_with_its_arguments(backend, name):
+    assert _backend_parameters(backend, name) == list(KERNELS[name].arguments)
+
+
+def test_the_table_and_the_stage_modules_agree():
+    # Each argument is declared once; codes are positions in their choices.
+    for kernel in KERNELS.values():
+        assert len(set(kernel.arguments)) == len(kernel.arguments), kernel.name
+        for name, source in kernel.gradients.items():
+            assert name in {a.name for a in kernel.outputs}, (kernel.name, name)
+            assert source in {a.name for a in kernel.inputs}, (kernel.name, source)
+        if kernel.specialise is not None:
+            assert kernel.scalar(kernel.specialise).choices, kernel.name
+
+
+def test_binding_a_kernel_without_an_argument_names_it():
+    with pytest.raises(TypeError, match="kernel gae needs argument 'values'"):
+        KERNELS["gae"].bind({"rewards": None})
+
+
+def _assert_outputs_equal_oracle(actual, expected, case, dtype, backend):
+    rtol = RTOL[np.dtype(dtype)]
+    for name, want in expected.items():
+        got = actual[name]
+        what = f"backend={backend} dtype={np.dtype(dtype)} output={name}\n{case.describe()}"
+        assert got.dtype == want.dtype, what
+        nonfinite = ~np.isfinite(want)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
+        np.testing.assert_array_equal(got[nonfinite], want[nonfinite], err_msg=what)
+        finite = np.abs(want[~nonfinite])
+        # Per-row sums cancel: judge them on the scale of the row's terms, bounded here by the
+        # largest magnitude times the row length.
+        scale = max(1.0, float(finite.max())) if finite.size else 1.0
+        if name in {a.name for a in case.kernel.row_outputs}:
+            spans = case.arguments["spans"]
+            scale *= max(1, int(spans.max())) if spans.size else 1
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale, err_msg=what)
+
+
+@pytest.mark.parametrize("backend", COMPILED)
+@settings(max_examples=40)
+@given(batch=ragged_batches(max_rows=5, max_len=24, long_rows=False))
+def test_every_kernel_equals_the_oracle(backend, batch):
+    kernels = _backend.resolve(backend)
+    for case in cases(batch):
+        expected = case.run(_reference)
+        _assert_outputs_equal_oracle(case.run(kernels), expected, case, batch.dtype, backend)
+
+
+@pytest.mark.parametrize("backend", COMPILED)
+@settings(max_examples=15)
+@given(batch=ragged_batches(max_rows=6, max_len=300, long_rows=False))
+def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch):
+    kernels = _backend.resolve(backend)
+    for case in cases(batch):
+        serial, parallel = case.run(kernels, 1), case.run(kernels, 2)
+        for name, output in serial.items():
+            np.testing.assert_array_equal(
+                parallel[name], output, err_msg=f"{backend} {name}\n{case.describe()}"
+            )
