@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from .. import torch as ppo_torch
+from ._masked import PeerMaskedStats
 
 __all__ = [
     "AdaptiveKLController",
@@ -94,89 +95,24 @@ def masked_mean(values, mask, axis=None):
     return s / (mask.sum(axis=axis) + 1e-8)
 
 
-def _differentiated(*tensors: Any) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
-    )
-
-
-def _on_kernels(values: Any, mask: Any) -> bool:
-    """Whether the moments kernel can stand in for verl's torch reductions."""
-    return (
-        isinstance(values, torch.Tensor)
-        and isinstance(mask, torch.Tensor)
-        and values.shape == mask.shape
-        and values.is_floating_point()
-        and not _differentiated(values)
-    )
-
-
-def _bessel(variance: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask_sum = mask.sum()
-    if mask_sum == 0:
-        raise ValueError("At least one element in the mask has to be 1.")
-    # note that if mask_sum == 1, then there is a division by zero issue
-    # to avoid it you just need to use a larger minibatch_size
-    if mask_sum == 1:
-        raise ValueError("The sum of the mask is one, which can cause a division by zero.")
-    bessel_correction = mask_sum / (mask_sum - 1)
-    return variance * bessel_correction
-
-
-def _kernel_mean_var(
-    values: torch.Tensor, mask: torch.Tensor, unbiased: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl's masked_mean and masked_var with the sums taken by the moments kernel.
-
-    The 0-d tensors go through verl's own arithmetic, so they get its dtypes: the sums have
-    ``promote_types(values, mask)``, and ``mask.sum() + 1e-8`` is in torch's default dtype for
-    integer and bool masks.
-    """
-    flat_values, flat_mask = values.reshape(1, -1), mask.reshape(1, -1)
-    sum_dtype = torch.promote_types(values.dtype, mask.dtype)
-    count = mask.sum() + 1e-8
-    first = ppo_torch.masked_moments(flat_values, mask=flat_mask)
-    mean = torch.tensor(first.sum, dtype=sum_dtype, device=values.device) / count
-    if not torch.isfinite(mean):
-        # No valid token (0 / 0) or a non-finite value: the peer's own arithmetic says what.
-        return mean, _torch_masked_var(values, mask, unbiased)
-    # verl centres about its mean as stored (``values - mean``): so does the second pass.
-    second = ppo_torch.masked_moments(flat_values, mask=flat_mask, shift=float(mean))
-    variance = torch.tensor(second.sum_sq, dtype=sum_dtype, device=values.device) / count
-    if unbiased:
-        variance = _bessel(variance, mask)
-    return mean, variance
+_STATS = PeerMaskedStats(
+    masked_mean=masked_mean,
+    mean_denominator=lambda mask: mask.sum() + 1e-8,
+    no_token_error="At least one element in the mask has to be 1.",
+    one_token_error="The sum of the mask is one, which can cause a division by zero.",
+)
 
 
 def masked_var(values, mask, unbiased=True):
     """verl.utils.torch_functional.masked_var: unbiased by default; ValueError for fewer than
     two valid tokens."""
-    if _on_kernels(values, mask):
-        return _kernel_mean_var(values, mask, unbiased)[1]
-    return _torch_masked_var(values, mask, unbiased)
-
-
-def _torch_masked_var(values, mask, unbiased):
-    """The peer's masked_var, plain torch."""
-    mean = masked_mean(values, mask)
-    centered_values = values - mean
-    variance = masked_mean(centered_values**2, mask)
-    if unbiased:
-        variance = _bessel(variance, mask)
-    return variance
+    return _STATS.masked_var(values, mask, unbiased)
 
 
 def masked_whiten(values, mask, shift_mean=True):
     """verl.utils.torch_functional.masked_whiten: ``(values - mean) * rsqrt(var + 1e-8)`` at every
     position (masked ones too), with verl's unbiased masked variance."""
-    if _on_kernels(values, mask):
-        mean, var = _kernel_mean_var(values, mask, unbiased=True)
-    else:
-        mean, var = masked_mean(values, mask), masked_var(values, mask)
-    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
-    if not shift_mean:
-        whitened += mean
-    return whitened
+    return _STATS.masked_whiten(values, mask, shift_mean)
 
 
 # ---- verl/trainer/ppo/core_algos.py -------------------------------------------------------------
