@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 
 from .. import torch as ppo_torch
+from ._fused_loss import fused_loss, non_empty_rows
 
 __all__ = [
     "KL_IS_WEIGHT_CLIP",
@@ -183,19 +184,21 @@ def _fused_aggregate(
     global_batch_size,
     **arguments,
 ):
-    """Run a fused kernel on the masked token sum (or the sum of per-sequence token means) and
-    apply aggregate_loss's normalisation to it in torch. Returns (loss, kernel result)."""
+    """aggregate_loss with the fused ``kernel`` taking its masked sum: ``(loss, kernel result)``.
+
+    A global count is divided by and dp_size multiplied; without one, the loss is this rank's
+    masked mean, which OpenRLHF does not scale by dp_size."""
     if token_level_loss:
-        result = kernel(mask=loss_mask, agg="token-mean", num_tokens=1.0, **arguments)
-        if batch_num_tokens is None:
-            count = loss_mask.sum() if loss_mask is not None else _first_numel(arguments)
-            return result.loss / count, result
-        return result.loss / batch_num_tokens * dp_size, result
-    result = kernel(mask=loss_mask, agg="seq-mean-token-mean", num_seqs=1.0, **arguments)
-    seq_mask = (loss_mask.sum(dim=-1) > 0).float()
-    if global_batch_size is None:
-        return result.loss / seq_mask.sum(), result
-    return result.loss / global_batch_size * dp_size, result
+        agg, global_count = "token-mean", batch_num_tokens
+        local_count = loss_mask.sum() if loss_mask is not None else _first_numel(arguments)
+    else:
+        # Counted even when a global count is given: OpenRLHF's sequence-level loss needs the
+        # mask, and fails without one.
+        agg, global_count = "seq-mean-token-mean", global_batch_size
+        local_count = non_empty_rows(loss_mask)
+    if global_count is None:
+        return fused_loss(kernel, loss_mask, agg, local_count, **arguments)
+    return fused_loss(kernel, loss_mask, agg, global_count, dp_size, **arguments)
 
 
 def _first_numel(arguments) -> int:

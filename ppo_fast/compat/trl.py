@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 
 from .. import torch as ppo_torch
+from ._masked import PeerMaskedStats
 
 __all__ = [
     "INVALID_LOGPROB",
@@ -55,75 +56,26 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: bool | None = No
         return (values * mask).sum() / mask.sum()
 
 
-def _bessel(variance: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask_sum = mask.sum()
-    if mask_sum == 0:
-        raise ValueError(
-            "The sum of the mask is zero, which can happen when `mini_batch_size=1`;"
-            "try increase the `mini_batch_size` or `gradient_accumulation_steps`"
-        )
-    # note that if mask_sum == 1, then there is a division by zero issue
-    # to avoid it you just need to use a larger minibatch_size
-    bessel_correction = mask_sum / (mask_sum - 1)
-    return variance * bessel_correction
-
-
-def _on_kernels(values, mask) -> bool:
-    return (
-        isinstance(values, torch.Tensor)
-        and isinstance(mask, torch.Tensor)
-        and values.shape == mask.shape
-        and values.is_floating_point()
-        and not (torch.is_grad_enabled() and values.requires_grad)
-    )
-
-
-def _kernel_mean_var(values, mask, unbiased):
-    """TRL's masked mean and variance with the sums from the moments kernel, and TRL's own
-    arithmetic (and so its dtypes) on the 0-d results."""
-    flat_values, flat_mask = values.reshape(1, -1), mask.reshape(1, -1)
-    sum_dtype = torch.promote_types(values.dtype, mask.dtype)
-    count = mask.sum()
-    first = ppo_torch.masked_moments(flat_values, mask=flat_mask)
-    mean = torch.tensor(first.sum, dtype=sum_dtype, device=values.device) / count
-    if not torch.isfinite(mean):
-        # No valid token (0 / 0) or a non-finite value: the peer's own arithmetic says what.
-        return mean, _torch_masked_var(values, mask, unbiased)
-    second = ppo_torch.masked_moments(flat_values, mask=flat_mask, shift=float(mean))
-    variance = torch.tensor(second.sum_sq, dtype=sum_dtype, device=values.device) / count
-    if unbiased:
-        variance = _bessel(variance, mask)
-    return mean, variance
+_STATS = PeerMaskedStats(
+    masked_mean=masked_mean,
+    mean_denominator=torch.sum,
+    no_token_error=(
+        "The sum of the mask is zero, which can happen when `mini_batch_size=1`;"
+        "try increase the `mini_batch_size` or `gradient_accumulation_steps`"
+    ),
+    one_token_error=None,
+)
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True):
     """trl.experimental.ppo.ppo_trainer.masked_var: unbiased by default."""
-    if _on_kernels(values, mask):
-        return _kernel_mean_var(values, mask, unbiased)[1]
-    return _torch_masked_var(values, mask, unbiased)
-
-
-def _torch_masked_var(values, mask, unbiased):
-    """The peer's masked_var, plain torch."""
-    mean = masked_mean(values, mask)
-    centered_values = values - mean
-    variance = masked_mean(centered_values**2, mask)
-    if unbiased:
-        variance = _bessel(variance, mask)
-    return variance
+    return _STATS.masked_var(values, mask, unbiased)
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True):
     """trl.experimental.ppo.ppo_trainer.masked_whiten: ``(values - mean) * rsqrt(var + 1e-8)``
     at every position, mean and unbiased variance over the mask."""
-    if _on_kernels(values, mask):
-        mean, var = _kernel_mean_var(values, mask, unbiased=True)
-    else:
-        mean, var = masked_mean(values, mask), masked_var(values, mask)
-    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
-    if not shift_mean:
-        whitened += mean
-    return whitened
+    return _STATS.masked_whiten(values, mask, shift_mean)
 
 
 def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:

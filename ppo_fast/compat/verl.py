@@ -45,6 +45,8 @@ import numpy as np
 import torch
 
 from .. import torch as ppo_torch
+from ._fused_loss import fused_loss, non_empty_rows
+from ._masked import PeerMaskedStats
 
 __all__ = [
     "AdaptiveKLController",
@@ -94,89 +96,24 @@ def masked_mean(values, mask, axis=None):
     return s / (mask.sum(axis=axis) + 1e-8)
 
 
-def _differentiated(*tensors: Any) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
-    )
-
-
-def _on_kernels(values: Any, mask: Any) -> bool:
-    """Whether the moments kernel can stand in for verl's torch reductions."""
-    return (
-        isinstance(values, torch.Tensor)
-        and isinstance(mask, torch.Tensor)
-        and values.shape == mask.shape
-        and values.is_floating_point()
-        and not _differentiated(values)
-    )
-
-
-def _bessel(variance: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask_sum = mask.sum()
-    if mask_sum == 0:
-        raise ValueError("At least one element in the mask has to be 1.")
-    # note that if mask_sum == 1, then there is a division by zero issue
-    # to avoid it you just need to use a larger minibatch_size
-    if mask_sum == 1:
-        raise ValueError("The sum of the mask is one, which can cause a division by zero.")
-    bessel_correction = mask_sum / (mask_sum - 1)
-    return variance * bessel_correction
-
-
-def _kernel_mean_var(
-    values: torch.Tensor, mask: torch.Tensor, unbiased: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl's masked_mean and masked_var with the sums taken by the moments kernel.
-
-    The 0-d tensors go through verl's own arithmetic, so they get its dtypes: the sums have
-    ``promote_types(values, mask)``, and ``mask.sum() + 1e-8`` is in torch's default dtype for
-    integer and bool masks.
-    """
-    flat_values, flat_mask = values.reshape(1, -1), mask.reshape(1, -1)
-    sum_dtype = torch.promote_types(values.dtype, mask.dtype)
-    count = mask.sum() + 1e-8
-    first = ppo_torch.masked_moments(flat_values, mask=flat_mask)
-    mean = torch.tensor(first.sum, dtype=sum_dtype, device=values.device) / count
-    if not torch.isfinite(mean):
-        # No valid token (0 / 0) or a non-finite value: the peer's own arithmetic says what.
-        return mean, _torch_masked_var(values, mask, unbiased)
-    # verl centres about its mean as stored (``values - mean``): so does the second pass.
-    second = ppo_torch.masked_moments(flat_values, mask=flat_mask, shift=float(mean))
-    variance = torch.tensor(second.sum_sq, dtype=sum_dtype, device=values.device) / count
-    if unbiased:
-        variance = _bessel(variance, mask)
-    return mean, variance
+_STATS = PeerMaskedStats(
+    masked_mean=masked_mean,
+    mean_denominator=lambda mask: mask.sum() + 1e-8,
+    no_token_error="At least one element in the mask has to be 1.",
+    one_token_error="The sum of the mask is one, which can cause a division by zero.",
+)
 
 
 def masked_var(values, mask, unbiased=True):
     """verl.utils.torch_functional.masked_var: unbiased by default; ValueError for fewer than
     two valid tokens."""
-    if _on_kernels(values, mask):
-        return _kernel_mean_var(values, mask, unbiased)[1]
-    return _torch_masked_var(values, mask, unbiased)
-
-
-def _torch_masked_var(values, mask, unbiased):
-    """The peer's masked_var, plain torch."""
-    mean = masked_mean(values, mask)
-    centered_values = values - mean
-    variance = masked_mean(centered_values**2, mask)
-    if unbiased:
-        variance = _bessel(variance, mask)
-    return variance
+    return _STATS.masked_var(values, mask, unbiased)
 
 
 def masked_whiten(values, mask, shift_mean=True):
     """verl.utils.torch_functional.masked_whiten: ``(values - mean) * rsqrt(var + 1e-8)`` at every
     position (masked ones too), with verl's unbiased masked variance."""
-    if _on_kernels(values, mask):
-        mean, var = _kernel_mean_var(values, mask, unbiased=True)
-    else:
-        mean, var = masked_mean(values, mask), masked_var(values, mask)
-    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
-    if not shift_mean:
-        whitened += mean
-    return whitened
+    return _STATS.masked_whiten(values, mask, shift_mean)
 
 
 # ---- verl/trainer/ppo/core_algos.py -------------------------------------------------------------
@@ -309,44 +246,39 @@ def agg_loss(
     return loss
 
 
-def _kernel_agg(loss_agg_mode: str) -> tuple[str, dict[str, float]]:
-    """The kernel aggregation whose result verl's normalisation is applied to: the masked token
-    sum, or the sum over sequences of their token means."""
-    if loss_agg_mode not in _LOSS_AGG_MODES:
-        raise ValueError(f"Invalid loss_agg_mode: {loss_agg_mode}")
-    if loss_agg_mode == "seq-mean-token-mean":
-        return "seq-mean-token-mean", {"num_seqs": 1.0}
-    return "token-mean", {"num_tokens": 1.0}
-
-
-def _normalise(
-    total: torch.Tensor,
+def _fused_agg_loss(
+    kernel,
     loss_mask: torch.Tensor,
     loss_agg_mode: str,
     dp_size: int = 1,
     batch_num_tokens: Any = None,
     global_batch_size: Any = None,
     loss_scale_factor: Any = None,
-) -> torch.Tensor:
-    """agg_loss's arithmetic after its masked sum (``total``), differentiable through ``total``."""
-    if loss_agg_mode == "token-mean":
-        if batch_num_tokens is None:
+    **arguments: Any,
+) -> tuple[torch.Tensor, Any]:
+    """agg_loss with the fused ``kernel`` taking its masked sum: ``(loss, kernel result)``,
+    differentiable through the kernel's loss."""
+    if loss_agg_mode not in _LOSS_AGG_MODES:
+        raise ValueError(f"Invalid loss_agg_mode: {loss_agg_mode}")
+    if loss_agg_mode == "token-sum":
+        count = None
+    elif loss_agg_mode == "token-mean":
+        count = batch_num_tokens
+        if count is None:
             if dp_size > 1:
                 raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
-            batch_num_tokens = loss_mask.sum()
-        return total / batch_num_tokens * dp_size
-    if loss_agg_mode == "token-sum":
-        return total * dp_size
-    if global_batch_size is None:
-        if dp_size > 1:
-            raise ValueError("global_batch_size is required when dp_size > 1")
-        global_batch_size = (torch.sum(loss_mask, dim=-1) > 0).float().sum()
-    loss = total / global_batch_size * dp_size
+            count = loss_mask.sum()
+    else:
+        count = global_batch_size
+        if count is None:
+            if dp_size > 1:
+                raise ValueError("global_batch_size is required when dp_size > 1")
+            count = non_empty_rows(loss_mask)
+    loss_scale = None
     if loss_agg_mode == "seq-mean-token-sum-norm":
-        if loss_scale_factor is None:
-            loss_scale_factor = loss_mask.shape[-1]
-        loss = loss / loss_scale_factor
-    return loss
+        loss_scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
+    agg = "seq-mean-token-mean" if loss_agg_mode == "seq-mean-token-mean" else "token-mean"
+    return fused_loss(kernel, loss_mask, agg, count, dp_size, loss_scale, **arguments)
 
 
 def _as_verl_mean(mean: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -374,25 +306,24 @@ def _policy_loss(
         "The lower bound of the clip_ratio_c for dual-clip PPO should be greater than 1.0,"
         + f" but get the value: {clip_ratio_c}."
     )
-    agg, counts = _kernel_agg(loss_agg_mode)
     dtype = torch.promote_types(
         torch.promote_types(log_prob.dtype, old_log_prob.dtype), advantages.dtype
     )
     weights = None if rollout_is_weights is None else rollout_is_weights.to(dtype)
-    result = ppo_torch.clipped_surrogate(
-        log_prob.to(dtype),
-        old_log_prob.to(dtype),
-        advantages.to(dtype),
-        mask=response_mask,
+    pg_loss, result = _fused_agg_loss(
+        ppo_torch.clipped_surrogate,
+        response_mask,
+        loss_agg_mode,
+        **(global_batch_info or {}),
+        logprobs=log_prob.to(dtype),
+        old_logprobs=old_log_prob.to(dtype),
+        advantages=advantages.to(dtype),
         clip_low=cliprange_low,
         clip_high=cliprange_high,
         dual_clip=clip_ratio_c,
         log_ratio_clamp=20.0,
-        agg=agg,
         weights=weights,
-        **counts,
     )
-    pg_loss = _normalise(result.loss, response_mask, loss_agg_mode, **(global_batch_info or {}))
     pg_clipfrac = _as_verl_mean(result.clipfrac, response_mask, torch.float32)
     ppo_kl = _as_verl_mean(result.approx_kl, response_mask, dtype)
     pg_clipfrac_lower = _as_verl_mean(result.clipfrac_lower, response_mask, torch.float32)
@@ -496,25 +427,19 @@ def compute_value_loss(
     Note verl's argument order: predictions, returns, then the old values.
     ``0.5 * agg_loss(max((vpreds - returns)^2, (clip(vpreds, values +- c) - returns)^2))``.
     """
-    agg, counts = _kernel_agg(loss_agg_mode)
     dtype = torch.promote_types(torch.promote_types(vpreds.dtype, returns.dtype), values.dtype)
-    result = ppo_torch.value_loss(
-        vpreds.to(dtype),
-        values.to(dtype),
-        returns.to(dtype),
-        mask=response_mask,
-        clip=cliprange_value,
-        agg=agg,
-        **counts,
-    )
-    vf_loss = _normalise(
-        result.loss,
+    vf_loss, result = _fused_agg_loss(
+        ppo_torch.value_loss,
         response_mask,
         loss_agg_mode,
         dp_size=dp_size,
         batch_num_tokens=batch_num_tokens,
         global_batch_size=global_batch_size,
         loss_scale_factor=loss_scale_factor,
+        values=vpreds.to(dtype),
+        old_values=values.to(dtype),
+        returns=returns.to(dtype),
+        clip=cliprange_value,
     )
     vf_clipfrac = _as_verl_mean(result.clipfrac, response_mask, torch.float32)
     return vf_loss, vf_clipfrac
