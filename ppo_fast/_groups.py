@@ -83,7 +83,8 @@ def group_sums(groups: Groups, values: Any) -> np.ndarray:
     array = _validate.per_row("values", values, groups.n_rows)
     # bincount adds the weights one row after another into a float64 accumulator per group:
     # the same sum, bit for bit, as a loop over the rows, whatever the machine or thread count.
-    return np.bincount(groups.ids, weights=array, minlength=groups.n_groups)
+    sums = np.bincount(groups.ids, weights=array, minlength=groups.n_groups)
+    return sums.astype(np.float64, copy=False)  # bincount of no rows is int64, weights or not
 
 
 def _groups(groups: Any) -> Groups:
