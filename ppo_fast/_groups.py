@@ -67,9 +67,12 @@ class Groups:
 def factorize(groups: Any, n_rows: int) -> Groups:
     """Factorise the (B,) group labels `groups` of a batch of `n_rows` rows, in first-seen order."""
     labels = _labels(groups, _n_rows(n_rows))
-    if isinstance(labels, list):
-        return _factorize_hashable(labels)
-    return _factorize_sortable(labels)
+    # The rows of a group usually come adjacent (n samples per prompt, repeated in place): only
+    # the first label of each run of equal labels needs sorting or hashing.
+    heads = _runs(labels)
+    if labels.dtype == object:
+        return _factorize_hashable(labels, heads)
+    return _factorize_sortable(labels, heads)
 
 
 def group_counts(groups: Groups) -> np.ndarray:
@@ -113,8 +116,8 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _labels(groups: Any, n_rows: int) -> np.ndarray | list:
-    """The labels as a 1-D numeric, str or bytes array, or as a list of hashable objects."""
+def _labels(groups: Any, n_rows: int) -> np.ndarray:
+    """The labels as a 1-D numeric, str, bytes or object array."""
     if isinstance(groups, str | bytes):
         raise TypeError(
             f"groups must be a sequence of {n_rows} group labels, one per row, "
@@ -125,27 +128,25 @@ def _labels(groups: Any, n_rows: int) -> np.ndarray | list:
     if isinstance(groups, Sequence):
         # Not np.asarray: it would split tuple uids into columns and read [2**64 - 1, -1] as
         # float64, silently merging ids. Only a list of one kind of number becomes an array.
-        labels = list(groups)
-        _check_shape((len(labels),), n_rows)
-        kinds = set(map(type, labels))
-        if kinds and all(issubclass(k, bool | np.bool_) for k in kinds):
-            raise _bool_error()
-        if kinds and all(_is_int_type(k) for k in kinds):
-            for dtype in (np.int64, np.uint64):
-                try:
-                    return np.array(labels, dtype=dtype)
-                except OverflowError:
-                    pass
-            return labels  # Python ints beyond 64 bits: still hashable uids
-        if kinds and all(issubclass(k, float | np.floating) for k in kinds):
-            return _integral(np.array(labels, dtype=np.float64))
-        return labels
+        _check_shape((len(groups),), n_rows)
+        # Only a sequence that starts with a number pays for a look at every label's type.
+        if groups and isinstance(groups[0], int | float | np.number | np.bool_):
+            kinds = set(map(type, groups))
+            if all(issubclass(k, bool | np.bool_) for k in kinds):
+                raise _bool_error()
+            if all(_is_int_type(k) for k in kinds):
+                for dtype in (np.int64, np.uint64):
+                    try:
+                        return np.array(groups, dtype=dtype)
+                    except OverflowError:
+                        pass  # Python ints beyond 64 bits: still hashable uids
+            if all(issubclass(k, float | np.floating) for k in kinds):
+                return _integral(np.array(groups, dtype=np.float64))
+        return np.fromiter(groups, dtype=object, count=len(groups))
     array = np.asarray(groups)
     _check_shape(array.shape, n_rows)
     kind = array.dtype.kind
-    if kind == "O":
-        return array.tolist()
-    if kind in "iuUS":
+    if kind in "iuUSO":
         return array
     if kind == "f":
         return _integral(array)
@@ -188,20 +189,30 @@ def _integral(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _factorize_sortable(labels: np.ndarray) -> Groups:
-    n = labels.shape[0]
-    if n == 0:
-        return Groups(_read_only(np.zeros(0, np.int64)), 0, _read_only(labels.copy()))
-    # The rows of a group usually come adjacent (n samples per prompt, repeated in place): one
-    # label per run of equal labels is all there is to sort.
-    new_run = np.empty(n, dtype=bool)
-    new_run[0] = True
-    new_run[1:] = labels[1:] != labels[:-1]
+def _runs(labels: np.ndarray) -> np.ndarray | None:
+    """The first row of each run of equal adjacent labels; None where runs do not halve the rows
+    (shuffled groups), as then collapsing them costs more than it saves."""
+    new_run = np.ones(labels.shape[0], dtype=bool)
+    try:
+        new_run[1:] = labels[1:] != labels[:-1]
+    except (TypeError, ValueError):
+        pass  # objects that cannot be compared: one run per row, and the dict pass says why
     heads = np.flatnonzero(new_run)
-    head_labels = labels[heads]
+    return heads if 2 * heads.shape[0] <= labels.shape[0] else None
+
+
+def _per_row(per_run: np.ndarray, heads: np.ndarray | None, n_rows: int) -> np.ndarray:
+    return per_run if heads is None else np.repeat(per_run, np.diff(heads, append=n_rows))
+
+
+def _factorize_sortable(labels: np.ndarray, heads: np.ndarray | None) -> Groups:
+    head_labels = labels if heads is None else labels[heads]
+    n_runs = head_labels.shape[0]
+    if n_runs == 0:
+        return Groups(_read_only(np.zeros(0, np.int64)), 0, _read_only(labels.copy()))
     order = np.argsort(head_labels)  # unstable: the first run of a value comes from the minimum
     ordered = head_labels[order]
-    new_value = np.empty(heads.shape[0], dtype=bool)
+    new_value = np.empty(n_runs, dtype=bool)
     new_value[0] = True
     new_value[1:] = ordered[1:] != ordered[:-1]
     value_starts = np.flatnonzero(new_value)
@@ -210,15 +221,19 @@ def _factorize_sortable(labels: np.ndarray) -> Groups:
     n_groups = by_first_seen.shape[0]
     group_of_value = np.empty(n_groups, dtype=np.int64)
     group_of_value[by_first_seen] = np.arange(n_groups)
-    run_ids = np.empty(heads.shape[0], dtype=np.int64)
-    run_ids[order] = group_of_value[np.cumsum(new_value) - 1]
-    ids = np.repeat(run_ids, np.diff(heads, append=n))
-    return Groups(_read_only(ids), n_groups, _read_only(labels[heads[first_run[by_first_seen]]]))
+    run_ids = np.empty(n_runs, dtype=np.int64)
+    run_ids[order] = np.repeat(group_of_value, np.diff(value_starts, append=n_runs))
+    return Groups(
+        _read_only(_per_row(run_ids, heads, labels.shape[0])),
+        n_groups,
+        _read_only(head_labels[first_run[by_first_seen]]),
+    )
 
 
-def _factorize_hashable(labels: list) -> Groups:
+def _factorize_hashable(labels: np.ndarray, heads: np.ndarray | None) -> Groups:
+    head_labels = (labels if heads is None else labels[heads]).tolist()
     try:
-        first_seen = dict.fromkeys(labels)  # insertion order is first-seen order
+        first_seen = dict.fromkeys(head_labels)  # insertion order is first-seen order
     except TypeError:
         b, label = next((b, x) for b, x in enumerate(labels) if not _hashable(x))
         raise TypeError(
@@ -236,9 +251,11 @@ def _factorize_hashable(labels: list) -> Groups:
             raise ValueError(f"groups[{nan}] is NaN: every row needs a group label")
     n_groups = len(first_seen)
     index = dict(zip(first_seen, range(n_groups), strict=True))
-    ids = np.fromiter(map(index.__getitem__, labels), dtype=np.int64, count=len(labels))
+    run_ids = np.fromiter(
+        map(index.__getitem__, head_labels), dtype=np.int64, count=len(head_labels)
+    )
     return Groups(
-        _read_only(ids),
+        _read_only(_per_row(run_ids, heads, labels.shape[0])),
         n_groups,
         _read_only(np.fromiter(first_seen, dtype=object, count=n_groups)),
     )

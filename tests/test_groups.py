@@ -202,6 +202,7 @@ def test_torch_tensors_go_through_numpy():
         (["a", "b", None], 3, ValueError, r"groups\[2\] is None"),
         (["a", float("nan")], 2, ValueError, r"groups\[1\] is NaN"),
         (["a", [1]], 2, TypeError, r"groups\[1\] = \[1\] is not hashable"),
+        (objects(["a", np.zeros(2)]), 2, TypeError, r"groups\[1\] = .* is not hashable"),
         ("ab", 2, TypeError, r"groups must be a sequence of 2 group labels"),
         ([1, 2], -1, ValueError, r"n_rows must be the number of rows"),
         ([1, 2], 2.0, TypeError, r"n_rows must be an int"),
