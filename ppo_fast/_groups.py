@@ -22,9 +22,10 @@ used to index or size an array: verl PR 7150 is a uid of 1e12 used as an index t
 allocate terabytes. Only the dense ids index memory, so a uid of 10**12, -1 or 2**64 - 1 costs
 what any other does.
 
-Cost: numeric, str and bytes arrays sort one label per run of equal adjacent labels (rows of a
-group usually come adjacent, so a batch with groups of 8 sorts an eighth of its rows); objects go
-through one dict pass at C speed, never a sort of Python objects.
+Cost: rows of a group usually come adjacent, so runs of equal adjacent labels are collapsed
+first wherever that halves the rows (groups of 8 leave an eighth). Numeric, str and bytes arrays
+then sort the labels left; objects go through one dict pass at C speed, never a sort of Python
+objects.
 
 Reductions: ``group_counts`` and ``group_sums`` (float64, each group summed in row order, so the
 result is deterministic); broadcasting a per-group value back onto rows is ``per_group[g.ids]``.
