@@ -1,0 +1,274 @@
+"""Groups of rows (DESIGN.md section 2): factorised once, reduced per group in float64.
+
+A group is the set of rows sampled for one prompt: the n responses that GRPO or RLOO compare
+with each other. Every row belongs to exactly one group. Groups may be uneven, partial (a group
+cut by a micro-batch boundary) or of size one, and the rows of a group need not be adjacent.
+
+The caller names each row's group with a label, ``groups[b]``: an integer id (any integer dtype,
+Python ints, integral floats) or any hashable uid (str, bytes, uuid.UUID, tuples, a mix of
+objects). ``factorize(groups, n_rows)`` returns ``Groups`` with
+
+    ids[b]     int64 in [0, n_groups): the group of row b, numbered in first-seen order
+               (row 0 is in group 0; the next new label opens group 1, and so on)
+    labels[g]  the label of group g as it was given, at its first occurrence
+
+Two labels name the same group when they compare equal: numpy equality for numeric, str and
+bytes arrays; Python ``==`` and ``hash`` for objects, so ``1``, ``1.0`` and ``np.int64(1)`` in
+one object array are one group. A label that cannot name a group is an error: None, NaN, a
+non-integral float in a float array, a bool array, an unhashable object.
+
+Labels are never memory indices. They are only compared (sorted, or hashed into a dict), never
+used to index or size an array: verl PR 7150 is a uid of 1e12 used as an index that tried to
+allocate terabytes. Only the dense ids index memory, so a uid of 10**12, -1 or 2**64 - 1 costs
+what any other does.
+
+Cost: rows of a group usually come adjacent, so runs of equal adjacent labels are collapsed
+first wherever that halves the rows (groups of 8 leave an eighth). Numeric, str and bytes arrays
+then sort the labels left; objects go through one dict pass at C speed, never a sort of Python
+objects.
+
+Reductions: ``group_counts`` and ``group_sums`` (float64, each group summed in row order, so the
+result is deterministic); broadcasting a per-group value back onto rows is ``per_group[g.ids]``.
+A group's sum of squares is ``group_sums(g, x * x)``; for a variance sum the squares of
+``x - (group_sums(g, x) / group_counts(g))[g.ids]``, which does not cancel as ``E[x^2] - E[x]^2``
+does.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _validate
+
+
+@dataclass(frozen=True, eq=False)
+class Groups:
+    """The rows of a batch factorised into groups; see the module docstring."""
+
+    ids: np.ndarray  # int64 (B,), read-only
+    n_groups: int
+    labels: np.ndarray  # (n_groups,), read-only
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """int64 (n_groups,): the number of rows in each group."""
+        return np.bincount(self.ids, minlength=self.n_groups)
+
+
+def factorize(groups: Any, n_rows: int) -> Groups:
+    """Factorise the (B,) group labels `groups` of a batch of `n_rows` rows, in first-seen order."""
+    labels = _labels(groups, _n_rows(n_rows))
+    # The rows of a group usually come adjacent (n samples per prompt, repeated in place): only
+    # the first label of each run of equal labels needs sorting or hashing.
+    heads = _runs(labels)
+    if labels.dtype == object:
+        return _factorize_hashable(labels, heads)
+    return _factorize_sortable(labels, heads)
+
+
+def group_counts(groups: Groups) -> np.ndarray:
+    """int64 (n_groups,): the number of rows in each group."""
+    return _groups(groups).sizes
+
+
+def group_sums(groups: Groups, values: Any) -> np.ndarray:
+    """float64 (n_groups,): the sum of the per-row `values` (B,) over each group, in row order."""
+    groups = _groups(groups)
+    array = _validate.per_row("values", values, groups.n_rows)
+    # bincount adds the weights one row after another into a float64 accumulator per group:
+    # the same sum, bit for bit, as a loop over the rows, whatever the machine or thread count.
+    sums = np.bincount(groups.ids, weights=array, minlength=groups.n_groups)
+    return sums.astype(np.float64, copy=False)  # bincount of no rows is int64, weights or not
+
+
+def _groups(groups: Any) -> Groups:
+    if not isinstance(groups, Groups):
+        raise TypeError(
+            f"groups must be a Groups, got {_validate._describe(groups)}: "
+            "pass ppo_fast._groups.factorize(groups, n_rows)"
+        )
+    return groups
+
+
+def _n_rows(n_rows: Any) -> int:
+    try:
+        n = operator.index(n_rows)
+    except TypeError:
+        raise TypeError(
+            f"n_rows must be an int, the number of rows B, got {_validate._describe(n_rows)}"
+        ) from None
+    if n < 0:
+        raise ValueError(f"n_rows must be the number of rows B >= 0, got {n}")
+    return n
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+def _labels(groups: Any, n_rows: int) -> np.ndarray:
+    """The labels as a 1-D numeric, str, bytes or object array."""
+    if isinstance(groups, str | bytes):
+        raise TypeError(
+            f"groups must be a sequence of {n_rows} group labels, one per row, "
+            f"got a single {type(groups).__name__}: wrap the labels in a list"
+        )
+    if hasattr(groups, "__torch_function__") and not isinstance(groups, np.ndarray):
+        groups = groups.detach().cpu().numpy()
+    if isinstance(groups, Sequence):
+        # Not np.asarray: it would split tuple uids into columns and read [2**64 - 1, -1] as
+        # float64, silently merging ids. Only a list of one kind of number becomes an array.
+        _check_shape((len(groups),), n_rows)
+        # Only a sequence that starts with a number pays for a look at every label's type.
+        if groups and isinstance(groups[0], int | float | np.number | np.bool_):
+            kinds = set(map(type, groups))
+            if all(issubclass(k, bool | np.bool_) for k in kinds):
+                raise _bool_error()
+            if all(_is_int_type(k) for k in kinds):
+                for dtype in (np.int64, np.uint64):
+                    try:
+                        return np.array(groups, dtype=dtype)
+                    except OverflowError:
+                        pass  # Python ints beyond 64 bits: still hashable uids
+            if all(issubclass(k, float | np.floating) for k in kinds):
+                return _integral(np.array(groups, dtype=np.float64))
+        return np.fromiter(groups, dtype=object, count=len(groups))
+    array = np.asarray(groups)
+    _check_shape(array.shape, n_rows)
+    kind = array.dtype.kind
+    if kind in "iuUSO":
+        return array
+    if kind == "f":
+        return _integral(array)
+    if kind == "b":
+        raise _bool_error()
+    raise TypeError(
+        f"groups must hold integer ids or hashable uids, got dtype {array.dtype}: "
+        "pass integers (e.g. groups.astype(np.int64)), strings or a list of uids"
+    )
+
+
+def _is_int_type(kind: type) -> bool:
+    return issubclass(kind, int | np.integer) and not issubclass(kind, bool | np.bool_)
+
+
+def _check_shape(shape: tuple[int, ...], n_rows: int) -> None:
+    if shape != (n_rows,):
+        raise ValueError(
+            f"groups must have shape ({n_rows},), one group label per row, got shape {shape}"
+        )
+
+
+def _bool_error() -> TypeError:
+    return TypeError(
+        "groups is a bool array, which names at most two groups and is most likely a mask: "
+        "pass one integer id or uid per row (e.g. groups.astype(np.int64) if that is intended)"
+    )
+
+
+def _integral(array: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(array) | (array != np.trunc(array))
+    if np.any(bad):
+        b = int(np.argmax(bad))
+        raise TypeError(
+            f"groups is a float array and groups[{b}] = {array[b].item()!r} is not an integer: "
+            "group ids must be integers or hashable uids, and every row needs one; "
+            "pass integer ids, e.g. groups.astype(np.int64)"
+        )
+    return array
+
+
+def _runs(labels: np.ndarray) -> np.ndarray | None:
+    """The first row of each run of equal adjacent labels; None where runs do not halve the rows
+    (shuffled groups), as then collapsing them costs more than it saves."""
+    new_run = np.ones(labels.shape[0], dtype=bool)
+    try:
+        new_run[1:] = labels[1:] != labels[:-1]
+    except (TypeError, ValueError):
+        pass  # objects that cannot be compared: one run per row, and the dict pass says why
+    heads = np.flatnonzero(new_run)
+    return heads if 2 * heads.shape[0] <= labels.shape[0] else None
+
+
+def _per_row(per_run: np.ndarray, heads: np.ndarray | None, n_rows: int) -> np.ndarray:
+    return per_run if heads is None else np.repeat(per_run, np.diff(heads, append=n_rows))
+
+
+def _factorize_sortable(labels: np.ndarray, heads: np.ndarray | None) -> Groups:
+    head_labels = labels if heads is None else labels[heads]
+    n_runs = head_labels.shape[0]
+    if n_runs == 0:
+        return Groups(_read_only(np.zeros(0, np.int64)), 0, _read_only(labels.copy()))
+    order = np.argsort(head_labels)  # unstable: the first run of a value comes from the minimum
+    ordered = head_labels[order]
+    new_value = np.empty(n_runs, dtype=bool)
+    new_value[0] = True
+    new_value[1:] = ordered[1:] != ordered[:-1]
+    value_starts = np.flatnonzero(new_value)
+    first_run = np.minimum.reduceat(order, value_starts)
+    by_first_seen = np.argsort(first_run)
+    n_groups = by_first_seen.shape[0]
+    group_of_value = np.empty(n_groups, dtype=np.int64)
+    group_of_value[by_first_seen] = np.arange(n_groups)
+    run_ids = np.empty(n_runs, dtype=np.int64)
+    run_ids[order] = np.repeat(group_of_value, np.diff(value_starts, append=n_runs))
+    return Groups(
+        _read_only(_per_row(run_ids, heads, labels.shape[0])),
+        n_groups,
+        _read_only(head_labels[first_run[by_first_seen]]),
+    )
+
+
+def _factorize_hashable(labels: np.ndarray, heads: np.ndarray | None) -> Groups:
+    head_labels = (labels if heads is None else labels[heads]).tolist()
+    try:
+        first_seen = dict.fromkeys(head_labels)  # insertion order is first-seen order
+    except TypeError:
+        b, label = next((b, x) for b, x in enumerate(labels) if not _hashable(x))
+        raise TypeError(
+            f"groups[{b}] = {label!r} is not hashable ({_validate._describe(label)}): "
+            "a uid must be hashable, e.g. a str, an int, a uuid.UUID or a tuple"
+        ) from None
+    kinds = set(map(type, first_seen))
+    if type(None) in kinds:
+        b = next(b for b, x in enumerate(labels) if x is None)
+        raise ValueError(f"groups[{b}] is None: every row needs a group label")
+    if any(issubclass(k, float | np.floating) for k in kinds):
+        # NaN is not equal to itself, so it cannot name a group that other rows share.
+        nan = next((b for b, x in enumerate(labels) if _is_nan(x)), None)
+        if nan is not None:
+            raise ValueError(f"groups[{nan}] is NaN: every row needs a group label")
+    n_groups = len(first_seen)
+    index = dict(zip(first_seen, range(n_groups), strict=True))
+    run_ids = np.fromiter(
+        map(index.__getitem__, head_labels), dtype=np.int64, count=len(head_labels)
+    )
+    return Groups(
+        _read_only(_per_row(run_ids, heads, labels.shape[0])),
+        n_groups,
+        _read_only(np.fromiter(first_seen, dtype=object, count=n_groups)),
+    )
+
+
+def _hashable(label: Any) -> bool:
+    try:
+        hash(label)
+    except TypeError:
+        return False
+    return True
+
+
+def _is_nan(label: Any) -> bool:
+    return isinstance(label, float | np.floating) and math.isnan(label)
