@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from .. import _backend
-from .. import _bench_peers as peers
 from .batch import Batch
+from .peers import copy as peer_copy
 from .roofline import COPY_BYTES, COPY_REPEATS, Copy
 
 OURS, PEER, FLOOR = "ours", "peer", "floor"
@@ -79,6 +80,7 @@ class Implementation:
     max_tokens: int | None = None
     convention: str = ""
     check_dtype: Any = None  # compare at this dtype's tolerance (a peer that downcasts)
+    compare: tuple[str, ...] | None = None  # the outputs compared, when not all the kernel's
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,8 @@ def _ours_kl(batch: Batch, backend: str):
 
 def _verl_kl(batch: Batch, threads: int):
     logp, ref = _tensor(batch.logprobs), _tensor(batch.ref_logprobs)
-    return lambda: peers.verl_kl_penalty(logp, ref, "low_var_kl")
+    verl = peer_copy("verl_0_9_1")
+    return lambda: verl.kl_penalty(logp, ref, "low_var_kl")
 
 
 # shape_rewards ------------------------------------------------------------------------------
@@ -184,15 +187,30 @@ def _ours_shape_rewards(batch: Batch, backend: str):
 
 
 def _trl_shape_rewards(batch: Batch, threads: int):
+    trl = peer_copy("trl_0_29_1")
+    args = types.SimpleNamespace(kl_estimator="k3", kl_coef=KL_COEF)
     scores = _tensor(batch.scores)
     logp, ref = _tensor(batch.logprobs), _tensor(batch.ref_logprobs)
-    padding_mask = _tensor(~batch.mask)
-    # TRL adds the score at sequence_lengths + 1 (the token after its EOS index): pass the last
-    # valid index minus one, so that the score lands where ppo_fast puts it.
-    sequence_lengths = _tensor(batch.lengths - 2)
-    return lambda: peers.trl_compute_rewards(
-        scores, logp, ref, padding_mask, sequence_lengths, KL_COEF
+    values = _tensor(batch.values)
+    responses = _tensor(batch.mask)  # only its shape is read
+    # TRL's sequence_lengths: the index of the last valid token
+    lengths = _tensor(batch.lengths)
+    sequence_lengths = lengths - 1
+    return lambda: (
+        trl.ppo_trainer_rewards(args, responses, sequence_lengths, logp, ref, values, scores),
+        lengths,
     )
+
+
+def _trl_rewards_outputs(result) -> dict[str, np.ndarray]:
+    """TRL adds the score one token past the last valid one (at the last column when the row is
+    full): moved back onto the last valid token, where ppo_fast puts it."""
+    rewards, lengths = result
+    rewards, lengths = _numpy(rewards).copy(), _numpy(lengths)
+    rows = np.flatnonzero(lengths < rewards.shape[1])
+    rewards[rows, lengths[rows] - 1] += rewards[rows, lengths[rows]]
+    rewards[rows, lengths[rows]] = 0
+    return {"rewards": rewards}
 
 
 # gae ----------------------------------------------------------------------------------------
@@ -212,8 +230,10 @@ def _gae_outputs(result) -> dict[str, np.ndarray]:
 def _openrlhf_gae(batch: Batch, threads: int):
     values, rewards = _tensor(batch.values), _tensor(batch.rewards)
     action_mask = _tensor(batch.mask)
-    return lambda: peers.openrlhf_get_advantages_and_returns(
-        values, rewards, action_mask, GAMMA, LAM
+    openrlhf = peer_copy("openrlhf_0_11_2")
+    # a method that never reads self
+    return lambda: openrlhf.get_advantages_and_returns(
+        None, values, rewards, action_mask, GAMMA, LAM
     )
 
 
@@ -227,28 +247,75 @@ def _episode_starts(batch: Batch) -> np.ndarray:
 
 def _cleanrl_gae(batch: Batch, threads: int):
     torch = _torch()
+    cleanrl = peer_copy("cleanrl_1_0_0")
+    rows, width = batch.shape
+    args = types.SimpleNamespace(num_steps=width, gamma=GAMMA, gae_lambda=LAM)
+    # the state after the last step is terminal: its value is never used
+    agent = types.SimpleNamespace(get_value=lambda obs: torch.zeros(rows, dtype=values.dtype))
     rewards = _tensor(np.ascontiguousarray(batch.rewards.T))
     values = _tensor(np.ascontiguousarray(batch.values.T))
     dones = _tensor(_episode_starts(batch))
-    next_value = torch.zeros((1, batch.shape[0]), dtype=rewards.dtype)
-    next_done = torch.ones(batch.shape[0], dtype=rewards.dtype)
-    return lambda: peers.cleanrl_gae(rewards, values, dones, next_value, next_done, GAMMA, LAM)
-
-
-def _sb3_gae(batch: Batch, threads: int):
-    rewards = np.ascontiguousarray(batch.rewards.T)
-    values = np.ascontiguousarray(batch.values.T)
-    episode_starts = _episode_starts(batch)
-    last_values = np.zeros(batch.shape[0], dtype=batch.dtype)
-    dones = np.ones(batch.shape[0], dtype=bool)
-    return lambda: peers.sb3_compute_returns_and_advantage(
-        rewards, values, episode_starts, last_values, dones, GAMMA, LAM
+    next_done = torch.ones(rows, dtype=rewards.dtype)
+    return lambda: cleanrl.ppo_advantages(
+        args, agent, None, next_done, rewards, dones, values, "cpu"
     )
 
 
+def _sb3_gae(batch: Batch, threads: int):
+    torch = _torch()
+    sb3 = peer_copy("stable_baselines3_2_7_1")
+    rewards = np.ascontiguousarray(batch.rewards.T)
+    values = np.ascontiguousarray(batch.values.T)
+    episode_starts = _episode_starts(batch)
+    last_values = torch.zeros(batch.shape[0], dtype=_tensor(rewards).dtype)
+    dones = np.ones(batch.shape[0], dtype=bool)
+
+    def run():
+        # RolloutBuffer.reset allocates the advantages; its buffers take the batch's dtype here
+        buffer = types.SimpleNamespace(
+            buffer_size=rewards.shape[0],
+            rewards=rewards,
+            values=values,
+            episode_starts=episode_starts,
+            advantages=np.zeros(rewards.shape, dtype=rewards.dtype),
+            gamma=GAMMA,
+            gae_lambda=LAM,
+        )
+        sb3.compute_returns_and_advantage(buffer, last_values, dones)
+        return buffer.advantages, buffer.returns
+
+    return run
+
+
 def _spinningup_gae(batch: Batch, threads: int):
-    rewards, values, lengths = batch.rewards, batch.values, batch.lengths
-    return lambda: peers.spinningup_gae(rewards, values, lengths, GAMMA, LAM)
+    spinningup = peer_copy("spinningup_0_2")
+    mask, lengths = batch.mask, batch.lengths
+    rewards, values = batch.rewards[mask], batch.values[mask]  # the trajectories, one after another
+
+    def run():
+        buffer = types.SimpleNamespace(
+            rew_buf=rewards,
+            val_buf=values,
+            adv_buf=np.zeros_like(rewards),
+            ret_buf=np.zeros_like(rewards),
+            gamma=GAMMA,
+            lam=LAM,
+            path_start_idx=0,
+            ptr=0,
+        )
+        for length in lengths:  # PPOBuffer.finish_path at the end of each trajectory
+            buffer.ptr += int(length)
+            spinningup.finish_path(buffer, 0)
+        return buffer.adv_buf, mask
+
+    return run
+
+
+def _flat_advantages(result) -> dict[str, np.ndarray]:
+    advantages, mask = result
+    padded = np.zeros(mask.shape, dtype=advantages.dtype)
+    padded[mask] = advantages
+    return {"advantages": padded}
 
 
 def _torchrl_inputs(batch: Batch):
@@ -310,15 +377,17 @@ def _verl_gae_whiten(batch: Batch, threads: int):
     rewards, values = _tensor(batch.rewards), _tensor(batch.values)
     # verl's response_mask is a slice of the int64 attention mask.
     response_mask = _tensor(batch.mask.astype(np.int64))
-    return lambda: peers.verl_compute_gae_advantage_return(
-        rewards, values, response_mask, GAMMA, LAM
-    )
+    verl = peer_copy("verl_0_9_1")
+    return lambda: verl.compute_gae_advantage_return(rewards, values, response_mask, GAMMA, LAM)
 
 
 def _trl_gae_whiten(batch: Batch, threads: int):
     rewards, values = _tensor(batch.rewards), _tensor(batch.values)
     padding_mask = _tensor(~batch.mask)
-    return lambda: peers.trl_advantages_and_returns(rewards, values, padding_mask, GAMMA, LAM)
+    responses = padding_mask  # only its shape is read
+    trl = peer_copy("trl_0_29_1")
+    args = types.SimpleNamespace(gamma=GAMMA, lam=LAM)
+    return lambda: trl.ppo_trainer_gae(args, responses, rewards, values, padding_mask)
 
 
 # whiten, masked_moments ---------------------------------------------------------------------
@@ -332,8 +401,16 @@ def _ours_whiten(batch: Batch, backend: str):
 
 
 def _openrlhf_whiten(batch: Batch, threads: int):
-    advantages, mask = [_tensor(batch.advantages)], [_tensor(batch.mask)]
-    return lambda: peers.openrlhf_normalize_advantages(advantages, mask)[0]
+    openrlhf = peer_copy("openrlhf_0_11_2")
+    advantage = types.SimpleNamespace(estimator="gae", no_std_norm=False)
+    args = types.SimpleNamespace(algo=types.SimpleNamespace(advantage=advantage))
+    advantages, action_mask = _tensor(batch.advantages), _tensor(batch.mask)
+
+    def run():
+        experience = types.SimpleNamespace(advantages=advantages, action_mask=action_mask)
+        return openrlhf.normalize_advantages(args, [experience])[0].advantages
+
+    return run
 
 
 def _ours_moments(batch: Batch, backend: str):
@@ -401,20 +478,27 @@ def _compiled(function: Callable) -> Callable:
 
 def _trl_policy_loss(compiled: bool):
     def prepare(batch: Batch, threads: int):
-        loss = _compiled(peers.trl_policy_loss) if compiled else peers.trl_policy_loss
+        trl = peer_copy("trl_0_29_1")
+        loss = _compiled(trl.ppo_trainer_policy_loss) if compiled else trl.ppo_trainer_policy_loss
+        args = types.SimpleNamespace(cliprange=CLIP)
         old, adv = _tensor(batch.old_logprobs), _tensor(batch.advantages)
         padding_mask = _tensor(~batch.mask)
-        return _backward(lambda logp: loss(logp, old, adv, padding_mask, CLIP), batch.logprobs)
+        return _backward(
+            lambda logp: loss(args, logp, old, adv, padding_mask, slice(None)), batch.logprobs
+        )
 
     return prepare
 
 
 def _verl_policy_loss(batch: Batch, threads: int):
+    verl = peer_copy("verl_0_9_1")
     old, adv = _tensor(batch.old_logprobs), _tensor(batch.advantages)
     response_mask = _tensor(batch.mask.astype(np.int64))
-    config = {"clip_ratio": CLIP, "clip_ratio_c": DUAL_CLIP}
+    config = verl.ActorConfig(
+        clip_ratio=CLIP, clip_ratio_low=CLIP, clip_ratio_high=CLIP, clip_ratio_c=DUAL_CLIP
+    )
     return _backward(
-        lambda logp: peers.verl_compute_policy_loss_vanilla(
+        lambda logp: verl.compute_policy_loss_vanilla(
             old, logp, adv, response_mask, "token-mean", config
         )[0],
         batch.logprobs,
@@ -423,23 +507,25 @@ def _verl_policy_loss(batch: Batch, threads: int):
 
 def _trl_value_loss(compiled: bool):
     def prepare(batch: Batch, threads: int):
-        loss = _compiled(peers.trl_value_loss) if compiled else peers.trl_value_loss
+        trl = peer_copy("trl_0_29_1")
+        loss = _compiled(trl.ppo_trainer_value_loss) if compiled else trl.ppo_trainer_value_loss
+        args = types.SimpleNamespace(cliprange_value=VALUE_CLIP)
         old, returns = _tensor(batch.old_values), _tensor(batch.returns)
-        padding_mask = _tensor(~batch.mask)
+        padding_mask_p1 = _tensor(~batch.mask)
         return _backward(
-            lambda values: loss(values, old, returns, padding_mask, VALUE_CLIP), batch.values
+            lambda values: loss(args, values, old, returns, padding_mask_p1, slice(None))[0],
+            batch.values,
         )
 
     return prepare
 
 
 def _verl_value_loss(batch: Batch, threads: int):
+    verl = peer_copy("verl_0_9_1")
     old, returns = _tensor(batch.old_values), _tensor(batch.returns)
     response_mask = _tensor(batch.mask.astype(np.int64))
     return _backward(
-        lambda values: peers.verl_compute_value_loss(
-            values, returns, old, response_mask, VALUE_CLIP
-        )[0],
+        lambda values: verl.compute_value_loss(values, returns, old, response_mask, VALUE_CLIP)[0],
         batch.values,
     )
 
@@ -461,12 +547,13 @@ def _kernel(kernel: Kernel) -> Kernel:
     return dataclasses.replace(kernel, implementations=implementations)
 
 
-VERL = "volcengine/verl"
+VERL = "verl 0.9.1 (peers.verl_0_9_1)"
+OPENRLHF = "OpenRLHF 0.11.2 (peers.openrlhf_0_11_2)"
+TRL_PPO = "TRL 0.29.1 (peers.trl_0_29_1) PPOTrainer.train"
 _BESSEL = (
     "masked_var's Bessel factor mask_sum / (mask_sum - 1) divides two integer tensors, which "
     "torch returns in float32, so float64 results agree to float32 precision"
 )
-TRL_PPO = "huggingface/trl trl/trainer/ppo_trainer.py @ be8a0874"
 
 KERNELS: dict[str, Kernel] = {
     kernel.name: _kernel(kernel)
@@ -486,7 +573,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _verl_kl,
                     lambda kl: {"kl": _numpy(kl)},
-                    f"{VERL} verl/trainer/ppo/core_algos.py @ 012be9d9 kl_penalty",
+                    f"{VERL} kl_penalty(logprob, ref_logprob, 'low_var_kl')",
                     requires=("torch",),
                 ),
             ),
@@ -509,11 +596,11 @@ KERNELS: dict[str, Kernel] = {
                     "trl",
                     PEER,
                     _trl_shape_rewards,
-                    lambda rewards: {"rewards": _numpy(rewards)},
-                    f"{TRL_PPO} '4. compute rewards' (k3)",
+                    _trl_rewards_outputs,
+                    f"{TRL_PPO} steps 3-4, the padding masks and '4. compute rewards' (k3)",
                     requires=("torch",),
-                    convention="TRL puts the score one token past its EOS index; the index "
-                    "passed is the last valid token's minus one, so the score lands where "
+                    convention="TRL adds the score one token past the last valid one (on it when "
+                    "the row is full); the check moves it back onto the last valid token, where "
                     "ppo_fast puts it",
                 ),
             ),
@@ -533,8 +620,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _openrlhf_gae,
                     _pair,
-                    "OpenRLHF/OpenRLHF openrlhf/trainer/ppo_utils/experience_maker.py @ 89308a0b "
-                    "get_advantages_and_returns",
+                    f"{OPENRLHF} RemoteExperienceMaker.get_advantages_and_returns",
                     requires=("torch",),
                 ),
                 Implementation(
@@ -542,7 +628,8 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _cleanrl_gae,
                     _pair_time_major,
-                    "vwxyzjn/cleanrl cleanrl/ppo.py @ 020cf0e5 (torch loop over T)",
+                    "CleanRL v1.0.0 (peers.cleanrl_1_0_0) cleanrl/ppo.py's GAE block (torch loop "
+                    "over T)",
                     requires=("torch",),
                     convention="time-major (T, B) tensors; a row's end is a done flag",
                 ),
@@ -551,20 +638,23 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _sb3_gae,
                     _pair_time_major,
-                    "DLR-RM/stable-baselines3 stable_baselines3/common/buffers.py @ 64a0a6bb "
+                    "Stable-Baselines3 2.7.1 (peers.stable_baselines3_2_7_1) "
                     "RolloutBuffer.compute_returns_and_advantage (NumPy loop over T)",
-                    convention="time-major (T, B) arrays; a row's end is an episode start",
+                    requires=("torch",),
+                    convention="time-major (T, B) arrays in the batch's dtype (SB3's buffers are "
+                    "float32); a row's end is an episode start",
                 ),
                 Implementation(
                     "scipy lfilter",
                     PEER,
                     _spinningup_gae,
-                    _pair,
-                    "openai/spinningup spinup/algos/pytorch/ppo/core.py @ 20921137 "
-                    "discount_cumsum, one lfilter per row as PPOBuffer.finish_path",
+                    _flat_advantages,
+                    "Spinning Up 0.2 (peers.spinningup_0_2) PPOBuffer.finish_path once per "
+                    "trajectory, discount_cumsum by scipy.signal.lfilter",
                     requires=("scipy.signal",),
-                    convention="returns are advantages + values (Spinning Up's value targets "
-                    "are rewards-to-go)",
+                    convention="flat buffers of the valid tokens, one trajectory per row; only "
+                    "the advantages are compared (Spinning Up's value targets are rewards-to-go)",
+                    compare=("advantages",),
                 ),
                 Implementation(
                     "torchrl gae",
@@ -610,8 +700,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _verl_gae_whiten,
                     _pair,
-                    f"{VERL} verl/trainer/ppo/core_algos.py @ 012be9d9 "
-                    "compute_gae_advantage_return + verl/utils/torch_functional.py masked_whiten",
+                    f"{VERL} compute_gae_advantage_return (GAE, then masked_whiten)",
                     requires=("torch",),
                     convention="verl does not zero the advantages outside the mask; " + _BESSEL,
                     check_dtype=np.float32,
@@ -621,7 +710,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _trl_gae_whiten,
                     _pair,
-                    f"{TRL_PPO} '6. compute advantages and returns'",
+                    f"{TRL_PPO} step 6, '6. compute advantages and returns'",
                     requires=("torch",),
                     convention=_BESSEL,
                     check_dtype=np.float32,
@@ -647,8 +736,8 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _openrlhf_whiten,
                     lambda whitened: {"whitened": _numpy(whitened)},
-                    "OpenRLHF/OpenRLHF openrlhf/trainer/ppo_utils/experience_maker.py @ 89308a0b "
-                    "compute_advantages_and_returns (the normalisation)",
+                    f"{OPENRLHF} RemoteExperienceMaker.compute_advantages_and_returns's "
+                    "normalisation of the advantages",
                     requires=("torch",),
                     convention="rsqrt(max(var, 1e-8)) and no zeroing outside the mask",
                     check_dtype=np.float32,
@@ -687,7 +776,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _trl_policy_loss(compiled=False),
                     _loss_and_grad,
-                    f"{TRL_PPO} pg_loss (the plain formula), forward + backward",
+                    f"{TRL_PPO} policy loss (pg_loss), forward + backward",
                     requires=("torch",),
                     convention="no dual clip or clamp: on this batch neither is active "
                     "(|log-ratio| < 1), which the check confirms",
@@ -697,7 +786,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _trl_policy_loss(compiled=True),
                     _loss_and_grad,
-                    f"torch.compile of {TRL_PPO} pg_loss, forward + backward",
+                    f"torch.compile of {TRL_PPO} policy loss (pg_loss), forward + backward",
                     requires=("torch",),
                     convention="as torch autograd; compiled on the warm-up call, not timed",
                 ),
@@ -706,8 +795,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _verl_policy_loss,
                     _loss_and_grad,
-                    f"{VERL} verl/trainer/ppo/core_algos.py @ 012be9d9 "
-                    "compute_policy_loss_vanilla, forward + backward",
+                    f"{VERL} compute_policy_loss_vanilla, forward + backward",
                     requires=("torch",),
                 ),
             ),
@@ -727,7 +815,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _trl_value_loss(compiled=False),
                     _loss_and_grad,
-                    f"{TRL_PPO} vf_loss (the plain formula), forward + backward",
+                    f"{TRL_PPO} value loss (vf_loss), forward + backward",
                     requires=("torch",),
                 ),
                 Implementation(
@@ -735,7 +823,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _trl_value_loss(compiled=True),
                     _loss_and_grad,
-                    f"torch.compile of {TRL_PPO} vf_loss, forward + backward",
+                    f"torch.compile of {TRL_PPO} value loss (vf_loss), forward + backward",
                     requires=("torch",),
                     convention="compiled on the warm-up call, not timed",
                 ),
@@ -744,8 +832,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _verl_value_loss,
                     _loss_and_grad,
-                    f"{VERL} verl/trainer/ppo/core_algos.py @ 012be9d9 compute_value_loss, "
-                    "forward + backward",
+                    f"{VERL} compute_value_loss, forward + backward",
                     requires=("torch",),
                 ),
             ),
@@ -804,7 +891,7 @@ def compare(
     """None when ``outputs`` equal ``reference`` within the tolerance, else what differs."""
     dtype = np.dtype(implementation.check_dtype or batch.dtype)
     rtol = CHECK_RTOL[dtype]
-    for name in kernel.compare:
+    for name in implementation.compare or kernel.compare:
         expected = np.asarray(reference[name], dtype=np.float64)
         actual = np.asarray(outputs[name], dtype=np.float64)
         if actual.shape != expected.shape:
