@@ -77,6 +77,8 @@ def pytest_generate_tests(metafunc):
                 for k, i, s, d, n in cases
             ],
         )
+    if "compat_shape" in metafunc.fixturenames:
+        metafunc.parametrize("compat_shape", shapes, ids=[engine.shape_name(s) for s in shapes])
     if "scaling_case" in metafunc.fixturenames:
         largest = float(config.getoption("--max-tokens"))
         cases = [
