@@ -1,4 +1,4 @@
-"""pytest-benchmark suites over ppo_fast.benchmark's comparison table.
+"""pytest-benchmark suites over ppo_fast.bench's comparison table.
 
     pytest bench/                                   the full matrix (minutes)
     pytest bench/ --shapes 256x1024 --threads 2     a slice of it
@@ -7,15 +7,15 @@
 
 Every row checks its output against ppo_fast's before it is timed. Rows are grouped by kernel,
 shape, dtype and threads, so pytest-benchmark's table shows each implementation relative to the
-roofline and to the others of its group; ``--benchmark-json`` keeps the raw numbers, and the
-terminal summary adds the ratios to the roofline, the speed-ups and the fitted scaling exponents.
+others of its group; ``--benchmark-json`` keeps the raw numbers, and the terminal summary adds
+the ratios to the memory floor, the speed-ups and the fitted scaling exponents.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from ppo_fast import benchmark as engine
+from ppo_fast import bench as engine
 
 
 def pytest_configure(config):
@@ -77,6 +77,8 @@ def pytest_generate_tests(metafunc):
                 for k, i, s, d, n in cases
             ],
         )
+    if "compat_shape" in metafunc.fixturenames:
+        metafunc.parametrize("compat_shape", shapes, ids=[engine.shape_name(s) for s in shapes])
     if "scaling_case" in metafunc.fixturenames:
         largest = float(config.getoption("--max-tokens"))
         cases = [
@@ -124,14 +126,10 @@ class Batches:
     def reference(self, kernel: engine.Kernel, batch: engine.Batch):
         """ppo_fast's outputs: the first of our backends that runs here on this batch."""
         if kernel.name not in self.references:
-            for implementation in kernel.implementations:
-                if implementation.kind != engine.OURS or engine.why_not(implementation):
-                    continue
-                if implementation.max_tokens and batch.tokens > implementation.max_tokens:
-                    continue
-                result = implementation.prepare(batch, 1)()
-                self.references[kernel.name] = implementation.outputs(result)
-                break
+            self.references[kernel.name] = engine.reference_outputs(kernel, batch)
+        assert self.references[kernel.name] is not None, (
+            f"no backend of ppo_fast runs {kernel.name}"
+        )
         return self.references[kernel.name]
 
 
@@ -149,13 +147,19 @@ def threads_restored():
 RESULTS: list[dict] = []
 
 
-def record(benchmark, row: dict) -> None:
-    """Keep the row for the terminal summary (its stats exist only when benchmarking)."""
+def record(benchmark, row: dict, copy: engine.Copy | None = None) -> None:
+    """Keep the row for the terminal summary (its stats exist only when benchmarking). The floor's
+    row (``copy`` given) gets the floor time at the bandwidth of the copy's best time."""
     stats = getattr(getattr(benchmark, "stats", None), "stats", None)
-    if stats is not None:
-        times = list(stats.data)
-        row.update(times=times, min=min(times), median=stats.median, max=max(times), status="ok")
-        RESULTS.append(row)
+    if stats is None:
+        return
+    times = list(stats.data)
+    row.update(times=times, min=min(times), median=stats.median, max=max(times), status="ok")
+    if copy is not None:
+        bandwidth = copy.bandwidth(min(times))
+        floor = engine.floor_seconds(row["bytes_read"], row["bytes_written"], bandwidth)
+        row.update(times=[floor], min=floor, median=floor, max=floor, bandwidth=bandwidth)
+    RESULTS.append(row)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -1,5 +1,9 @@
-"""Every kernel x implementation (ours per backend, the peers, the roofline) x shape x dtype x
-threads, from ppo_fast.benchmark.KERNELS. Each row checks its output against ppo_fast's first."""
+"""Every kernel x implementation (ours per backend, the peers, the floor) x shape x dtype x
+threads, from ppo_fast.bench.KERNELS. Each row checks its output against ppo_fast's first.
+
+The floor's row times the copy that measures the bandwidth (np.copyto over 64 MiB on as many
+threads); the summary reports the floor, the kernel's compulsory bytes at that bandwidth.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import time
 import pytest
 from conftest import record
 
-from ppo_fast import benchmark as engine
+from ppo_fast import bench as engine
 
 # A call slower than this is timed over a few rounds only (the Python loops over T).
 SLOW_CALL_SECONDS = 0.2
@@ -17,13 +21,7 @@ SLOW_ROUNDS = 3
 
 def test_kernel(benchmark, case, batches, threads_restored):
     kernel, implementation, shape, dtype, threads = case
-    reason = engine.why_not(implementation)
-    if (
-        reason is None
-        and implementation.max_tokens
-        and shape[0] * shape[1] > implementation.max_tokens
-    ):
-        reason = f"runs on batches of up to {implementation.max_tokens} tokens only"
+    reason = engine.why_not(implementation, shape[0] * shape[1])
     if reason is not None:
         pytest.skip(reason)
     batch = batches.get(shape, dtype)
@@ -33,9 +31,8 @@ def test_kernel(benchmark, case, batches, threads_restored):
     result = call()  # warm-up: compiles, and gives the output checked
     warm_up = time.perf_counter() - start
     if implementation.outputs is not None:
-        outputs = implementation.outputs(result)
-        mismatch = engine.compare(
-            kernel, implementation, outputs, batches.reference(kernel, batch), batch
+        mismatch = engine.check(
+            kernel, implementation, result, batch, batches.reference(kernel, batch)
         )
         assert mismatch is None, f"{implementation.name} computes something else: {mismatch}"
     del result
@@ -67,4 +64,5 @@ def test_kernel(benchmark, case, batches, threads_restored):
             "bytes_read": read,
             "bytes_written": written,
         },
+        copy=call if implementation.kind == engine.FLOOR else None,
     )

@@ -1,7 +1,7 @@
 """Extra peak memory of one call per kernel x implementation, at ``--memory-shape`` in float32.
 
 tracemalloc does not see numba's or torch's allocations, so each row runs in a fresh process
-(``ppo_fast.benchmark.memory_probe``, with glibc's mmap threshold fixed so that freed buffers
+(``ppo_fast.bench.memory_probe``, with glibc's mmap threshold fixed so that freed buffers
 leave the resident set): the inputs are built and converted, a warm-up call compiles, the peak
 resident set size (VmHWM) is reset through /proc/self/clear_refs and read after one more call.
 The probe's wall time is what pytest-benchmark shows; the memory is in ``extra_info`` and in the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from ppo_fast import benchmark as engine
+from ppo_fast import bench as engine
 
 MEMORY: list[dict] = []
 
@@ -20,20 +20,14 @@ MEMORY: list[dict] = []
 def test_peak_memory(benchmark, memory_case, request):
     kernel, implementation = memory_case
     shape = engine.parse_shape(request.config.getoption("--memory-shape"))
-    reason = engine.why_not(implementation)
-    if (
-        reason is None
-        and implementation.max_tokens
-        and shape[0] * shape[1] > implementation.max_tokens
-    ):
-        reason = f"runs on batches of up to {implementation.max_tokens} tokens only"
+    reason = engine.why_not(implementation, shape[0] * shape[1])
     if reason is not None:
         pytest.skip(reason)
     measured: dict = {}
 
     def probe():
         args = [kernel.name, implementation.name, list(shape), "float32"]
-        measured.update(engine._probe("memory_probe", args, engine.MALLOC_ENV))
+        measured.update(engine.run_probe("memory_probe", args, engine.MALLOC_ENV))
 
     benchmark.group = f"peak memory {engine.shape_name(shape)} float32"
     benchmark.pedantic(probe, rounds=1, iterations=1)
@@ -56,5 +50,5 @@ def test_peak_memory(benchmark, memory_case, request):
 
 
 def teardown_module():
-    for line in engine._format_memory(MEMORY):
+    for line in engine.render(engine.format_memory(MEMORY)).splitlines():
         print(line)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ppo_fast import benchmark as engine
+from ppo_fast import bench as engine
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_first_call(benchmark, modes, index):
     measured: dict = {}
     benchmark.group = "first call"
     benchmark.pedantic(
-        lambda: measured.update(engine._probe("first_call_probe", [backend], env)), rounds=1
+        lambda: measured.update(engine.run_probe("first_call_probe", [backend], env)), rounds=1
     )
     assert set(measured["calls"]) == set(engine.FIRST_CALL_KERNELS)
     benchmark.extra_info.update(backend=backend, mode=mode, **measured)

@@ -36,6 +36,7 @@ does.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from collections.abc import Sequence
@@ -74,6 +75,11 @@ def factorize(groups: Any, n_rows: int) -> Groups:
     if labels.dtype == object:
         return _factorize_hashable(labels, heads)
     return _factorize_sortable(labels, heads)
+
+
+def with_groups(rows: _validate.Rows, groups: Any) -> _validate.Rows:
+    """``rows`` carrying the factorised ``groups`` (one label per row) of the batch."""
+    return dataclasses.replace(rows, groups=factorize(groups, rows.n_rows))
 
 
 def group_counts(groups: Groups) -> np.ndarray:

@@ -12,6 +12,9 @@ of those, the first ``lengths[b]`` may be valid, and where a mask is given only 
     padded + lengths  starts = b*T, spans = T, lengths = lengths
     packed            starts = cu_seqlens[:-1], spans = lengths = diff(cu_seqlens)
     none (2-D)        starts = b*T, spans = lengths = T
+
+Rows may also carry groups (``_groups.with_groups``): the group of each row, for the estimators
+that reduce per group.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # _groups validates through this module: no import at run time
+    from ._groups import Groups
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _EMPTY_MASK = np.zeros(0, dtype=np.uint8)
@@ -37,6 +43,7 @@ class Rows:
     lengths: np.ndarray  # int64 (B,)
     mask: np.ndarray  # uint8 (N,), or (0,) when every position within lengths is valid
     packed: bool
+    groups: Groups | None = None  # the group of each row, when the caller gives them
 
     @property
     def n_rows(self) -> int:

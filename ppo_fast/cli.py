@@ -2,7 +2,7 @@
 
     ppo-fast trace                 the worked example of shared/seeds/000 (score 0.7, beta 0.2)
     ppo-fast trace --json FILE     a small batch given as JSON ('-' reads standard input)
-    ppo-fast bench                 time the kernels against the peers (ppo_fast.benchmark)
+    ppo-fast bench                 time the kernels against the peers (ppo_fast.bench)
 
 The JSON object holds ``logprobs``, ``ref_logprobs`` and ``values`` as lists of rows (rows may
 have different lengths), ``scores`` (one per row), and optionally ``kl_coef``, ``gamma``,
@@ -279,10 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     trace.add_argument("--estimator", choices=ESTIMATORS, help="override the KL estimator")
     trace.add_argument("--backend", choices=("auto", *_backend.BACKENDS), default=None)
     # numpy only: torch, scipy and matplotlib load when a row or the plot needs them.
-    from . import benchmark
+    from . import bench as benchmark
 
     bench = commands.add_parser(
-        "bench", help="time the kernels against the peers and the memory roofline"
+        "bench", help="time the kernels against the peers and the memory floor"
     )
     benchmark.add_arguments(bench)
     args = parser.parse_args(argv)

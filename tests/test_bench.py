@@ -17,17 +17,37 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ppo_fast import benchmark as engine
+from ppo_fast import bench as engine
 from ppo_fast import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The kernels of ppo_fast's kernel table: becomes tuple(ppo_fast._spec.KERNELS) once it lands.
+TABLE_KERNELS = engine.TABLE_KERNELS
+
+
+def _case(kernel: engine.Kernel, implementation: engine.Implementation):
+    """A case that runs, or one skipped with the reason it cannot run here, naming it."""
+    case_id = f"{kernel.name}-{implementation.name}".replace(" ", "_")
+    reason = engine.why_not(implementation)
+    if reason is None:
+        return pytest.param(kernel, implementation, id=case_id)
+    skip = pytest.mark.skip(reason=f"{implementation.name} does not run here: {reason}")
+    return pytest.param(kernel, implementation, id=case_id, marks=skip)
+
+
 CASES = [
-    (kernel, implementation)
+    _case(kernel, implementation)
     for kernel in engine.KERNELS.values()
     for implementation in kernel.implementations
     # the oracle is the reference every other row is compared with
-    if implementation.kind != engine.ROOFLINE and implementation.backend != "python"
+    if implementation.kind != engine.FLOOR and implementation.backend != "python"
+]
+UNAVAILABLE = [
+    (implementation, reason)
+    for kernel in engine.KERNELS.values()
+    for implementation in kernel.implementations
+    if (reason := engine.why_not(implementation)) is not None
 ]
 
 
@@ -38,24 +58,56 @@ def reference(kernel: engine.Kernel, batch: engine.Batch) -> dict[str, np.ndarra
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize(
-    ("kernel", "implementation"),
-    CASES,
-    ids=[f"{k.name}-{i.name}".replace(" ", "_") for k, i in CASES],
-)
+@pytest.mark.parametrize(("kernel", "implementation"), CASES)
 def test_every_implementation_computes_what_ppo_fast_computes(kernel, implementation, dtype):
-    """The check every benchmark row makes before timing, on a ragged batch (lengths T/2..T)."""
+    """The check every benchmark row makes before timing, on a ragged batch (lengths T/2..T).
+    An implementation that cannot run here is skipped, and the skip names it and says why."""
     batch = engine.Batch((6, 40), dtype, seed=3)
-    reason = engine.why_not(implementation)
-    if reason is not None:
-        # Not installed here: the report must say how to install it (our backends say why).
-        expected = "cannot be used" if implementation.kind == engine.OURS else engine.BENCH_EXTRA
-        assert expected in reason or "does not import" in reason
-        return
     outputs = implementation.outputs(implementation.prepare(batch, 1)())
-    assert set(kernel.compare) <= set(outputs)
+    assert set(implementation.compare or kernel.compare) <= set(outputs)
     mismatch = engine.compare(kernel, implementation, outputs, reference(kernel, batch), batch)
     assert mismatch is None, f"{kernel.name} / {implementation.name}: {mismatch}"
+
+
+PEERS = [
+    implementation
+    for kernel in engine.KERNELS.values()
+    for implementation in kernel.implementations
+    if implementation.requires
+]
+
+
+@pytest.mark.parametrize("implementation", PEERS, ids=[i.name.replace(" ", "_") for i in PEERS])
+def test_a_missing_peer_says_how_to_install_it(implementation, monkeypatch):
+    """Every peer with a requirement, as if it were not installed (None in sys.modules is what
+    importing a missing module raises): the report must say how to install it."""
+    for module in implementation.requires:
+        monkeypatch.setitem(sys.modules, module, None)
+    engine.unavailable.cache_clear()  # availability is cached per process
+    try:
+        reason = engine.why_not(implementation)
+    finally:
+        engine.unavailable.cache_clear()
+    assert reason is not None and engine.BENCH_EXTRA in reason, (implementation.name, reason)
+
+
+def test_what_cannot_run_here_says_why():
+    """What is really missing on this machine (often nothing): our backends say why they cannot
+    load, peers how to install them."""
+    for implementation, reason in UNAVAILABLE:
+        expected = "cannot be used" if implementation.kind == engine.OURS else engine.BENCH_EXTRA
+        assert expected in reason or "does not import" in reason, (implementation.name, reason)
+
+
+def test_every_kernel_of_the_table_has_a_benchmark_entry():
+    exercised = {name for kernel in engine.KERNELS.values() for name in kernel.table_kernels}
+    assert set(TABLE_KERNELS) <= exercised, set(TABLE_KERNELS) - exercised
+    assert exercised <= set(TABLE_KERNELS), exercised - set(TABLE_KERNELS)
+    for name in TABLE_KERNELS:
+        assert name in engine.table_entry(name).table_kernels
+    assert engine.FIRST_CALL_KERNELS == tuple(
+        dict.fromkeys(engine.table_entry(name).name for name in TABLE_KERNELS)
+    )
 
 
 def test_the_check_catches_a_different_computation():
@@ -93,20 +145,27 @@ def test_the_batch_is_right_padded_with_zeros_and_deterministic():
     np.testing.assert_array_equal(batch.rewards, again.rewards)
 
 
-def test_roofline_bytes_and_copy():
+def test_floor_is_the_compulsory_bytes_at_the_copy_bandwidth():
     kernel = engine.KERNELS["gae"]
     batch = engine.Batch((4, 16), "float32")
     read, written = kernel.traffic(batch)
-    assert read == 2 * 64 * 4 + 64  # rewards and values, float32, and the bool mask
+    assert read == 2 * 64 * 4 + 64  # rewards and values, float32, and the bool mask at one byte
     assert written == 2 * 64 * 4  # advantages and returns
-    copy = engine.Roofline(read, written)
-    assert copy.size == read + written and len(copy.slices) == 1
+    assert engine.floor_seconds(read, written, 1e9) == pytest.approx((read + written) / 1e9)
+    # A copy reads and writes every byte: its bandwidth is 2 x bytes / time.
+    copy = engine.Copy(nbytes=3 << 20)
+    assert copy.bandwidth(1e-3) == pytest.approx(2 * (3 << 20) / 1e-3)
+    assert len(copy.slices) == 1
     copy()
     np.testing.assert_array_equal(copy.target, copy.source)
-    threaded = engine.Roofline(3 << 20, 3 << 20, threads=2)
+    threaded = engine.Copy(threads=2, nbytes=3 << 20)
     assert len(threaded.slices) == 2
     threaded()
     np.testing.assert_array_equal(threaded.target, threaded.source)
+    assert engine.COPY_BYTES >= 64 << 20
+    assert engine.copy_bandwidth(1) > 0
+    row = engine.floor_row(kernel, kernel.implementation("floor"), batch, 1)
+    assert row["median"] == pytest.approx((read + written) / row["bandwidth"])
 
 
 def test_time_calls_batches_fast_calls_and_samples_slow_ones_a_few_times():
@@ -140,8 +199,8 @@ def test_importing_the_benchmark_loads_no_peer():
             "-c",
             textwrap.dedent("""
                 import sys
-                import ppo_fast.benchmark, ppo_fast.cli
-                heavy = ("torch", "scipy", "matplotlib", "torchrl", "numba")
+                import ppo_fast.bench, ppo_fast.cli
+                heavy = ("torch", "scipy", "matplotlib", "torchrl", "numba", "rich")
                 print(sorted(m for m in heavy if m in sys.modules))
             """),
         ],
@@ -190,9 +249,9 @@ def test_cli_bench_writes_every_row(tiny_run, capsys):
                         if engine.why_not(implementation) is None:
                             assert row["status"] == "ok", row
                             assert row["min"] <= row["median"] <= row["max"]
-                            if implementation.kind != engine.ROOFLINE:
+                            if implementation.kind != engine.FLOOR:
                                 assert row["checked"] or row["reference"], row
-                            assert row["x_roofline"] > 0
+                            assert row["x_floor"] > 0
                         else:
                             assert row["status"] == "skipped" and row["reason"]
                             assert row["implementation"] in out.split("not run:")[1]
@@ -202,7 +261,7 @@ def test_cli_bench_writes_every_row(tiny_run, capsys):
                 shape = engine.scaling_shape(tokens)
                 assert (kernel.name, implementation.name, shape, "float32", 2, "scaling") in by_key
     fitted = {(f["kernel"], f["implementation"]) for f in document["exponents"]}
-    assert ("gae", "ppo_fast[numba]") in fitted and ("gae", "roofline") in fitted
+    assert ("gae", "ppo_fast[numba]") in fitted and ("gae", "floor") in fitted
     assert document["environment"]["versions"]["numpy"] == np.__version__
     assert "summary: speed-up of ppo_fast[numba]" in out
     assert "scaling: time ~ tokens^k" in out
@@ -244,7 +303,9 @@ def test_report_lists_what_did_not_run_and_how_to_install_it():
     batch = engine.Batch((4, 16), "float32")
     peer = kernel.implementation("torchrl gae")
     rows = [
-        engine._row(kernel, peer, batch, 1, "shapes", status="skipped", reason=engine.BENCH_EXTRA),
+        engine.make_row(
+            kernel, peer, batch, 1, "shapes", status="skipped", reason=engine.BENCH_EXTRA
+        ),
     ]
     report = engine.format_report(rows)
     assert f"not run:\n  torchrl gae: skipped: {engine.BENCH_EXTRA}" in report
@@ -252,10 +313,10 @@ def test_report_lists_what_did_not_run_and_how_to_install_it():
 
 def test_memory_and_first_call_probes_run_in_fresh_processes():
     args = ["gae", "ppo_fast[python]", [4, 16], "float32"]
-    memory = engine._probe("memory_probe", args, engine.MALLOC_ENV)
+    memory = engine.run_probe("memory_probe", args, engine.MALLOC_ENV)
     assert memory["status"] == "ok" and memory["extra_peak_bytes"] >= 0
     assert "VmHWM" in memory["method"] or "ru_maxrss" in memory["method"]
-    first = engine._probe("first_call_probe", ["python"])
+    first = engine.run_probe("first_call_probe", ["python"])
     assert set(first["calls"]) == set(engine.FIRST_CALL_KERNELS)
     assert engine.import_seconds("ppo_fast") > 0
 

@@ -213,12 +213,14 @@ def test_policy_loss_tuple_form_and_its_warning(peer, mode, kind):
             result = function(b.old_logprobs, logp, b.advantages, b.mask, 0.2, None, 0.3, 2.0, mode)
         result[0].backward()
         results.append((result, logp.grad))
-        # The copy's module is peers.verl_0_9_1; verl names its own.
+        # The copy's module is ppo_fast.bench.peers.verl_0_9_1; verl names its own.
         messages.append(
             [
                 (
                     w.category,
-                    str(w.message).replace("peers.verl_0_9_1", "verl.trainer.ppo.core_algos"),
+                    str(w.message).replace(
+                        peers.verl_0_9_1.__name__, "verl.trainer.ppo.core_algos"
+                    ),
                 )
                 for w in caught
             ]

@@ -300,13 +300,14 @@ def test_auto_is_cython_and_gives_the_oracles_numbers_when_numba_cannot_load():
 
 def project_copy(tmp_path: Path) -> Path:
     copy = tmp_path / "project"
-    shutil.copytree(
-        ROOT,
-        copy,
-        ignore=shutil.ignore_patterns(
-            ".*", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.c", "bench", "tests"
-        ),
-    )
+    anywhere = shutil.ignore_patterns(".*", "*.egg-info", "__pycache__", "*.so", "*.c")
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        # The suites and build outputs at the top only: ppo_fast/bench is part of the package.
+        top = {"build", "dist", "bench", "tests"} if Path(folder) == ROOT else set()
+        return set(anywhere(folder, names)) | (top & set(names))
+
+    shutil.copytree(ROOT, copy, ignore=ignore)
     return copy
 
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ppo_fast import _groups, _validate
 from ppo_fast._groups import Groups, factorize, group_counts, group_sums
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -282,3 +283,12 @@ def test_broadcasting_a_per_group_value_back_to_rows():
     groups = factorize(["q1", "q2", "q1", "q3", "q2"], 5)
     means = group_sums(groups, np.array([1.0, 2.0, 3.0, 4.0, 6.0])) / groups.sizes
     assert means[groups.ids].tolist() == [2.0, 4.0, 2.0, 4.0, 4.0]
+
+
+def test_rows_carry_their_groups():
+    rows = _groups.with_groups(_validate.rows((3, 4)), ["b", "a", "b"])
+    assert rows.groups is not None
+    assert rows.groups.ids.tolist() == [0, 1, 0]
+    assert rows.starts.tolist() == [0, 4, 8]
+    with pytest.raises(ValueError, match="groups"):
+        _groups.with_groups(_validate.rows((3, 4)), ["a", "b"])

@@ -1,7 +1,8 @@
 """The peers that ppo_fast.compat is held to.
 
 Each loader returns a ``Peer``: the real package's functions where it imports at the version the
-compat module cites, else the verbatim copy kept in this folder. ``Peer.label`` says which
+compat module cites, else the verbatim copy shipped in ppo_fast.bench.peers (the copies the
+benchmark times). ``Peer.label`` says which
 (``verl-0.9.1-real``, ``verl-0.9.1-copy``) and goes into every parity test's id, so a run shows
 what it compared against; nothing is skipped for a missing package.
 
@@ -21,7 +22,11 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from . import openrlhf_0_11_2, trl_0_29_1, verl_0_9_1
+from ppo_fast.bench import peers as copies
+
+verl_0_9_1 = copies.copy("verl_0_9_1")
+openrlhf_0_11_2 = copies.copy("openrlhf_0_11_2")
+trl_0_29_1 = copies.copy("trl_0_29_1")
 
 
 @dataclass(frozen=True)
@@ -83,4 +88,4 @@ def trl() -> Peer:
     return Peer("trl-0.29.1-copy", trl_0_29_1)
 
 
-COPIES = (verl_0_9_1, openrlhf_0_11_2, trl_0_29_1)
+COPIES = tuple(copies.copy(name) for name in copies.COPIES)

@@ -1,3 +1,17 @@
+# Copyright 2024 Bytedance Ltd. and/or its affiliates
+# Copyright 2022 The HuggingFace Team. All rights reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
 """A verbatim copy of the verl 0.9.1 functions that ppo_fast.compat.verl reproduces.
 
 Source: https://github.com/volcengine/verl, release v0.9.1 (PyPI verl==0.9.1):
@@ -13,7 +27,6 @@ for byte apart from formatting; the registry decorators (@register_adv_est,
 @register_policy_loss) are left out, and ``verl_F``, ``AlgoConfig`` and ``ActorConfig`` are the
 stand-ins below. tests/test_compat_peer_copies.py checks every body against the fingerprint
 recorded in ``FINGERPRINTS`` and, where verl is installed, against its source.
-Copyright 2024 Bytedance Ltd. and/or its affiliates, Apache License 2.0.
 """
 
 # Third-party code, kept verbatim: not linted.
@@ -715,7 +728,7 @@ def kl_penalty_forward(
     raise NotImplementedError
 
 
-# Fingerprints of verl 0.9.1's definitions (tests/peers/_source.py), taken from its wheel.
+# Fingerprints of verl 0.9.1's definitions (ppo_fast.bench.peers.fingerprint), taken from its wheel.
 DISTRIBUTION = ("verl", "0.9.1")
 FINGERPRINTS = {
     "verl/utils/import_utils.py": {
@@ -743,3 +756,4 @@ FINGERPRINTS = {
         "kl_penalty_forward": "68f91464ba3c4814",
     },
 }
+BLOCKS: dict = {}

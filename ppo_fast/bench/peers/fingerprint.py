@@ -1,4 +1,4 @@
-"""Fingerprints of Python definitions, to hold the verbatim copies in tests/peers to their source.
+"""Fingerprints of Python definitions, to hold the verbatim peer copies to their source.
 
 A fingerprint is a hash of a definition's syntax tree without docstrings and decorators, so it
 ignores formatting (ruff reformats the copies) and sees any change to the code.
@@ -43,9 +43,10 @@ def definitions(source: str) -> dict[str, ast.AST]:
     return found
 
 
-def statements_between(function: ast.FunctionDef, first: str, last: str) -> list[ast.stmt]:
+def statements_between(function: ast.AST, first: str, last: str) -> list[ast.stmt]:
     """The run of statements, in the block that holds them, from the one whose source starts
-    with `first` to the one whose source starts with `last` (inline code inside a method)."""
+    with `first` to the one whose source starts with `last` (inline code inside a method, or in
+    a module when `function` is the parsed module)."""
     for block in ast.walk(function):
         for field in ("body", "orelse"):
             statements = getattr(block, field, None)
@@ -56,7 +57,20 @@ def statements_between(function: ast.FunctionDef, first: str, last: str) -> list
             ends = [i for i, t in enumerate(texts) if t.startswith(last)]
             if starts and ends and ends[-1] >= starts[0]:
                 return statements[starts[0] : ends[-1] + 1]
-    raise LookupError(f"no block from {first!r} to {last!r} in {function.name}")
+    name = getattr(function, "name", "the module")
+    raise LookupError(f"no block from {first!r} to {last!r} in {name}")
+
+
+def block_statements(function: ast.FunctionDef) -> list[ast.stmt]:
+    """A copied block: the body of the function that holds it, without its docstring and its
+    return statement."""
+    return function.body[1:-1]
+
+
+def source_block(source: str, method: str, first: str, last: str) -> list[ast.stmt]:
+    """The block of a peer's source: in ``method`` ('Class.method', or '' for module level)."""
+    node = definitions(source)[method] if method else ast.parse(source)
+    return statements_between(node, first, last)
 
 
 def installed_source(distribution: str, version: str, path: str) -> str | None:

@@ -1,3 +1,17 @@
+# Copyright the OpenRLHF authors (https://github.com/OpenRLHF/OpenRLHF). The copied files carry
+# no notice of their own; the project's LICENSE is the Apache License 2.0:
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
 """A verbatim copy of the OpenRLHF 0.11.2 functions that ppo_fast.compat.openrlhf reproduces.
 
 Source: https://github.com/OpenRLHF/OpenRLHF, release v0.11.2 (PyPI openrlhf==0.11.2):
@@ -6,7 +20,11 @@ Source: https://github.com/OpenRLHF/OpenRLHF, release v0.11.2 (PyPI openrlhf==0.
   openrlhf/models/loss.py                        aggregate_loss, PolicyLoss, ValueLoss
   openrlhf/trainer/ppo_utils/experience_maker.py RemoteExperienceMaker.get_advantages_and_returns
                                                  (a method that never reads self; here a
-                                                 function that takes self)
+                                                 function that takes self), and the last block
+                                                 of compute_advantages_and_returns (the
+                                                 normalisation of the advantages across all
+                                                 experiences), here the body of
+                                                 ``normalize_advantages``
 
 OpenRLHF cannot be imported here: its package imports deepspeed, ray, peft and flash-attn (a CUDA
 build) at the top. So the parity tests always run against this copy; its bodies are OpenRLHF's,
@@ -418,7 +436,31 @@ def get_advantages_and_returns(
     return advantages.detach(), returns
 
 
-# Fingerprints of OpenRLHF 0.11.2's definitions (tests/peers/_source.py), taken from its wheel.
+@torch.no_grad()
+def normalize_advantages(args, experiences):
+    """RemoteExperienceMaker.compute_advantages_and_returns's last block, verbatim: ``args``
+    carries algo.advantage.estimator and algo.advantage.no_std_norm, each experience its
+    advantages and action_mask."""
+    # ── Normalize advantages across all experiences ──
+    if args.algo.advantage.estimator in ["gae", "reinforce", "reinforce_baseline"]:
+        all_advantages = torch.cat([exp.advantages.flatten() for exp in experiences], dim=0).float()
+        all_action_masks = torch.cat([exp.action_mask.flatten() for exp in experiences], dim=0)
+        num_actions = all_action_masks.sum()
+
+        mean = (all_advantages * all_action_masks).sum() / num_actions
+        if not args.algo.advantage.no_std_norm:
+            var = ((all_advantages - mean).pow(2) * all_action_masks).sum() / num_actions
+            rstd = var.clamp(min=1e-8).rsqrt()
+        else:
+            rstd = 1
+
+        for exp in experiences:
+            exp.advantages = (exp.advantages - mean) * rstd
+
+    return experiences
+
+
+# Fingerprints of OpenRLHF 0.11.2's definitions (ppo_fast.bench.peers.fingerprint), taken from its wheel.
 DISTRIBUTION = ("openrlhf", "0.11.2")
 FINGERPRINTS = {
     "openrlhf/models/utils.py": {
@@ -434,4 +476,13 @@ FINGERPRINTS = {
     "openrlhf/trainer/ppo_utils/experience_maker.py": {
         "RemoteExperienceMaker.get_advantages_and_returns": "e2b86877f07b76e9",
     },
+}
+BLOCKS = {
+    "normalize_advantages": (
+        "openrlhf/trainer/ppo_utils/experience_maker.py",
+        "RemoteExperienceMaker.compute_advantages_and_returns",
+        "if args.algo.advantage.estimator in ['gae', 'reinforce', 'reinforce_baseline']",
+        "if args.algo.advantage.estimator in ['gae', 'reinforce', 'reinforce_baseline']",
+        "5887345bf4c5b8ee",
+    ),
 }

@@ -1,3 +1,16 @@
+# Copyright 2020-2026 The HuggingFace Team. All rights reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
 """A verbatim copy of the TRL 0.29.1 PPO trainer code that ppo_fast.compat.trl reproduces.
 
 Source: https://github.com/huggingface/trl, release v0.29.1 (PyPI trl==0.29.1), the last release
@@ -7,11 +20,18 @@ with a PPO trainer (TRL 1.x removed it):
                                        ``response_idxs = ...`` to the masking of the whitened
                                        advantages (steps 3 to 6 of a rollout), here the body of
                                        ``ppo_trainer_advantages``
+                                       and, in its minibatch loop, the value loss (from
+                                       ``vpredclipped = ...`` to ``vf_clipfrac = ...``) and the
+                                       policy loss (``logprobs_diff = ...`` to ``pg_loss = ...``),
+                                       here ``ppo_trainer_value_loss`` and
+                                       ``ppo_trainer_policy_loss``; steps 3-4 and step 6 of
+                                       the rollout block alone are ``ppo_trainer_rewards`` and
+                                       ``ppo_trainer_gae`` (what the benchmark times)
   trl/experimental/utils.py            first_true_indices
 
-The trainer's block is inline code in a method that needs models and a dataloader, so the tests
+The trainer's blocks are inline code in a method that needs models and a dataloader, so the tests
 always run this copy; tests/test_compat_peer_copies.py checks its statements against the
-fingerprints in ``FINGERPRINTS`` and, where the wheel is installed (pip install --no-deps
+fingerprints in ``FINGERPRINTS`` and ``BLOCKS`` and, where the wheel is installed (pip install --no-deps
 trl==0.29.1), against its source. Apache License 2.0.
 """
 
@@ -151,16 +171,118 @@ def ppo_trainer_advantages(
     )
 
 
-# Fingerprints of TRL 0.29.1's definitions (tests/peers/_source.py), taken from its wheel; the
-# trainer block is the run of statements of PPOTrainer.train between these two.
+def ppo_trainer_rewards(args, responses, sequence_lengths, logprobs, ref_logprobs, values, scores):
+    """PPOTrainer.train's steps 3 and 4 (padding masks, KL-shaped rewards), verbatim."""
+    response_idxs = torch.arange(responses.shape[1], device=responses.device).repeat(
+        responses.shape[0], 1
+    )
+    padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
+    logprobs = torch.masked_fill(logprobs, padding_mask, INVALID_LOGPROB)
+    ref_logprobs = torch.masked_fill(ref_logprobs, padding_mask, INVALID_LOGPROB)
+    sequence_lengths_p1 = sequence_lengths + 1
+    padding_mask_p1 = response_idxs > (sequence_lengths_p1.unsqueeze(1))
+    values = torch.masked_fill(values, padding_mask_p1, 0)
+
+    # 4. compute rewards
+    # Formula used by http://joschu.net/blog/kl-approx.html for the k1 and k3 estimators
+    logr = ref_logprobs - logprobs
+    kl = -logr if args.kl_estimator == "k1" else (logr.exp() - 1) - logr  # Else statement is k3
+    non_score_reward = -args.kl_coef * kl
+    rewards = non_score_reward.clone()
+    actual_start = torch.arange(rewards.size(0), device=rewards.device)
+    actual_end = torch.where(
+        sequence_lengths_p1 < rewards.size(1), sequence_lengths_p1, sequence_lengths
+    )
+    rewards[actual_start, actual_end] += scores
+    return rewards
+
+
+def ppo_trainer_gae(args, responses, rewards, values, padding_mask):
+    """PPOTrainer.train's step 6 (GAE, then the advantages whitened), verbatim."""
+    lastgaelam = 0
+    advantages_reversed = []
+    gen_length = responses.shape[1]
+    for t in reversed(range(gen_length)):
+        nextvalues = values[:, t + 1] if t < gen_length - 1 else 0.0
+        delta = rewards[:, t] + args.gamma * nextvalues - values[:, t]
+        lastgaelam = delta + args.gamma * args.lam * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], axis=1)
+    returns = advantages + values
+    advantages = masked_whiten(advantages, ~padding_mask)
+    advantages = torch.masked_fill(advantages, padding_mask, 0)
+    return advantages, returns
+
+
+def ppo_trainer_value_loss(args, vpred, mb_values, mb_return, padding_mask_p1, micro_batch_inds):
+    """PPOTrainer.train's value loss, verbatim; ``args`` carries cliprange_value."""
+    vpredclipped = torch.clamp(
+        vpred,
+        mb_values - args.cliprange_value,
+        mb_values + args.cliprange_value,
+    )
+    vf_losses1 = torch.square(vpred - mb_return)
+    vf_losses2 = torch.square(vpredclipped - mb_return)
+    vf_loss_max = torch.max(vf_losses1, vf_losses2)
+    vf_loss = 0.5 * masked_mean(vf_loss_max, ~padding_mask_p1[micro_batch_inds])
+    vf_clipfrac = masked_mean((vf_losses2 > vf_losses1).float(), ~padding_mask_p1[micro_batch_inds])
+    return vf_loss, vf_clipfrac
+
+
+def ppo_trainer_policy_loss(
+    args, new_logprobs, mb_logprobs, mb_advantage, padding_mask, micro_batch_inds
+):
+    """PPOTrainer.train's policy loss, verbatim; ``args`` carries cliprange."""
+    logprobs_diff = new_logprobs - mb_logprobs
+    ratio = torch.exp(logprobs_diff)
+    pg_losses = -mb_advantage * ratio
+    pg_losses2 = -mb_advantage * torch.clamp(ratio, 1.0 - args.cliprange, 1.0 + args.cliprange)
+    pg_loss_max = torch.max(pg_losses, pg_losses2)
+    pg_loss = masked_mean(pg_loss_max, ~padding_mask[micro_batch_inds])
+    return pg_loss
+
+
+# Fingerprints of TRL 0.29.1's definitions (ppo_fast.bench.peers.fingerprint), taken from its
+# wheel; each trainer block is the run of statements of PPOTrainer.train between two statements,
+# copied as the body of a function (BLOCKS: function -> path, method, first, last, fingerprint).
 DISTRIBUTION = ("trl", "0.29.1")
-TRAINER_BLOCK = (
-    "trl/experimental/ppo/ppo_trainer.py",
-    "PPOTrainer.train",
-    "response_idxs = ",
-    "advantages = torch.masked_fill(advantages, padding_mask, 0)",
-    "e615ed2b59e728fd",
-)
+BLOCKS = {
+    "ppo_trainer_advantages": (
+        "trl/experimental/ppo/ppo_trainer.py",
+        "PPOTrainer.train",
+        "response_idxs = ",
+        "advantages = torch.masked_fill(advantages, padding_mask, 0)",
+        "e615ed2b59e728fd",
+    ),
+    "ppo_trainer_rewards": (
+        "trl/experimental/ppo/ppo_trainer.py",
+        "PPOTrainer.train",
+        "response_idxs = ",
+        "rewards[actual_start, actual_end] += scores",
+        "a4ff9f50f6073d35",
+    ),
+    "ppo_trainer_gae": (
+        "trl/experimental/ppo/ppo_trainer.py",
+        "PPOTrainer.train",
+        "lastgaelam = 0",
+        "advantages = torch.masked_fill(advantages, padding_mask, 0)",
+        "8efdd36433fe8b70",
+    ),
+    "ppo_trainer_value_loss": (
+        "trl/experimental/ppo/ppo_trainer.py",
+        "PPOTrainer.train",
+        "vpredclipped = ",
+        "vf_clipfrac = ",
+        "b71dddcee3edb09b",
+    ),
+    "ppo_trainer_policy_loss": (
+        "trl/experimental/ppo/ppo_trainer.py",
+        "PPOTrainer.train",
+        "logprobs_diff = ",
+        "pg_loss = masked_mean",
+        "42fc9ba2f5ffd310",
+    ),
+}
 FINGERPRINTS = {
     "trl/experimental/ppo/ppo_trainer.py": {
         "masked_mean": "817f0a9472bfc67d",
