@@ -14,7 +14,9 @@
 #endif
 
 /* exp(x) = 2^n p(r) with x = n ln2 + r, n found by the 1.5 * 2^(mantissa bits) shift trick and
- * 2^n built from its exponent bits; inputs saturate so that 2^n stays a normal number. */
+ * 2^n built from its exponent bits; inputs saturate so that 2^n stays a normal number. The float32
+ * and float64 forms are written out side by side on purpose: their bit widths, exponent biases
+ * and polynomial tails differ, and each mirrors its numba twin line for line. */
 PPO_INLINE float ppo_exp32(float x) {
     float shift = PPO_EXP32_SHIFT, shifted, n, r, p, power;
     uint32_t shifted_bits, shift_bits, power_bits;

@@ -20,6 +20,11 @@
  * Types: ppo_f32x8 and ppo_f64x8 (values), ppo_m32x8 and ppo_m64x8 (masks, one per lane of the
  * values of the same width), ppo_c32x8 and ppo_c64x8 (counts of true mask lanes). Operations are
  * named ppo_<type>_<operation>, so that rows.h can pick them by dtype.
+ *
+ * The blocks below repeat one another's shape on purpose: each implements the whole interface for
+ * its types and instruction set, one line an operation, so that any one block can be read against
+ * the interface on its own. Generating them from one macro would save lines and hide which
+ * instruction each operation is, which is what a reader of this file checks.
  */
 #ifndef PPO_FAST_LANES_H
 #define PPO_FAST_LANES_H
