@@ -100,9 +100,11 @@ def _jit(function):
 # _spec.EXP32, which the Cython build reads too): x = n ln2 + r, |r| <= ln2/2, exp(x) = 2^n p(r),
 # with n rounded by the 1.5 * 2^(mantissa bits) shift trick and 2^n built from its exponent bits.
 # All of it is plain arithmetic LLVM vectorizes (math.exp is a libm call that it cannot: PyPI's
-# llvmlite has no SVML). Inputs are saturated so that 2^n stays a normal number: the result is
-# finite for every input, within 2 ulp of exp in float64 and 1 ulp in float32 (tests/test_loss.py).
-# Below exp(-708) (float64) or exp(-87.3) (float32) it returns that bound instead of a subnormal.
+# llvmlite has no SVML). Finite inputs are saturated so that 2^n stays a normal number: the result
+# is finite for every finite input, within 2 ulp of exp in float64 and 1 ulp in float32
+# (tests/test_loss.py); below exp(-708) (float64) or exp(-87.3) (float32) it returns that bound
+# instead of a subnormal, above exp(709) or exp(88.3) that bound instead of overflowing. NaN, inf
+# and -inf give NaN, inf and 0, as math.exp: a non-finite input is never made finite.
 _F32 = np.float32
 # numba reads globals as constants: plain numbers and tuples, not the table's records.
 _E64_LOW, _E64_HIGH, _E64_SHIFT = EXP64.low, EXP64.high, EXP64.shift
@@ -117,8 +119,17 @@ _F32_SHIFT_BITS = np.int32(_E32_SHIFT.view(np.int32))
 
 
 @_jit
-def _exp64(x):
-    x = min(max(x, _E64_LOW), _E64_HIGH)
+def _exact_where_nonfinite(x, y):
+    """y = exp(x) as computed, except where x is not finite: the saturation is for finite
+    arguments only, and NaN, inf and -inf come out as math.exp's (NaN, inf, 0)."""
+    y = y - y if x == -np.inf else y
+    y = x if x == np.inf else y
+    return y if x == x else x
+
+
+@_jit
+def _exp64(argument):
+    x = min(max(argument, _E64_LOW), _E64_HIGH)
     shifted = fma(x, _E64_LOG2E, _E64_SHIFT)  # x / ln2 + shift
     n = shifted - _E64_SHIFT
     r = fma(-n, _E64_LN2_HIGH, x)  # ln2 in two parts: exact n * ln2_high
@@ -136,12 +147,13 @@ def _exp64(x):
     p = fma(p, r, _P64[11])
     p = fma(p, r, _P64[12])
     exponent = _as_int_bits(shifted) - _F64_SHIFT_BITS
-    return p * _as_float_bits((exponent + np.int64(1023)) << np.int64(52))
+    power = _as_float_bits((exponent + np.int64(1023)) << np.int64(52))
+    return _exact_where_nonfinite(argument, p * power)
 
 
 @_jit
-def _exp32(x):
-    x = min(max(x, _E32_LOW), _E32_HIGH)
+def _exp32(argument):
+    x = min(max(argument, _E32_LOW), _E32_HIGH)
     shifted = fma(x, _E32_LOG2E, _E32_SHIFT)
     n = shifted - _E32_SHIFT
     r = fma(-n, _E32_LN2_HIGH, x)
@@ -154,7 +166,8 @@ def _exp32(x):
     p = fma(p * r, r, r) + _F32(1.0)
     exponent = _as_int_bits(shifted) - _F32_SHIFT_BITS
     # numba widens int32 arithmetic to int64: narrow back so the bits are a float32's.
-    return p * _as_float_bits(np.int32((exponent + 127) << 23))
+    power = _as_float_bits(np.int32((exponent + 127) << 23))
+    return _exact_where_nonfinite(argument, p * power)
 
 
 @_jit
@@ -362,8 +375,10 @@ def clipped_surrogate(
             objective = clipped if is_clipped else unclipped
             is_dual = (advantage < zero) & (dual * advantage > objective)
             objective = dual * advantage if is_dual else objective
-            active = valid & inside & (not is_clipped) & (not is_dual)
-            grad[i] = -weight * (advantage * ratio) * scale if active else zero
+            sloped = inside & (not is_clipped) & (not is_dual)
+            # A flat branch has slope 0, times the weight: a NaN or inf weight still says so.
+            slope = advantage * ratio if sloped else zero
+            grad[i] = -weight * slope * scale if valid else zero
             total += np.float64(-weight * objective) if valid else 0.0
             clipped_count += 1.0 if valid & is_clipped else 0.0
             dual_count += 1.0 if valid & is_dual else 0.0

@@ -21,6 +21,23 @@ from ._spec import ESTIMATORS
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
 
 
+def in_dtype(dtype: np.dtype):
+    """Rounding of a per-token value to the token dtype (the identity for float64).
+
+    The losses' per-token arithmetic runs in the input dtype on every backend: a value that
+    overflows float32 is inf there, and the oracle rounds each per-token product to the dtype so
+    that it says the same (its sums stay float64, as every backend's).
+    """
+    if np.dtype(dtype) == np.float64:
+        return float
+
+    def rounded(x: float) -> float:
+        with np.errstate(over="ignore"):
+            return float(np.float32(x))
+
+    return rounded
+
+
 def _valid(mask: np.ndarray, i: int, t: int, length: int) -> bool:
     return t < length and (mask.shape[0] == 0 or mask[i] != 0)
 
@@ -171,6 +188,7 @@ def clipped_surrogate(
     """
     lo, hi = float(ratio_low), float(ratio_high)
     dual, clamp = float(dual_clip), float(log_ratio_clamp)
+    rnd = in_dtype(logprobs.dtype)
     for b in range(starts.shape[0]):
         total = clipped_count = dual_count = kl_total = 0.0
         for t in range(spans[b]):
@@ -180,20 +198,21 @@ def clipped_surrogate(
                 continue
             advantage = float(advantages[i])
             weight = float(weights[i]) if weights.shape[0] else 1.0
-            log_ratio = float(logprobs[i]) - float(old_logprobs[i])
+            log_ratio = rnd(float(logprobs[i]) - float(old_logprobs[i]))
             inside = -clamp <= log_ratio <= clamp  # torch.clamp passes the gradient inclusively
             log_ratio = min(max(log_ratio, -clamp), clamp)
-            ratio = safe_exp(log_ratio)
-            unclipped = ratio * advantage
-            clipped = min(max(ratio, lo), hi) * advantage
+            ratio = rnd(safe_exp(log_ratio))
+            unclipped = rnd(ratio * advantage)
+            clipped = rnd(min(max(ratio, lo), hi) * advantage)
             # The clipped branch is taken only where it is strictly smaller: at a tie the
             # gradient is the unclipped one (torch's min splits ties in half, which sums to it).
             is_clipped = clipped < unclipped
             objective = clipped if is_clipped else unclipped
-            is_dual = advantage < 0.0 and dual * advantage > objective
+            is_dual = advantage < 0.0 and rnd(dual * advantage) > objective
             if is_dual:
-                objective = dual * advantage
-            slope = 0.0 if (is_clipped or is_dual or not inside) else advantage * ratio
+                objective = rnd(dual * advantage)
+            # A flat branch has slope 0, times the weight: a NaN or inf weight still says so.
+            slope = 0.0 if (is_clipped or is_dual or not inside) else unclipped
             grad[i] = -weight * slope * float(scales[b])
             total += -weight * objective
             clipped_count += is_clipped
@@ -226,6 +245,7 @@ def value_loss(
     unscaled loss sum and the number of tokens where the clipped term is strictly larger.
     """
     clip = float(clip)
+    rnd = in_dtype(values.dtype)
     for b in range(starts.shape[0]):
         total = clipped_count = 0.0
         for t in range(spans[b]):
@@ -234,10 +254,12 @@ def value_loss(
                 grad[i] = 0.0
                 continue
             value, old, target = float(values[i]), float(old_values[i]), float(returns[i])
-            unclipped = (value - target) ** 2
-            clipped = (min(max(value, old - clip), old + clip) - target) ** 2
+            error = rnd(value - target)
+            unclipped = rnd(error * error)  # not error ** 2, which raises OverflowError
+            clipped_error = rnd(min(max(value, rnd(old - clip)), rnd(old + clip)) - target)
+            clipped = rnd(clipped_error * clipped_error)
             is_clipped = clipped > unclipped
-            grad[i] = 0.0 if is_clipped else (value - target) * float(scales[b])
+            grad[i] = 0.0 if is_clipped else error * float(scales[b])
             total += 0.5 * (clipped if is_clipped else unclipped)
             clipped_count += is_clipped
         row_loss[b] = total

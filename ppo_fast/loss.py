@@ -40,9 +40,14 @@ mean of old_logprobs - logprobs (of the clamped log-ratio when a clamp is given,
 for the value loss, ``clipfrac``, where the clipped term is strictly larger. They are NaN when
 there is no valid token.
 
-Per-token arithmetic runs in the input dtype; sums and the loss are float64. Without a log-ratio
-clamp, exp saturates at exp(88.3) in float32 and exp(709) in float64 (torch gives inf there):
-pass ``log_ratio_clamp`` (verl uses 20) when log-ratios can be that large.
+Per-token arithmetic runs in the input dtype on every backend, the oracle included: a per-token
+value that overflows float32 is inf in float32 (a value of 1e20 squared in the value loss, say),
+whatever float64 would hold; sums and the loss are float64. Without a log-ratio clamp, exp
+saturates for finite log-ratios past 88.3 in float32 and 709 in float64 (torch gives inf there):
+pass ``log_ratio_clamp`` (verl uses 20) when log-ratios can be that large. Non-finite values at
+valid positions propagate as IEEE arithmetic says, on every backend: a log-ratio of NaN, inf or
+-inf has the ratio NaN, inf or 0, and a NaN or inf weight makes the gradient NaN even on a flat
+branch (the weight times a zero slope). A NaN that reveals a bug upstream is never made finite.
 """
 
 from __future__ import annotations
@@ -110,7 +115,8 @@ def _row_scales(
                 f"{name} applies to agg={' or '.join(map(repr, _APPLIES_TO[name]))}, not {agg!r}"
             )
     if rows.mask.shape[0]:
-        counts = rows.mask.reshape(rows.shape).sum(axis=1, dtype=np.int64)
+        # Counted as the kernels test validity, mask != 0: a bool mask's bytes need not be 0/1.
+        counts = np.count_nonzero(rows.mask.reshape(rows.shape), axis=1)
     else:
         counts = rows.lengths
     if agg == "token-mean":

@@ -17,7 +17,13 @@
  * 2^n built from its exponent bits; inputs saturate so that 2^n stays a normal number. The float32
  * and float64 forms are written out side by side on purpose: their bit widths, exponent biases
  * and polynomial tails differ, and each mirrors its numba twin line for line. */
-PPO_INLINE float ppo_exp32(float x) {
+/* exp's value where its argument is not finite: NaN, inf and -inf give NaN, inf and 0 (as the
+ * twins' _exact_where_nonfinite: the saturation is for finite arguments only). */
+#define PPO_EXACT_WHERE_NONFINITE(argument, y) \
+    ((argument) != (argument) || (argument) == INFINITY ? (argument) : (argument) == -INFINITY ? 0 : (y))
+
+PPO_INLINE float ppo_exp32(float argument) {
+    float x = argument;
     float shift = PPO_EXP32_SHIFT, shifted, n, r, p, power;
     uint32_t shifted_bits, shift_bits, power_bits;
     if (PPO_EXP32_LOW > x) x = PPO_EXP32_LOW;
@@ -33,9 +39,10 @@ PPO_INLINE float ppo_exp32(float x) {
     memcpy(&shift_bits, &shift, 4);
     power_bits = (shifted_bits - shift_bits + 127u) << 23; /* unsigned, so that it wraps */
     memcpy(&power, &power_bits, 4);
-    return p * power;
+    return PPO_EXACT_WHERE_NONFINITE(argument, p * power);
 }
-PPO_INLINE double ppo_exp64(double x) {
+PPO_INLINE double ppo_exp64(double argument) {
+    double x = argument;
     double shift = PPO_EXP64_SHIFT, shifted, n, r, p, power;
     uint64_t shifted_bits, shift_bits, power_bits;
     if (PPO_EXP64_LOW > x) x = PPO_EXP64_LOW;
@@ -50,7 +57,7 @@ PPO_INLINE double ppo_exp64(double x) {
     memcpy(&shift_bits, &shift, 8);
     power_bits = (shifted_bits - shift_bits + 1023u) << 52;
     memcpy(&power, &power_bits, 8);
-    return p * power;
+    return PPO_EXACT_WHERE_NONFINITE(argument, p * power);
 }
 
 #endif

@@ -111,7 +111,23 @@ PPO_INLINE int64_t ppo_c32x8_total(ppo_c32x8 counts) {
     return total;
 }
 
-PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 x) {
+/* exp's value where its argument is not finite: NaN, inf and -inf give NaN, inf and 0 (as the
+ * twins' _exact_where_nonfinite: the saturation below is for finite arguments only). */
+PPO_INLINE __m256 ppo_exact_where_nonfinite_ps(__m256 x, __m256 y) {
+    __m256 is_low = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), is_low);
+    y = _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+PPO_INLINE __m256d ppo_exact_where_nonfinite_pd(__m256d x, __m256d y) {
+    __m256d is_low = _mm256_cmp_pd(x, _mm256_set1_pd(-INFINITY), _CMP_EQ_OQ);
+    y = _mm256_blendv_pd(y, _mm256_setzero_pd(), is_low);
+    y = _mm256_blendv_pd(y, x, _mm256_cmp_pd(x, _mm256_set1_pd(INFINITY), _CMP_EQ_OQ));
+    return _mm256_blendv_pd(y, x, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
+}
+
+PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 argument) {
+    ppo_f32x8 x = argument;
     const __m256 shift = _mm256_set1_ps(PPO_EXP32_SHIFT);
     const __m256 low = _mm256_set1_ps(PPO_EXP32_LOW), high = _mm256_set1_ps(PPO_EXP32_HIGH);
     x = _mm256_min_ps(high, _mm256_max_ps(low, x));
@@ -126,7 +142,7 @@ PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 x) {
     p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
     __m256i n_bits = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_castps_si256(shift));
     __m256i power = _mm256_slli_epi32(_mm256_add_epi32(n_bits, _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
+    return ppo_exact_where_nonfinite_ps(argument, _mm256_mul_ps(p, _mm256_castsi256_ps(power)));
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -189,7 +205,8 @@ PPO_INLINE ppo_c64x8 ppo_c64x8_add(ppo_c64x8 counts, ppo_m64x8 m) {
 }
 PPO_INLINE int64_t ppo_c64x8_total(ppo_c64x8 counts) { return counts; }
 
-PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
+PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 argument) {
+    ppo_f64x8 x = argument;
     const __m512d shift = _mm512_set1_pd(PPO_EXP64_SHIFT);
     const __m512d low = _mm512_set1_pd(PPO_EXP64_LOW), high = _mm512_set1_pd(PPO_EXP64_HIGH);
     x = _mm512_min_pd(high, _mm512_max_pd(low, x));
@@ -205,7 +222,13 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
     }
     __m512i n_bits = _mm512_sub_epi64(_mm512_castpd_si512(shifted), _mm512_castpd_si512(shift));
     __m512i power = _mm512_slli_epi64(_mm512_add_epi64(n_bits, _mm512_set1_epi64(1023)), 52);
-    return _mm512_mul_pd(p, _mm512_castsi512_pd(power));
+    __m512d y = _mm512_mul_pd(p, _mm512_castsi512_pd(power));
+    /* exp's value where the argument is not finite, as ppo_exact_where_nonfinite_pd */
+    __mmask8 is_low = _mm512_cmp_pd_mask(argument, _mm512_set1_pd(-INFINITY), _CMP_EQ_OQ);
+    y = _mm512_mask_blend_pd(is_low, y, _mm512_setzero_pd());
+    __mmask8 is_high = _mm512_cmp_pd_mask(argument, _mm512_set1_pd(INFINITY), _CMP_EQ_OQ);
+    y = _mm512_mask_blend_pd(is_high, y, argument);
+    return _mm512_mask_blend_pd(_mm512_cmp_pd_mask(argument, argument, _CMP_UNORD_Q), y, argument);
 }
 
 #else
@@ -342,8 +365,9 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
     __m256i n1_bits = _mm256_sub_epi64(_mm256_castpd_si256(shifted1), _mm256_castpd_si256(shift));
     __m256i power0 = _mm256_slli_epi64(_mm256_add_epi64(n0_bits, bias), 52);
     __m256i power1 = _mm256_slli_epi64(_mm256_add_epi64(n1_bits, bias), 52);
-    ppo_f64x8 r = {_mm256_mul_pd(p0, _mm256_castsi256_pd(power0)),
-                   _mm256_mul_pd(p1, _mm256_castsi256_pd(power1))};
+    ppo_f64x8 r = {
+        ppo_exact_where_nonfinite_pd(x.low, _mm256_mul_pd(p0, _mm256_castsi256_pd(power0))),
+        ppo_exact_where_nonfinite_pd(x.high, _mm256_mul_pd(p1, _mm256_castsi256_pd(power1)))};
     return r;
 }
 #endif /* AVX-512 */

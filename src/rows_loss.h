@@ -40,18 +40,19 @@ PPO_INLINE void PPO_ROW(ppo_policy_block)(
     ppo_mask is_dual =
         PPO_M(and)(PPO_V(lt)(advantage, p->zero), PPO_V(gt)(dual_objective, objective));
     objective = PPO_V(select)(is_dual, dual_objective, objective);
-    ppo_mask active =
-        PPO_M(and_not)(PPO_M(and_not)(PPO_M(and)(valid, inside), is_clipped), is_dual);
+    ppo_mask sloped = PPO_M(and_not)(PPO_M(and_not)(inside, is_clipped), is_dual);
     /* numba's weight is float64 either way (its 1 is an integer) */
     ppo_f64x8 negative_weight = ppo_f64x8_splat(-1.0);
     if (has_weights) {
         ppo_vec weight = PPO_V(select)(valid, PPO_V(load)(weights + i), p->zero);
         negative_weight = ppo_f64x8_negative(PPO_V(to_f64)(weight));
     }
-    /* -weight * (advantage * ratio) * scale, where advantage * ratio is `unclipped` */
+    /* -weight * slope * scale, the slope `unclipped` (advantage * ratio) where sloped and 0 on a
+     * flat branch: times the weight, so that a NaN or inf weight still says so */
+    ppo_vec slope = PPO_V(select)(sloped, unclipped, p->zero);
     ppo_f64x8 gradient =
-        ppo_f64x8_mul(ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(unclipped)), p->scale);
-    PPO_V(store)(grad + i, PPO_V(select)(active, PPO_V(from_f64)(gradient), p->zero));
+        ppo_f64x8_mul(ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(slope)), p->scale);
+    PPO_V(store)(grad + i, PPO_V(select)(valid, PPO_V(from_f64)(gradient), p->zero));
     objective = PPO_V(select)(valid, objective, p->zero);
     sums->loss =
         ppo_f64x8_add(sums->loss, ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(objective)));

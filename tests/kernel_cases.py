@@ -71,8 +71,12 @@ def _scalar_choices(kernel: Kernel) -> list[dict[str, Any]]:
     return choices
 
 
-def cases(batch: Batch, kernels=None) -> list[Case]:
-    """Every kernel (or those named) in every scalar choice, optional inputs on and off."""
+def cases(batch: Batch, kernels=None, nonfinite: bool = False) -> list[Case]:
+    """Every kernel (or those named) in every scalar choice, optional inputs on and off.
+
+    With ``nonfinite``, about one valid position in eight of each input holds NaN, inf or -inf
+    too: every backend must give the oracle's NaN and inf pattern there (DESIGN.md section 3).
+    """
     out = []
     for kernel in (KERNELS[name] for name in kernels) if kernels else KERNELS.values():
         rows = _rows_of(batch, kernel)
@@ -87,9 +91,12 @@ def cases(batch: Batch, kernels=None) -> list[Case]:
                 )
                 for array in kernel.inputs:
                     values = arguments[array.name]
-                    if values.size and invalid.any():
-                        junk = np.array([np.nan, np.inf, -np.inf], dtype=values.dtype)
-                        values[invalid] = junk[batch.rng.integers(0, 3, int(invalid.sum()))]
+                    junk = np.array([np.nan, np.inf, -np.inf], dtype=values.dtype)
+                    poisoned = invalid.copy() if values.size else np.zeros(0, bool)
+                    if nonfinite and values.size:
+                        poisoned |= batch.rng.random(values.size) < 1 / 8
+                    if poisoned.any():
+                        values[poisoned] = junk[batch.rng.integers(0, 3, int(poisoned.sum()))]
                 name = " ".join(f"{k}={v}" for k, v in scalars.items())
                 out.append(Case(kernel, f"{name} optional={optional}", arguments))
     return out

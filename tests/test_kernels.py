@@ -89,6 +89,16 @@ def test_every_kernel_equals_the_oracle(backend, batch):
 
 
 @pytest.mark.parametrize("backend", COMPILED)
+@settings(max_examples=40)
+@given(batch=ragged_batches(max_rows=4, max_len=20, long_rows=False))
+def test_every_kernel_keeps_the_oracles_nan_and_inf_at_valid_positions(backend, batch):
+    kernels = _backend.resolve(backend)
+    for case in cases(batch, nonfinite=True):
+        expected = case.run(_reference)
+        _assert_outputs_equal_oracle(case.run(kernels), expected, case, batch.dtype, backend)
+
+
+@pytest.mark.parametrize("backend", COMPILED)
 @settings(max_examples=15)
 @given(batch=ragged_batches(max_rows=6, max_len=300, long_rows=False))
 def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch):

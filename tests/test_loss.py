@@ -526,11 +526,70 @@ def test_polynomial_exp_is_exact_to_the_dtypes_rounding():
         exact = np.exp(xs.astype(np.longdouble)).astype(dtype)
         error = np.abs(out.astype(np.float64) - exact) / np.spacing(exact).astype(np.float64)
         assert error.max() <= ulps, (dtype, xs[np.argmax(error)])
-        # Saturates to finite bounds instead of overflowing: see ppo_fast/loss.py.
-        extremes = np.array([-1e4, 1e4, np.inf], dtype=dtype)
+        # Finite arguments saturate to finite bounds instead of overflowing (ppo_fast/loss.py);
+        # NaN, inf and -inf give what math.exp gives.
+        extremes = np.array([-1e4, 1e4, np.nan, np.inf, -np.inf], dtype=dtype)
         out = np.empty_like(extremes)
         evaluate(extremes, out)
-        assert np.isfinite(out).all() and out[0] > 0
+        assert np.isfinite(out[:2]).all() and out[0] > 0
+        assert np.isnan(out[2]) and out[3] == np.inf and out[4] == 0.0
+
+
+def test_a_bool_mask_whose_bytes_are_not_0_or_1_is_its_truth(backend):
+    """numpy and torch let a bool array hold bytes other than 0 and 1 (a uint8 view): every
+    nonzero byte is valid, and counts say so (they once summed the bytes)."""
+    rng = np.random.default_rng(11)
+    logp, old, adv = (rng.normal(size=(2, 6)) for _ in range(3))
+    truth = np.array([[1, 1, 0, 1, 0, 1], [0, 1, 1, 1, 1, 0]], dtype=bool)
+    bytes_of_two = (truth.astype(np.uint8) * 2).view(bool)
+    for agg in AGGREGATIONS:
+        expected = ppo_fast.clipped_surrogate(logp, old, adv, mask=truth, agg=agg, backend=backend)
+        actual = ppo_fast.clipped_surrogate(
+            logp, old, adv, mask=bytes_of_two, agg=agg, backend=backend
+        )
+        for name in ("loss", "clipfrac", "clipfrac_lower", "approx_kl"):
+            assert getattr(actual, name) == getattr(expected, name), (agg, name)
+        np.testing.assert_array_equal(actual.grad, expected.grad)
+        expected = ppo_fast.value_loss(logp, old, adv, mask=truth, agg=agg, backend=backend)
+        actual = ppo_fast.value_loss(logp, old, adv, mask=bytes_of_two, agg=agg, backend=backend)
+        assert (actual.loss, actual.clipfrac) == (expected.loss, expected.clipfrac), agg
+        np.testing.assert_array_equal(actual.grad, expected.grad)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value"), [(np.float64, 1e200), (np.float32, 1e20)], ids=["float64", "float32"]
+)
+def test_a_per_token_value_that_overflows_its_dtype_is_inf_on_every_backend(backend, dtype, value):
+    """(1e200)^2 overflows float64, (1e20)^2 float32: the loss is inf, on the oracle too (it
+    once raised OverflowError, and computed float32 in float64)."""
+    values = np.array([[value, 1.0]], dtype=dtype)
+    zeros = np.zeros_like(values)
+    result = ppo_fast.value_loss(values, zeros, zeros, backend=backend)
+    assert result.loss == math.inf
+    assert result.grad[0, 0] == dtype(value) * dtype(0.5)  # the gradient (v - R) / n is finite
+
+
+def test_a_non_finite_log_ratio_without_a_clamp_stays_non_finite(backend):
+    """old log-probs of -inf, +inf or NaN at valid positions: the ratio is inf, 0 or NaN, and
+    the loss NaN or inf as IEEE arithmetic says, on every backend (the compiled ones once
+    saturated exp and returned finite numbers)."""
+    logp = np.array([[-1.0, -1.0, -1.0, -1.0]])
+    for old_value in (-np.inf, np.inf, np.nan):
+        for advantage in (1.0, -1.0):
+            old = np.array([[-1.2, old_value, -0.9, -1.0]])
+            adv = np.full((1, 4), advantage)
+            oracle = ppo_fast.clipped_surrogate(logp, old, adv, backend="python")
+            actual = ppo_fast.clipped_surrogate(logp, old, adv, backend=backend)
+            case = (old_value, advantage)
+            for name in ("loss", "approx_kl", "clipfrac"):
+                want, got = getattr(oracle, name), getattr(actual, name)
+                np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"{name} {case}")
+            np.testing.assert_allclose(actual.grad, oracle.grad, rtol=1e-12, err_msg=str(case))
+    # A ratio of inf on a bad token: the loss is inf (the compiled backends once gave 4.1e307).
+    bad_token = ppo_fast.clipped_surrogate(
+        logp, np.array([[-1.0, -np.inf, -1.0, -1.0]]), np.full((1, 4), -1.0), backend=backend
+    )
+    assert bad_token.loss == math.inf
 
 
 # --------------------------------------------------------------------------------------------
