@@ -1,7 +1,7 @@
 """The Cython backend: the kernels of src/_kernels.pyx, as built by setup.py.
 
 Same names and signatures as the oracle, ``_reference.py``. Nothing compiles at run time and
-numba is not needed: this is what ``auto`` takes when numba is missing or fails to import.
+numba is not needed: this is what ``auto`` takes first (nothing to compile at first use).
 setup.py builds the kernels three times on x86-64: ``_cython_kernels`` for any CPU,
 ``_cython_kernels_avx2`` for CPUs with AVX2 and FMA (hardware FMA matters to GAE), and
 ``_cython_kernels_avx512`` for CPUs with AVX-512 F and DQ too (float64 lanes in one register:

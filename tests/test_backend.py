@@ -63,6 +63,26 @@ def test_forced_backend_that_cannot_load_raises_and_auto_moves_on():
     assert "auto: numba" not in out.stdout and "numba" not in out.stdout.split("available:")[1]
 
 
+def test_auto_takes_the_cython_build_first_and_numba_without_it():
+    """Cython has nothing to compile at first use (short-lived processes and workers pay no JIT);
+    without its build, auto takes numba."""
+    out = run_python("""
+        import ppo_fast
+        print(ppo_fast.get_backend(), ppo_fast.available_backends())
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "cython", out.stdout
+    out = run_python("""
+        import sys
+        sys.modules["ppo_fast._cython_kernels"] = None  # not built
+        import ppo_fast
+        print(ppo_fast.get_backend(), ppo_fast.available_backends())
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "numba", out.stdout
+    assert "cython" not in out.stdout
+
+
 def test_precedence_call_over_set_backend_over_auto():
     try:
         ppo_fast.set_backend("python")
