@@ -12,22 +12,30 @@ from hypothesis import strategies as st
 import ppo_fast
 
 
-@given(batch=ragged_batches(), shift_mean=st.booleans(), unbiased=st.booleans())
-def test_whiten_matches_numpy_on_valid_positions(backend, batch, shift_mean, unbiased):
-    x = batch.tokens(-3, 5)
+@given(
+    batch=ragged_batches(),
+    shift_mean=st.booleans(),
+    unbiased=st.booleans(),
+    scale=st.sampled_from([1.0, 1e-4, 1e-6]),
+    eps=st.sampled_from([1e-8, 1e-3, 0.0]),
+)
+def test_whiten_matches_numpy_on_valid_positions(backend, batch, shift_mean, unbiased, scale, eps):
+    """An independent reference, written here with numpy: (x - mean) / sqrt(var + eps). Small
+    variances make eps matter, so that sqrt(var) + eps or a dropped eps shows."""
+    x = (batch.tokens(-3, 5) * batch.dtype.type(scale)).astype(batch.dtype)
     valid = x[batch.valid].astype(np.float64)
-    assume(valid.size >= 2)
+    assume(valid.size >= 2 and valid.var() > 0)
     out = ppo_fast.whiten(
-        x, shift_mean=shift_mean, unbiased=unbiased, **batch.layout_kwargs, backend=backend
+        x, shift_mean=shift_mean, unbiased=unbiased, eps=eps, **batch.layout_kwargs, backend=backend
     )
     mean = valid.mean()
-    expected = (valid - mean) / np.sqrt(valid.var(ddof=1 if unbiased else 0) + 1e-8)
+    expected = (valid - mean) / np.sqrt(valid.var(ddof=1 if unbiased else 0) + eps)
     if not shift_mean:
         expected += mean
     assert out.dtype == batch.dtype
-    np.testing.assert_allclose(
-        out[batch.valid], expected, rtol=1e-4 if batch.dtype == np.float32 else 1e-10, atol=1e-5
-    )
+    rtol = 1e-6 if batch.dtype == np.float32 else 1e-12
+    atol = rtol * float(np.abs(expected).max())
+    np.testing.assert_allclose(out[batch.valid], expected, rtol=rtol, atol=atol)
     assert not out[~batch.valid].any()
 
 
