@@ -242,7 +242,7 @@ def ppo_trainer_policy_loss(
     return pg_loss
 
 
-# Fingerprints of TRL 0.29.1's definitions (ppo_fast.bench.peers.fingerprint), taken from its
+# Fingerprints of TRL 0.29.1's definitions (ppo_fast._peers.fingerprint), taken from its
 # wheel; each trainer block is the run of statements of PPOTrainer.train between two statements,
 # copied as the body of a function (BLOCKS: function -> path, method, first, last, fingerprint).
 DISTRIBUTION = ("trl", "0.29.1")
