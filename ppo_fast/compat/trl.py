@@ -22,8 +22,10 @@ the ppo_fast GAE kernel with every position valid, which is exactly the trainer'
 whitening takes its sums from the ppo_fast moments kernel and applies TRL's scalar arithmetic
 (no epsilon in the mean, Bessel's n / (n - 1), ``rsqrt(var + 1e-8)``: NaN for a single valid
 token, ValueError for none) at every position. The elementwise KL and reward placement are TRL's
-torch code. Parity holds for finite inputs (TRL's ``x * mask`` turns a NaN at a masked position
-into NaN; the kernels never read it).
+torch code; ``masked_mean``, ``first_true_indices``, ``INVALID_LOGPROB`` and the torch fallbacks
+of the whitening are TRL's code, run from the verbatim copy in ``ppo_fast._peers.trl_0_29_1``.
+Parity holds for finite inputs (TRL's ``x * mask`` turns a NaN at a masked position into NaN;
+the kernels never read it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from typing import NamedTuple
 import torch
 
 from .. import torch as ppo_torch
+from .._peers import trl_0_29_1 as _trl
+from .._peers.trl_0_29_1 import INVALID_LOGPROB, first_true_indices, masked_mean
 from ._masked import PeerMaskedStats
 
 __all__ = [
@@ -45,19 +49,9 @@ __all__ = [
     "rollout_advantages",
 ]
 
-INVALID_LOGPROB = 1.0
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: bool | None = None):
-    """trl.experimental.ppo.ppo_trainer.masked_mean: sum(values * mask) / sum(mask)."""
-    if axis is not None:
-        return (values * mask).sum(axis=axis) / mask.sum(axis=axis)
-    else:
-        return (values * mask).sum() / mask.sum()
-
-
 _STATS = PeerMaskedStats(
-    masked_mean=masked_mean,
+    peer_masked_var=_trl.masked_var,
+    peer_masked_whiten=_trl.masked_whiten,
     mean_denominator=torch.sum,
     no_token_error=(
         "The sum of the mask is zero, which can happen when `mini_batch_size=1`;"
@@ -76,16 +70,6 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     """trl.experimental.ppo.ppo_trainer.masked_whiten: ``(values - mean) * rsqrt(var + 1e-8)``
     at every position, mean and unbiased variance over the mask."""
     return _STATS.masked_whiten(values, mask, shift_mean)
-
-
-def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
-    """trl.experimental.utils.first_true_indices: the index of the first True of each row, or
-    the row length when there is none."""
-    row_len = bools.size(-1)
-    zero_or_index = row_len * (~bools).type(dtype) + torch.arange(
-        row_len, dtype=dtype, device=bools.device
-    )
-    return torch.min(zero_or_index, dim=-1).values
 
 
 class RolloutAdvantages(NamedTuple):
