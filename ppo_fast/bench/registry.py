@@ -197,8 +197,8 @@ def _trl_shape_rewards(batch: Batch, threads: int):
 def _trl_rewards_outputs(result) -> dict[str, np.ndarray]:
     """TRL adds the score one token past the last valid one (at the last column when the row is
     full): moved back onto the last valid token, where ppo_fast puts it."""
-    rewards, lengths = result
-    rewards, lengths = _numpy(rewards).copy(), _numpy(lengths)
+    block, lengths = result
+    rewards, lengths = _numpy(block.rewards).copy(), _numpy(lengths)
     rows = np.flatnonzero(lengths < rewards.shape[1])
     rewards[rows, lengths[rows] - 1] += rewards[rows, lengths[rows]]
     rewards[rows, lengths[rows]] = 0

@@ -21,15 +21,16 @@ What runs where: the GAE recursion (the trainer's Python loop over the response 
 the ppo_fast GAE kernel with every position valid, which is exactly the trainer's recursion; the
 whitening takes its sums from the ppo_fast moments kernel and applies TRL's scalar arithmetic
 (no epsilon in the mean, Bessel's n / (n - 1), ``rsqrt(var + 1e-8)``: NaN for a single valid
-token, ValueError for none) at every position. The elementwise KL and reward placement are TRL's
-torch code; ``masked_mean``, ``first_true_indices``, ``INVALID_LOGPROB`` and the torch fallbacks
-of the whitening are TRL's code, run from the verbatim copy in ``ppo_fast._peers.trl_0_29_1``.
-Parity holds for finite inputs (TRL's ``x * mask`` turns a NaN at a masked position into NaN;
-the kernels never read it).
+token, ValueError for none) at every position. The padding masks, the elementwise KL and the
+reward placement (steps 3 and 4), ``masked_mean``, ``first_true_indices``, ``INVALID_LOGPROB``
+and the torch fallbacks of the whitening are TRL's code, run from the verbatim copy in
+``ppo_fast._peers.trl_0_29_1``. Parity holds for finite inputs (TRL's ``x * mask`` turns a NaN
+at a masked position into NaN; the kernels never read it).
 """
 
 from __future__ import annotations
 
+import types
 from typing import NamedTuple
 
 import torch
@@ -108,26 +109,14 @@ def rollout_advantages(
     the reward model's scores (after any ``missing_eos_penalty``); ``sequence_lengths`` (B,) the
     index of each response's last real token. The keyword defaults are PPOConfig's.
     """
-    response_idxs = torch.arange(logprobs.shape[1], device=logprobs.device).repeat(
-        logprobs.shape[0], 1
+    # Steps 3 and 4 are TRL's block, from the copy; ``logprobs`` stands in for the responses, of
+    # which the block reads only the shape and the device.
+    args = types.SimpleNamespace(kl_estimator=kl_estimator, kl_coef=kl_coef)
+    step = _trl.ppo_trainer_rewards(
+        args, logprobs, sequence_lengths, logprobs, ref_logprobs, values, scores
     )
-    padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
-    logprobs = torch.masked_fill(logprobs, padding_mask, INVALID_LOGPROB)
-    ref_logprobs = torch.masked_fill(ref_logprobs, padding_mask, INVALID_LOGPROB)
-    sequence_lengths_p1 = sequence_lengths + 1
-    padding_mask_p1 = response_idxs > (sequence_lengths_p1.unsqueeze(1))
-    values = torch.masked_fill(values, padding_mask_p1, 0)
-
-    # Schulman's k1 and k3 estimators (http://joschu.net/blog/kl-approx.html), as TRL writes them.
-    logr = ref_logprobs - logprobs
-    kl = -logr if kl_estimator == "k1" else (logr.exp() - 1) - logr
-    non_score_reward = -kl_coef * kl
-    rewards = non_score_reward.clone()
-    actual_start = torch.arange(rewards.size(0), device=rewards.device)
-    actual_end = torch.where(
-        sequence_lengths_p1 < rewards.size(1), sequence_lengths_p1, sequence_lengths
-    )
-    rewards[actual_start, actual_end] += scores
+    rewards, values = step.rewards, step.values
+    padding_mask, padding_mask_p1 = step.padding_mask, step.padding_mask_p1
 
     if whiten_rewards:
         rewards = masked_whiten(rewards, mask=~padding_mask_p1, shift_mean=False)
@@ -143,10 +132,10 @@ def rollout_advantages(
         advantages,
         returns,
         rewards,
-        non_score_reward,
-        kl,
-        logprobs,
-        ref_logprobs,
+        step.non_score_reward,
+        step.kl,
+        step.logprobs,
+        step.ref_logprobs,
         values,
         padding_mask,
         padding_mask_p1,
