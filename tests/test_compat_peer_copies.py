@@ -1,4 +1,4 @@
-"""The verbatim copies in ppo_fast.bench.peers are the peers' code: each definition and each copied
+"""The verbatim copies in ppo_fast._peers are the peers' code: each definition and each copied
 block of inline trainer code hashes to the fingerprint recorded from the peer's release and, where
 that release is installed (pip install --no-deps verl==0.9.1 openrlhf==0.11.2 trl==0.29.1
 stable-baselines3==2.7.1), the installed source hashes to it too. CleanRL v1.0.0 and Spinning Up
@@ -12,7 +12,7 @@ import inspect
 import peers
 import pytest
 
-from ppo_fast.bench.peers import fingerprint
+from ppo_fast._peers import fingerprint
 
 COPIES = {copy.__name__.rsplit(".", 1)[-1]: copy for copy in peers.COPIES}
 DEFINITIONS = [

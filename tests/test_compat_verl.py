@@ -213,7 +213,7 @@ def test_policy_loss_tuple_form_and_its_warning(peer, mode, kind):
             result = function(b.old_logprobs, logp, b.advantages, b.mask, 0.2, None, 0.3, 2.0, mode)
         result[0].backward()
         results.append((result, logp.grad))
-        # The copy's module is ppo_fast.bench.peers.verl_0_9_1; verl names its own.
+        # The copy's module is ppo_fast._peers.verl_0_9_1; verl names its own.
         messages.append(
             [
                 (

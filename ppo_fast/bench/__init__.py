@@ -3,9 +3,9 @@
 One comparison table (``KERNELS``) drives every benchmark. The modules, one job each:
 
 - ``batch``     the synthetic batch every row runs on, and the shapes of a run;
-- ``registry``  the table: kernels, our implementations, the peers and their adapters, what
+- ``registry``  the table: kernels, our implementations, the peers (the verbatim, fingerprinted
+                copies of their released code in ``ppo_fast._peers``) and their adapters, what
                 runs here (``why_not``) and the check of every output against ours;
-- ``peers``     the verbatim, fingerprinted copies of the peers' released code;
 - ``roofline``  the memory floor: compulsory bytes at the copy bandwidth (1.0x);
 - ``timing``    the timing engine, ``Plan`` and ``run``;
 - ``probes``    fresh-process probes: peak memory, import time, first calls;

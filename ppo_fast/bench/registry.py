@@ -7,7 +7,7 @@
 - the kernels of ppo_fast's kernel table it exercises (``table_kernels``);
 - our implementations, one per backend (the pure-Python oracle only on small batches);
 - the peers: the code that PPO trainers run today, from the verbatim copies in
-  ``ppo_fast.bench.peers`` (each names the release it copies), or the real function where its
+  ``ppo_fast._peers`` (each names the release it copies), or the real function where its
   package imports (TorchRL's GAE); the adapters here only put the inputs in the peer's layout
   (torch tensors, time-major arrays for CleanRL and Stable-Baselines3);
 - which outputs are compared, and where: every peer's output is checked against ours before it is
@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from .. import _backend, _spec
+from .._peers import copy as peer_copy
 from .batch import Batch
-from .peers import copy as peer_copy
 from .roofline import COPY_BYTES, COPY_REPEATS, Copy
 
 OURS, PEER, FLOOR = "ours", "peer", "floor"
@@ -197,8 +197,8 @@ def _trl_shape_rewards(batch: Batch, threads: int):
 def _trl_rewards_outputs(result) -> dict[str, np.ndarray]:
     """TRL adds the score one token past the last valid one (at the last column when the row is
     full): moved back onto the last valid token, where ppo_fast puts it."""
-    rewards, lengths = result
-    rewards, lengths = _numpy(rewards).copy(), _numpy(lengths)
+    block, lengths = result
+    rewards, lengths = _numpy(block.rewards).copy(), _numpy(lengths)
     rows = np.flatnonzero(lengths < rewards.shape[1])
     rewards[rows, lengths[rows] - 1] += rewards[rows, lengths[rows]]
     rewards[rows, lengths[rows]] = 0
@@ -539,9 +539,9 @@ def _kernel(kernel: Kernel) -> Kernel:
     return dataclasses.replace(kernel, implementations=implementations)
 
 
-VERL = "verl 0.9.1 (peers.verl_0_9_1)"
-OPENRLHF = "OpenRLHF 0.11.2 (peers.openrlhf_0_11_2)"
-TRL_PPO = "TRL 0.29.1 (peers.trl_0_29_1) PPOTrainer.train"
+VERL = "verl 0.9.1 (_peers.verl_0_9_1)"
+OPENRLHF = "OpenRLHF 0.11.2 (_peers.openrlhf_0_11_2)"
+TRL_PPO = "TRL 0.29.1 (_peers.trl_0_29_1) PPOTrainer.train"
 _BESSEL = (
     "masked_var's Bessel factor mask_sum / (mask_sum - 1) divides two integer tensors, which "
     "torch returns in float32, so float64 results agree to float32 precision"
@@ -620,7 +620,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _cleanrl_gae,
                     _pair_time_major,
-                    "CleanRL v1.0.0 (peers.cleanrl_1_0_0) cleanrl/ppo.py's GAE block (torch loop "
+                    "CleanRL v1.0.0 (_peers.cleanrl_1_0_0) cleanrl/ppo.py's GAE block (torch loop "
                     "over T)",
                     requires=("torch",),
                     convention="time-major (T, B) tensors; a row's end is a done flag",
@@ -630,7 +630,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _sb3_gae,
                     _pair_time_major,
-                    "Stable-Baselines3 2.7.1 (peers.stable_baselines3_2_7_1) "
+                    "Stable-Baselines3 2.7.1 (_peers.stable_baselines3_2_7_1) "
                     "RolloutBuffer.compute_returns_and_advantage (NumPy loop over T)",
                     requires=("torch",),
                     convention="time-major (T, B) arrays in the batch's dtype (SB3's buffers are "
@@ -641,7 +641,7 @@ KERNELS: dict[str, Kernel] = {
                     PEER,
                     _spinningup_gae,
                     _flat_advantages,
-                    "Spinning Up 0.2 (peers.spinningup_0_2) PPOBuffer.finish_path once per "
+                    "Spinning Up 0.2 (_peers.spinningup_0_2) PPOBuffer.finish_path once per "
                     "trajectory, discount_cumsum by scipy.signal.lfilter",
                     requires=("scipy.signal",),
                     convention="flat buffers of the valid tokens, one trajectory per row; only "

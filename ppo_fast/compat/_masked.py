@@ -6,14 +6,16 @@ squared deviations from the masked mean, Bessel-corrected by ``n / (n - 1)`` and
 token is valid, then ``(values - mean) * rsqrt(var + 1e-8)`` at every position, masked ones
 included. They differ in the mean's denominator (verl adds 1e-8 to the count), in the one-token
 case (verl raises, TRL divides by zero and returns NaN) and in their error texts:
-``PeerMaskedStats`` holds those differences, and each compat module keeps the public functions,
-with its peer's signatures and docstrings, as calls into its own instance.
+``PeerMaskedStats`` holds those differences and the peer's two functions, and each compat module
+keeps the public functions, with its peer's signatures and docstrings, as calls into its own
+instance.
 
 The kernel takes the sums (of the values, then of the squares about the mean) in float64, and the
 peer's scalar arithmetic is applied to the 0-d results, so they get the peer's dtypes. The peer's
-torch code runs where the kernel cannot stand in (not two float tensors of one shape, or
-``values`` differentiated, so that autograd is unchanged) and where the peer's own arithmetic
-decides the answer (no valid token, a non-finite value).
+own ``masked_var`` and ``masked_whiten``, from its verbatim copy in ppo_fast._peers, run where the
+kernel cannot stand in (not two float tensors of one shape, or ``values`` differentiated, so that
+autograd is unchanged) and where the peer's own arithmetic decides the answer (no valid token, a
+non-finite value).
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ def _on_kernels(values: Any, mask: Any) -> bool:
 
 @dataclass(frozen=True)
 class PeerMaskedStats:
-    """One peer's masked variance and whitening: its ``masked_mean`` and where it differs."""
+    """One peer's masked variance and whitening: its own functions and where it differs."""
 
-    # The peer's own masked_mean(values, mask), for its torch code.
-    masked_mean: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # The peer's masked_var(values, mask, unbiased) and masked_whiten(values, mask, shift_mean),
+    # from its verbatim copy: what runs where the kernel does not.
+    peer_masked_var: Callable[[Any, Any, bool], torch.Tensor]
+    peer_masked_whiten: Callable[[Any, Any, bool], torch.Tensor]
     # The mean's denominator from the mask, as the peer writes it: the dtype of the 0-d results
     # follows it (verl's ``+ 1e-8`` is in torch's default dtype for integer and bool masks).
     mean_denominator: Callable[[torch.Tensor], torch.Tensor]
@@ -54,20 +58,19 @@ class PeerMaskedStats:
     def masked_var(self, values: Any, mask: Any, unbiased: bool) -> torch.Tensor:
         if _on_kernels(values, mask):
             return self._kernel_mean_var(values, mask, unbiased)[1]
-        return self._torch_masked_var(values, mask, unbiased)
+        return self.peer_masked_var(values, mask, unbiased)
 
     def masked_whiten(self, values: Any, mask: Any, shift_mean: bool) -> torch.Tensor:
-        if _on_kernels(values, mask):
-            mean, var = self._kernel_mean_var(values, mask, unbiased=True)
-        else:
-            mean = self.masked_mean(values, mask)
-            var = self._torch_masked_var(values, mask, unbiased=True)
+        if not _on_kernels(values, mask):
+            return self.peer_masked_whiten(values, mask, shift_mean)
+        mean, var = self._kernel_mean_var(values, mask, unbiased=True)
         whitened = (values - mean) * torch.rsqrt(var + 1e-8)
         if not shift_mean:
             whitened += mean
         return whitened
 
     def _bessel(self, variance: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The peer's unbiased correction of the kernel's variance, with its errors."""
         mask_sum = mask.sum()
         if mask_sum == 0:
             raise ValueError(self.no_token_error)
@@ -87,19 +90,10 @@ class PeerMaskedStats:
         mean = torch.tensor(first.sum, dtype=sum_dtype, device=values.device) / count
         if not torch.isfinite(mean):
             # No valid token (0 / 0) or a non-finite value: the peer's own arithmetic says what.
-            return mean, self._torch_masked_var(values, mask, unbiased)
+            return mean, self.peer_masked_var(values, mask, unbiased)
         # The peers centre about their mean as stored (``values - mean``): so does the second pass.
         second = ppo_torch.masked_moments(flat_values, mask=flat_mask, shift=float(mean))
         variance = torch.tensor(second.sum_sq, dtype=sum_dtype, device=values.device) / count
         if unbiased:
             variance = self._bessel(variance, mask)
         return mean, variance
-
-    def _torch_masked_var(self, values: Any, mask: Any, unbiased: bool) -> torch.Tensor:
-        """The peer's masked_var, plain torch."""
-        mean = self.masked_mean(values, mask)
-        centered_values = values - mean
-        variance = self.masked_mean(centered_values**2, mask)
-        if unbiased:
-            variance = self._bessel(variance, mask)
-        return variance

@@ -21,18 +21,23 @@ What runs where: the GAE recursion (the trainer's Python loop over the response 
 the ppo_fast GAE kernel with every position valid, which is exactly the trainer's recursion; the
 whitening takes its sums from the ppo_fast moments kernel and applies TRL's scalar arithmetic
 (no epsilon in the mean, Bessel's n / (n - 1), ``rsqrt(var + 1e-8)``: NaN for a single valid
-token, ValueError for none) at every position. The elementwise KL and reward placement are TRL's
-torch code. Parity holds for finite inputs (TRL's ``x * mask`` turns a NaN at a masked position
-into NaN; the kernels never read it).
+token, ValueError for none) at every position. The padding masks, the elementwise KL and the
+reward placement (steps 3 and 4), ``masked_mean``, ``first_true_indices``, ``INVALID_LOGPROB``
+and the torch fallbacks of the whitening are TRL's code, run from the verbatim copy in
+``ppo_fast._peers.trl_0_29_1``. Parity holds for finite inputs (TRL's ``x * mask`` turns a NaN
+at a masked position into NaN; the kernels never read it).
 """
 
 from __future__ import annotations
 
+import types
 from typing import NamedTuple
 
 import torch
 
 from .. import torch as ppo_torch
+from .._peers import trl_0_29_1 as _trl
+from .._peers.trl_0_29_1 import INVALID_LOGPROB, first_true_indices, masked_mean
 from ._masked import PeerMaskedStats
 
 __all__ = [
@@ -45,19 +50,9 @@ __all__ = [
     "rollout_advantages",
 ]
 
-INVALID_LOGPROB = 1.0
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: bool | None = None):
-    """trl.experimental.ppo.ppo_trainer.masked_mean: sum(values * mask) / sum(mask)."""
-    if axis is not None:
-        return (values * mask).sum(axis=axis) / mask.sum(axis=axis)
-    else:
-        return (values * mask).sum() / mask.sum()
-
-
 _STATS = PeerMaskedStats(
-    masked_mean=masked_mean,
+    peer_masked_var=_trl.masked_var,
+    peer_masked_whiten=_trl.masked_whiten,
     mean_denominator=torch.sum,
     no_token_error=(
         "The sum of the mask is zero, which can happen when `mini_batch_size=1`;"
@@ -76,16 +71,6 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     """trl.experimental.ppo.ppo_trainer.masked_whiten: ``(values - mean) * rsqrt(var + 1e-8)``
     at every position, mean and unbiased variance over the mask."""
     return _STATS.masked_whiten(values, mask, shift_mean)
-
-
-def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
-    """trl.experimental.utils.first_true_indices: the index of the first True of each row, or
-    the row length when there is none."""
-    row_len = bools.size(-1)
-    zero_or_index = row_len * (~bools).type(dtype) + torch.arange(
-        row_len, dtype=dtype, device=bools.device
-    )
-    return torch.min(zero_or_index, dim=-1).values
 
 
 class RolloutAdvantages(NamedTuple):
@@ -124,26 +109,14 @@ def rollout_advantages(
     the reward model's scores (after any ``missing_eos_penalty``); ``sequence_lengths`` (B,) the
     index of each response's last real token. The keyword defaults are PPOConfig's.
     """
-    response_idxs = torch.arange(logprobs.shape[1], device=logprobs.device).repeat(
-        logprobs.shape[0], 1
+    # Steps 3 and 4 are TRL's block, from the copy; ``logprobs`` stands in for the responses, of
+    # which the block reads only the shape and the device.
+    args = types.SimpleNamespace(kl_estimator=kl_estimator, kl_coef=kl_coef)
+    step = _trl.ppo_trainer_rewards(
+        args, logprobs, sequence_lengths, logprobs, ref_logprobs, values, scores
     )
-    padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
-    logprobs = torch.masked_fill(logprobs, padding_mask, INVALID_LOGPROB)
-    ref_logprobs = torch.masked_fill(ref_logprobs, padding_mask, INVALID_LOGPROB)
-    sequence_lengths_p1 = sequence_lengths + 1
-    padding_mask_p1 = response_idxs > (sequence_lengths_p1.unsqueeze(1))
-    values = torch.masked_fill(values, padding_mask_p1, 0)
-
-    # Schulman's k1 and k3 estimators (http://joschu.net/blog/kl-approx.html), as TRL writes them.
-    logr = ref_logprobs - logprobs
-    kl = -logr if kl_estimator == "k1" else (logr.exp() - 1) - logr
-    non_score_reward = -kl_coef * kl
-    rewards = non_score_reward.clone()
-    actual_start = torch.arange(rewards.size(0), device=rewards.device)
-    actual_end = torch.where(
-        sequence_lengths_p1 < rewards.size(1), sequence_lengths_p1, sequence_lengths
-    )
-    rewards[actual_start, actual_end] += scores
+    rewards, values = step.rewards, step.values
+    padding_mask, padding_mask_p1 = step.padding_mask, step.padding_mask_p1
 
     if whiten_rewards:
         rewards = masked_whiten(rewards, mask=~padding_mask_p1, shift_mean=False)
@@ -159,10 +132,10 @@ def rollout_advantages(
         advantages,
         returns,
         rewards,
-        non_score_reward,
-        kl,
-        logprobs,
-        ref_logprobs,
+        step.non_score_reward,
+        step.kl,
+        step.logprobs,
+        step.ref_logprobs,
         values,
         padding_mask,
         padding_mask_p1,

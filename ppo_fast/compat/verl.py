@@ -19,7 +19,7 @@ What runs where:
   verl's own scalar arithmetic follows (``mask.sum() + 1e-8`` denominators, the Bessel factor
   ``n / (n - 1)`` in torch's default dtype, the ValueError for fewer than two valid tokens), and
   the whitening is applied at every position, masked ones included, as verl does. When ``values``
-  requires grad they run verl's torch code, so autograd is unchanged.
+  requires grad they run verl's torch code (the copy's), so autograd is unchanged.
 - ``compute_policy_loss_vanilla``, ``compute_policy_loss``, ``compute_value_loss``: the fused
   kernels through ``ppo_fast.torch`` autograd Functions (one pass for the loss, the gradient and
   the statistics); the kernel returns the masked token sum (or sum of per-sequence means) and
@@ -27,7 +27,8 @@ What runs where:
   (``dp_size``, ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``).
 - ``masked_sum``, ``masked_mean``, ``agg_loss``, ``clip_by_value``, ``kl_penalty``,
   ``kl_penalty_forward``, ``compute_rewards``, the KL controllers: verl's code, plain torch and
-  NumPy. They are vectorised already and are differentiated inside losses.
+  NumPy, run from the verbatim copy in ``ppo_fast._peers.verl_0_9_1``. They are vectorised
+  already and are differentiated inside losses.
 
 Differences, by design: masks must hold 0/1 (verl multiplies by any weights, ppo_fast rejects
 them with a ValueError); values stored at masked positions never reach the kernels, where verl's
@@ -41,10 +42,22 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
 
 from .. import torch as ppo_torch
+from .._peers import verl_0_9_1 as _verl
+from .._peers.verl_0_9_1 import (
+    AdaptiveKLController,
+    FixedKLController,
+    agg_loss,
+    clip_by_value,
+    compute_rewards,
+    get_kl_controller,
+    kl_penalty,
+    kl_penalty_forward,
+    masked_mean,
+    masked_sum,
+)
 from ._fused_loss import fused_loss, non_empty_rows
 from ._masked import PeerMaskedStats
 
@@ -79,25 +92,9 @@ _LOSS_AGG_MODES = (
 # ---- verl/utils/torch_functional.py -------------------------------------------------------------
 
 
-def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.Tensor):
-    """verl.utils.torch_functional.clip_by_value: torch.clamp with tensor bounds."""
-    return torch.max(torch.min(x, tensor_max), tensor_min)
-
-
-def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis=None) -> torch.Tensor:
-    """verl.utils.torch_functional.masked_sum (plain torch)."""
-    valid_values = torch.where(mask.bool(), values, 0.0)
-    return (valid_values * mask).sum(axis=axis)
-
-
-def masked_mean(values, mask, axis=None):
-    """verl.utils.torch_functional.masked_mean (plain torch): sum / (count + 1e-8)."""
-    s = masked_sum(values, mask, axis)
-    return s / (mask.sum(axis=axis) + 1e-8)
-
-
 _STATS = PeerMaskedStats(
-    masked_mean=masked_mean,
+    peer_masked_var=_verl.masked_var,
+    peer_masked_whiten=_verl.masked_whiten,
     mean_denominator=lambda mask: mask.sum() + 1e-8,
     no_token_error="At least one element in the mask has to be 1.",
     one_token_error="The sum of the mask is one, which can cause a division by zero.",
@@ -117,44 +114,9 @@ def masked_whiten(values, mask, shift_mean=True):
 
 
 # ---- verl/trainer/ppo/core_algos.py -------------------------------------------------------------
-
-
-class AdaptiveKLController:
-    """verl.trainer.ppo.core_algos.AdaptiveKLController (https://arxiv.org/pdf/1909.08593.pdf)."""
-
-    def __init__(self, init_kl_coef, target_kl, horizon):
-        self.value = init_kl_coef
-        self.target = target_kl
-        self.horizon = horizon
-
-    def update(self, current_kl, n_steps):
-        target = self.target
-        proportional_error = np.clip(current_kl / target - 1, -0.2, 0.2)
-        mult = 1 + proportional_error * n_steps / self.horizon
-        self.value *= mult
-
-
-class FixedKLController:
-    """verl.trainer.ppo.core_algos.FixedKLController."""
-
-    def __init__(self, kl_coef):
-        self.value = kl_coef
-
-    def update(self, current_kl, n_steps):
-        """A fixed coefficient: nothing to update."""
-
-
-def get_kl_controller(kl_ctrl):
-    """verl.trainer.ppo.core_algos.get_kl_controller."""
-    if kl_ctrl.type == "fixed":
-        return FixedKLController(kl_coef=kl_ctrl.kl_coef)
-    elif kl_ctrl.type == "adaptive":
-        assert kl_ctrl.horizon > 0, f"horizon must be larger than 0. Got {kl_ctrl.horizon}"
-        return AdaptiveKLController(
-            init_kl_coef=kl_ctrl.kl_coef, target_kl=kl_ctrl.target_kl, horizon=kl_ctrl.horizon
-        )
-    else:
-        raise NotImplementedError
+# Deliberately written again: the signatures of the fused functions below (a drop-in keeps verl's
+# parameter lists line for line) and compute_policy_loss_vanilla's metrics dict (verl's return
+# value); their bodies run on the kernels, so the copy's functions cannot be called for them.
 
 
 def _carry_into_masked(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -194,56 +156,6 @@ def compute_gae_advantage_return(
         returns = advantages + values
         advantages = masked_whiten(advantages, response_mask)
     return advantages, returns
-
-
-def compute_rewards(token_level_scores, old_log_prob, ref_log_prob, kl_ratio):
-    """verl.trainer.ppo.core_algos.compute_rewards: scores - kl_ratio * (old - ref)."""
-    kl = old_log_prob - ref_log_prob
-    return token_level_scores - kl * kl_ratio
-
-
-def agg_loss(
-    loss_mat: torch.Tensor,
-    loss_mask: torch.Tensor,
-    loss_agg_mode: str,
-    dp_size: int = 1,
-    batch_num_tokens: int | None = None,
-    global_batch_size: int | None = None,
-    loss_scale_factor: int | None = None,
-):
-    """verl.trainer.ppo.core_algos.agg_loss (plain torch, differentiable): all five modes."""
-    if loss_agg_mode == "token-mean":
-        if batch_num_tokens is None:
-            if dp_size > 1:
-                raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
-            batch_num_tokens = loss_mask.sum()
-        loss = masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size
-    elif loss_agg_mode == "token-sum":
-        loss = masked_sum(loss_mat, loss_mask) * dp_size
-    elif loss_agg_mode in ["seq-mean-token-sum", "seq-mean-token-sum-norm"]:
-        seq_losses = torch.sum(loss_mat * loss_mask, dim=-1)
-        seq_mask = (torch.sum(loss_mask, dim=-1) > 0).float()
-        if global_batch_size is None:
-            if dp_size > 1:
-                raise ValueError("global_batch_size is required when dp_size > 1")
-            global_batch_size = seq_mask.sum()
-        loss = masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size
-        if loss_agg_mode == "seq-mean-token-sum-norm":
-            if loss_scale_factor is None:
-                loss_scale_factor = loss_mask.shape[-1]
-            loss /= loss_scale_factor
-    elif loss_agg_mode == "seq-mean-token-mean":
-        seq_mask = torch.sum(loss_mask, dim=-1)
-        seq_losses = torch.sum(loss_mat * loss_mask, dim=-1) / (seq_mask + 1e-8)
-        seq_mask = (seq_mask > 0).float()
-        if global_batch_size is None:
-            if dp_size > 1:
-                raise ValueError("global_batch_size is required when dp_size > 1")
-            global_batch_size = seq_mask.sum()
-        loss = masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size
-    else:
-        raise ValueError(f"Invalid loss_agg_mode: {loss_agg_mode}")
-    return loss
 
 
 def _fused_agg_loss(
@@ -443,35 +355,3 @@ def compute_value_loss(
     )
     vf_clipfrac = _as_verl_mean(result.clipfrac, response_mask, torch.float32)
     return vf_loss, vf_clipfrac
-
-
-def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty) -> torch.Tensor:
-    """verl.trainer.ppo.core_algos.kl_penalty: ``kl``/``k1``, ``abs``, ``mse``/``k2``,
-    ``low_var_kl``/``k3`` (log-ratio clamped to [-20, 20], the estimate to [-10, 10]); a ``+``
-    suffix (``k1+``, ``k3+``) keeps the value and takes the gradient of k2 (straight through)."""
-    base_kl_penalty = kl_penalty[:-1] if kl_penalty.endswith("+") else kl_penalty
-    forward_score = kl_penalty_forward(logprob, ref_logprob, base_kl_penalty)
-    if not kl_penalty.endswith("+") or kl_penalty in ("mse", "k2"):
-        return forward_score
-    backward_score = 0.5 * (logprob - ref_logprob).square()
-    return backward_score - backward_score.detach() + forward_score.detach()
-
-
-def kl_penalty_forward(
-    logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty
-) -> torch.Tensor:
-    """verl.trainer.ppo.core_algos.kl_penalty_forward (plain torch, differentiable)."""
-    if kl_penalty in ("kl", "k1"):
-        return logprob - ref_logprob
-    if kl_penalty == "abs":
-        return (logprob - ref_logprob).abs()
-    if kl_penalty in ("mse", "k2"):
-        return 0.5 * (logprob - ref_logprob).square()
-    if kl_penalty in ("low_var_kl", "k3"):
-        kl = ref_logprob - logprob
-        kl = torch.clamp(kl, min=-20, max=20)
-        ratio = torch.exp(kl)
-        kld = (ratio - kl - 1).contiguous()
-        return torch.clamp(kld, min=-10, max=10)
-    # "full" needs the whole vocabulary's logits: verl raises too.
-    raise NotImplementedError

@@ -1,7 +1,7 @@
 """The peers that ppo_fast.compat is held to.
 
 Each loader returns a ``Peer``: the real package's functions where it imports at the version the
-compat module cites, else the verbatim copy shipped in ppo_fast.bench.peers (the copies the
+compat module cites, else the verbatim copy shipped in ppo_fast._peers (the copies the
 benchmark times). ``Peer.label`` says which
 (``verl-0.9.1-real``, ``verl-0.9.1-copy``) and goes into every parity test's id, so a run shows
 what it compared against; nothing is skipped for a missing package.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from ppo_fast.bench import peers as copies
+from ppo_fast import _peers as copies
 
 verl_0_9_1 = copies.copy("verl_0_9_1")
 openrlhf_0_11_2 = copies.copy("openrlhf_0_11_2")

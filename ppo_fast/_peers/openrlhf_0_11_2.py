@@ -460,7 +460,7 @@ def normalize_advantages(args, experiences):
     return experiences
 
 
-# Fingerprints of OpenRLHF 0.11.2's definitions (ppo_fast.bench.peers.fingerprint), taken from its wheel.
+# Fingerprints of OpenRLHF 0.11.2's definitions (ppo_fast._peers.fingerprint), taken from its wheel.
 DISTRIBUTION = ("openrlhf", "0.11.2")
 FINGERPRINTS = {
     "openrlhf/models/utils.py": {

@@ -728,7 +728,7 @@ def kl_penalty_forward(
     raise NotImplementedError
 
 
-# Fingerprints of verl 0.9.1's definitions (ppo_fast.bench.peers.fingerprint), taken from its wheel.
+# Fingerprints of verl 0.9.1's definitions (ppo_fast._peers.fingerprint), taken from its wheel.
 DISTRIBUTION = ("verl", "0.9.1")
 FINGERPRINTS = {
     "verl/utils/import_utils.py": {

@@ -29,7 +29,7 @@ on the package index):
                                     path_start_idx, ptr, gamma, lam), called once per trajectory
 ``core`` is a stand-in for the module finish_path reads discount_cumsum from. The bodies are
 Spinning Up's, byte for byte apart from formatting; their fingerprints are in ``FINGERPRINTS``
-(ppo_fast.bench.peers.fingerprint), taken from the release. Spinning Up's value targets
+(ppo_fast._peers.fingerprint), taken from the release. Spinning Up's value targets
 (``ret_buf``) are the rewards-to-go, not advantages + values.
 """
 

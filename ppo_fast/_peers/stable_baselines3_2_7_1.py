@@ -26,7 +26,7 @@ stable-baselines3==2.7.1), stable_baselines3/common/buffers.py:
 RolloutBuffer.compute_returns_and_advantage, here a function that takes the buffer as ``self``
 (buffer_size, rewards, values, episode_starts, advantages, gamma, gae_lambda: time-major
 (buffer_size, n_envs) arrays). The body is SB3's, byte for byte apart from formatting; its
-fingerprint is in ``FINGERPRINTS`` (ppo_fast.bench.peers.fingerprint), taken from the wheel.
+fingerprint is in ``FINGERPRINTS`` (ppo_fast._peers.fingerprint), taken from the wheel.
 """
 
 # Third-party code, kept verbatim: not linted.

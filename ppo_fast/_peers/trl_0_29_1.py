@@ -26,7 +26,8 @@ with a PPO trainer (TRL 1.x removed it):
                                        here ``ppo_trainer_value_loss`` and
                                        ``ppo_trainer_policy_loss``; steps 3-4 and step 6 of
                                        the rollout block alone are ``ppo_trainer_rewards`` and
-                                       ``ppo_trainer_gae`` (what the benchmark times)
+                                       ``ppo_trainer_gae`` (what the benchmark times;
+                                       ppo_fast.compat.trl runs ``ppo_trainer_rewards``)
   trl/experimental/utils.py            first_true_indices
 
 The trainer's blocks are inline code in a method that needs models and a dataloader, so the tests
@@ -172,7 +173,8 @@ def ppo_trainer_advantages(
 
 
 def ppo_trainer_rewards(args, responses, sequence_lengths, logprobs, ref_logprobs, values, scores):
-    """PPOTrainer.train's steps 3 and 4 (padding masks, KL-shaped rewards), verbatim."""
+    """PPOTrainer.train's steps 3 and 4 (padding masks, KL-shaped rewards), verbatim; returns
+    what the block leaves for steps 5 and 6, as ``ppo_trainer_advantages`` does."""
     response_idxs = torch.arange(responses.shape[1], device=responses.device).repeat(
         responses.shape[0], 1
     )
@@ -194,7 +196,16 @@ def ppo_trainer_rewards(args, responses, sequence_lengths, logprobs, ref_logprob
         sequence_lengths_p1 < rewards.size(1), sequence_lengths_p1, sequence_lengths
     )
     rewards[actual_start, actual_end] += scores
-    return rewards
+    return types.SimpleNamespace(
+        rewards=rewards,
+        non_score_reward=non_score_reward,
+        kl=kl,
+        logprobs=logprobs,
+        ref_logprobs=ref_logprobs,
+        values=values,
+        padding_mask=padding_mask,
+        padding_mask_p1=padding_mask_p1,
+    )
 
 
 def ppo_trainer_gae(args, responses, rewards, values, padding_mask):
@@ -242,7 +253,7 @@ def ppo_trainer_policy_loss(
     return pg_loss
 
 
-# Fingerprints of TRL 0.29.1's definitions (ppo_fast.bench.peers.fingerprint), taken from its
+# Fingerprints of TRL 0.29.1's definitions (ppo_fast._peers.fingerprint), taken from its
 # wheel; each trainer block is the run of statements of PPOTrainer.train between two statements,
 # copied as the body of a function (BLOCKS: function -> path, method, first, last, fingerprint).
 DISTRIBUTION = ("trl", "0.29.1")

@@ -1,5 +1,7 @@
-"""Verbatim copies of the peers' released code: what ``ppo-fast bench`` times and what the parity
-tests of ppo_fast.compat compare with.
+"""Verbatim copies of the peers' released code: what ``ppo-fast bench`` times, what the parity
+tests of ppo_fast.compat compare with, and the code that ppo_fast.compat runs wherever a peer's
+function stays plain torch (its argument checks, its torch paths, its controllers), so that no
+peer code is written twice.
 
 Each module copies named definitions (or blocks of inline trainer code, as the body of a
 function) of one release of one peer, byte for byte apart from formatting, and starts with the
@@ -16,7 +18,7 @@ copy to its fingerprint and, where the release is installed, the installed sourc
     spinningup_0_2           Spinning Up 0.2 (MIT)
 
 The copies import torch or scipy at the top: import them with ``copy(name)`` when a row needs
-them, never from ``import ppo_fast``.
+them, or from a compat module (which imports torch anyway), never from ``import ppo_fast``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Source: https://github.com/vwxyzjn/cleanrl, release v1.0.0 (commit c37a3ec4), cl
 block under "# bootstrap value if not done" in the training loop, here the body of
 ``ppo_advantages``. Time-major (num_steps, num_envs) tensors; ``dones[t]`` is 1 when step t starts
 a new episode. The statements are CleanRL's, byte for byte apart from formatting;
-``BLOCKS`` records their fingerprint (ppo_fast.bench.peers.fingerprint), taken from the release.
+``BLOCKS`` records their fingerprint (ppo_fast._peers.fingerprint), taken from the release.
 """
 
 # Third-party code, kept verbatim: not linted.
