@@ -109,3 +109,26 @@ def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch)
             np.testing.assert_array_equal(
                 parallel[name], output, err_msg=f"{backend} {name}\n{case.describe()}"
             )
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_numba_runs_its_parallel_build_on_two_threads_and_its_serial_build_on_one(monkeypatch):
+    """Every kernel: the build that must not run is replaced by one that fails."""
+    from batches import Batch
+
+    from ppo_fast import _numba_kernels
+
+    def refuse(*args):
+        raise AssertionError("the wrong build ran")
+
+    rng = np.random.default_rng(3)
+    valid = rng.random((4, 50)) < 0.8
+    batch = Batch("mask", np.dtype(np.float64), valid, 4, {"mask": valid}, rng)
+    for case in cases(batch):
+        kernel = getattr(_numba_kernels, case.kernel.name)
+        builds = getattr(kernel, "kernels", [kernel])
+        for n_threads, unwanted in ((2, "serial"), (1, "parallel")):
+            with monkeypatch.context() as patch:
+                for build in builds:
+                    patch.setattr(build, unwanted, refuse)
+                case.run(_numba_kernels, n_threads)
