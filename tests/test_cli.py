@@ -446,3 +446,42 @@ def test_a_signal_stops_bench_cleanly_with_its_probes(signum, status, line, tmp_
     assert err.splitlines() == [line] and out == ""
     assert os.listdir(tmp_path) == []
     assert not any(_alive(pid) for pid in probes)
+
+
+def test_trace_an_unavailable_backend_is_one_line(capsys, monkeypatch):
+    def unavailable(name=None):
+        raise cli._backend.BackendUnavailableError("the cython backend is not built:\n  rebuild")
+
+    monkeypatch.setattr(cli._backend, "get_backend", unavailable)
+    error = one_error_line(
+        capsys, cli.main(["trace", "--backend", "cython"]), "ppo-fast trace: --backend cython: "
+    )
+    assert error == "the cython backend is not built: rebuild"
+
+
+PLOT_ROWS = [
+    {"status": "ok", "kernel": "gae", "implementation": name, "dtype": "float32", "threads": 1}
+    | {"tokens": tokens, "median": 1e-6 * tokens}
+    for name in ("ppo_fast[numba]", "floor")
+    for tokens in (1000, 10000)
+]
+
+
+def test_the_plot_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from ppo_fast.bench import plot
+
+    plot(PLOT_ROWS, str(tmp_path / "plot"))  # as savefig: no extension gives .png
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+
+    def interrupted_savefig(self, file, **options):
+        file.write(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", interrupted_savefig)
+    with pytest.raises(KeyboardInterrupt):
+        plot(PLOT_ROWS, str(tmp_path / "plot.png"))
+    assert os.listdir(tmp_path) == ["plot.png"]
+    assert (tmp_path / "plot.png").stat().st_size > 100  # the earlier plot, untouched
