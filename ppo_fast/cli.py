@@ -14,7 +14,10 @@ update: adds the clipped-surrogate table per token, with ``clip_low``, ``clip_hi
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import math
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -256,23 +259,172 @@ def trace_policy(
     return header + "\n" + _table(POLICY_COLUMNS, table)
 
 
-def _load_batch(path: str | None) -> dict:
-    if path is None:
-        return SEED_BATCH
-    if path == "-":
-        text = sys.stdin.read()
-    else:
-        with open(path) as file:
-            text = file.read()
-    batch = json.loads(text)
-    missing = [k for k in ("scores", "logprobs", "ref_logprobs", "values") if k not in batch]
+# The keys of a JSON batch: lists of rows of numbers; numbers, or lists of numbers (one per
+# row), True where null (the default) is allowed; a name.
+ROW_KEYS = ("logprobs", "ref_logprobs", "values", "new_logprobs")
+REQUIRED_KEYS = ("scores", "logprobs", "ref_logprobs", "values")
+NUMBER_KEYS = {
+    "scores": False,
+    "bootstrap": True,
+    "kl_coef": False,
+    "gamma": False,
+    "lam": False,
+    "clamp": True,
+    "clip_low": False,
+    "clip_high": True,
+    "dual_clip": True,
+}
+KEYS = tuple(dict.fromkeys((*REQUIRED_KEYS, *ROW_KEYS, *NUMBER_KEYS, "estimator")))
+
+
+class InputError(ValueError):
+    """Input the command line refuses; its message says what is wrong and how to fix it."""
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"a string ({value[:20]!r})"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    text = repr(value)
+    return f"the number {text if len(text) <= 24 else text[:20] + '...'}"
+
+
+def _check_number(value: Any, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{where} is {_describe(value)}; it must be a number")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite:
+        raise InputError(f"{where} is not a finite float; give a number such as -0.5")
+
+
+def _check_numbers(values: Any, where: str, what: str) -> None:
+    if not isinstance(values, list):
+        raise InputError(f"{where} is {_describe(values)}; it must be {what}")
+    for index, value in enumerate(values):
+        _check_number(value, f"{where}[{index}]")
+
+
+def check_batch(batch: Any) -> dict:
+    """``batch`` (parsed JSON) if it is a batch ``trace_pipeline`` takes, else an InputError
+    that names the key (and the row and position) at fault."""
+    if not isinstance(batch, dict):
+        raise InputError(
+            f"the top level is {_describe(batch)}; it must be an object such as "
+            '{"scores": [...], "logprobs": [[...]], "ref_logprobs": [[...]], "values": [[...]]}'
+        )
+    for key in batch:
+        if key not in KEYS:
+            close = difflib.get_close_matches(key, KEYS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"the keys are {', '.join(KEYS)}"
+            raise InputError(f"unknown key {key!r} ({hint})")
+    missing = [key for key in REQUIRED_KEYS if key not in batch]
     if missing:
-        raise ValueError(f"the JSON batch lacks {', '.join(missing)}")
+        raise InputError(f"the JSON batch lacks {', '.join(missing)}")
+    for key in ROW_KEYS:
+        if key in batch:
+            rows = batch[key]
+            if not isinstance(rows, list):
+                raise InputError(
+                    f"{key} is {_describe(rows)}; it must be a list of rows, each a list of numbers"
+                )
+            for index, row in enumerate(rows):
+                _check_numbers(row, f"{key}[{index}]", "a row: a list of numbers")
+    for key, nullable in NUMBER_KEYS.items():
+        value = batch.get(key)
+        if key not in batch or (value is None and nullable):
+            continue
+        if isinstance(value, list):
+            _check_numbers(value, key, "a list of numbers, one per row")
+        else:
+            per_row = "a list of numbers, one per row" if key == "scores" else "a number"
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InputError(f"{key} is {_describe(value)}; it must be {per_row}")
+            _check_number(value, key)
+    if "estimator" in batch and not isinstance(batch["estimator"], str):
+        given, choices = _describe(batch["estimator"]), ", ".join(ESTIMATORS)
+        raise InputError(f"estimator is {given}; it must be one of {choices}")
     return batch
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ppo-fast", description=__doc__.split("\n")[0])
+def _not_json(constant: str) -> float:
+    raise InputError(f"{constant} is not JSON; give a finite number")
+
+
+def _load_batch(path: str | None) -> dict:
+    if path is None:
+        return SEED_BATCH
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as file:
+                text = file.read()
+    except OSError as error:
+        raise InputError(f"cannot read it: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise InputError("is not UTF-8 text; give a JSON file") from None
+    try:
+        batch = json.loads(text, parse_constant=_not_json)
+    except json.JSONDecodeError as error:
+        raise InputError(f"not valid JSON: {error}") from None
+    except RecursionError:
+        raise InputError("nested too deeply; a batch is an object of lists of rows") from None
+    return check_batch(batch)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread while ``main`` runs (a BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` of a run swallows it)."""
+
+
+class UsageError(Exception):
+    """A bad command line, as argparse finds it: the message is the whole line to print."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints the usage too: one line is enough
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def one_line(error: BaseException | str) -> str:
+    return " ".join(str(error).split())
+
+
+def _stop(signum: int, frame: Any) -> None:
+    # One signal stops the run; more, while it unwinds (kills probes, removes temporary
+    # files), are ignored: the handlers are put back when main returns.
+    for caught in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(caught) is _stop:
+            signal.signal(caught, signal.SIG_IGN)
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+
+def _catch_signals() -> dict[int, Any]:
+    """Make SIGINT and SIGTERM raise (where they have their default handling); the handlers
+    that were in place, to put back."""
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    previous = {}
+    for signum, default in defaults.items():
+        try:
+            if signal.getsignal(signum) is default:
+                previous[signum] = signal.signal(signum, _stop)
+        except ValueError:  # not the main thread: leave the signals alone
+            break
+    return previous
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ppo-fast", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     trace = commands.add_parser("trace", help="print every intermediate quantity of PPO")
     trace.add_argument("--json", metavar="FILE", help="a batch as JSON ('-' for stdin)")
@@ -285,20 +437,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench", help="time the kernels against the peers and the memory floor"
     )
     benchmark.add_arguments(bench)
-    args = parser.parse_args(argv)
-    if args.command == "bench":
-        return benchmark.run_command(args)
+    return parser
+
+
+def _trace(args: argparse.Namespace) -> int:
+    try:
+        if args.backend is not None:
+            _backend.get_backend(args.backend)
+    except _backend.BackendUnavailableError as error:
+        print(f"ppo-fast trace: --backend {args.backend}: {one_line(error)}", file=sys.stderr)
+        return 2
+    where = "" if args.json is None else f"--json {args.json}: "
     try:
         batch = dict(_load_batch(args.json))
         if args.estimator:
             batch["estimator"] = args.estimator
-        print(trace_pipeline(batch, args.backend))
-        print()
-        print(trace_loss_cases(args.backend))
-    except (ValueError, TypeError, KeyError, OSError, json.JSONDecodeError) as error:
-        print(f"ppo-fast trace: {error}", file=sys.stderr)
+        pipeline = trace_pipeline(batch, args.backend)
+        cases = trace_loss_cases(args.backend)
+    except (ValueError, TypeError) as error:  # InputError, and the library's validation
+        print(f"ppo-fast trace: {where}{one_line(error)}", file=sys.stderr)
         return 2
+    print(pipeline)
+    print()
+    print(cases)
     return 0
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as error:
+        print(one_line(error), file=sys.stderr)
+        return 2
+    if args.command == "bench":
+        from . import bench as benchmark
+
+        return benchmark.run_command(args)
+    return _trace(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``ppo-fast``: the exit status is 0, 1 (a benchmark row failed), 2 (bad input: one line on
+    stderr says which argument and how to fix it), 130 (SIGINT) or 143 (SIGTERM)."""
+    previous = _catch_signals()
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("ppo-fast: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        print("ppo-fast: terminated", file=sys.stderr)
+        return 143
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

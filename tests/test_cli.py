@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import signal
+import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
 from ppo_fast import cli
+from ppo_fast._atomic import atomic_write
 
 
 def rows_of(output: str) -> list[list[str]]:
@@ -122,3 +128,360 @@ def test_console_script_is_installed():
     out = subprocess.run(["ppo-fast", "trace"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "0.4212" in out.stdout
+
+
+# The hardening issue: every input error is one line naming the argument and the fix, status 2;
+# outputs are checked before work and written whole; SIGINT and SIGTERM stop cleanly.
+
+GOOD_BATCH = '"scores": [1], "logprobs": [[0.0]], "ref_logprobs": [[0.0]], "values": [[0.0]]'
+
+
+def one_error_line(capsys, status: int, prefix: str) -> str:
+    captured = capsys.readouterr()
+    assert status == 2, captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), captured.err
+    assert captured.out == ""
+    return lines[0].removeprefix(prefix)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("5", "the top level is the number 5; it must be an object"),
+        ("null", "the top level is null; it must be an object"),
+        ("[1, 2]", "the top level is a list; it must be an object"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ("{" + GOOD_BATCH + ', "gama": 0.9}', "unknown key 'gama' (did you mean 'gamma'?)"),
+        ("{" + GOOD_BATCH + ', "foo": 1}', "unknown key 'foo' (the keys are scores, logprobs"),
+        (
+            '{"scores": [1], "logprobs": [[0.0, null]], "ref_logprobs": [[0.0, 0.0]], '
+            '"values": [[0.0, 0.0]]}',
+            "logprobs[0][1] is null; it must be a number",
+        ),
+        (
+            '{"scores": [1], "logprobs": [[0.0]], "ref_logprobs": [["a"]], "values": [[0.0]]}',
+            "ref_logprobs[0][0] is a string ('a'); it must be a number",
+        ),
+        (
+            '{"scores": [1], "logprobs": [[[0.0]]], "ref_logprobs": [[0.0]], "values": [[0.0]]}',
+            "logprobs[0][0] is a list; it must be a number",
+        ),
+        (
+            '{"scores": [1], "logprobs": [0.0], "ref_logprobs": [[0.0]], "values": [[0.0]]}',
+            "logprobs[0] is the number 0.0; it must be a row: a list of numbers",
+        ),
+        (
+            '{"scores": [1], "logprobs": [[0.0]], "ref_logprobs": [[0.0]], "values": {}}',
+            "values is an object; it must be a list of rows",
+        ),
+        (
+            '{"scores": [true], "logprobs": [[0.0]], "ref_logprobs": [[0.0]], "values": [[0.0]]}',
+            "scores[0] is true; it must be a number",
+        ),
+        (
+            '{"scores": [1], "logprobs": [[NaN]], "ref_logprobs": [[0.0]], "values": [[0.0]]}',
+            "NaN is not JSON",
+        ),
+        (
+            '{"scores": [1], "logprobs": [[1e999]], "ref_logprobs": [[0.0]], "values": [[0.0]]}',
+            "logprobs[0][0] is not a finite float",
+        ),
+        ("{" + GOOD_BATCH + ', "gamma": "high"}', "gamma is a string ('high'); it must be a"),
+        ("{" + GOOD_BATCH + ', "kl_coef": null}', "kl_coef is null; it must be a number"),
+        ("{" + GOOD_BATCH + ', "estimator": 1}', "estimator is the number 1; it must be one of"),
+        # the library's own validation, shown the same way
+        ("{" + GOOD_BATCH + ', "gamma": 2}', "gamma must lie in"),
+        ('{"scores": [], "logprobs": [], "ref_logprobs": [], "values": []}', "no valid position"),
+    ],
+)
+def test_trace_json_errors_are_one_line_naming_the_file(text, message, tmp_path, capsys):
+    path = tmp_path / "batch.json"
+    path.write_text(text)
+    error = one_error_line(
+        capsys, cli.main(["trace", "--json", str(path)]), f"ppo-fast trace: --json {path}: "
+    )
+    assert message in error
+
+
+def test_trace_unknown_key_message_is_the_issues(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "batch.json").write_text("{" + GOOD_BATCH + ', "gama": 0.9}')
+    assert cli.main(["trace", "--json", "batch.json"]) == 2
+    assert capsys.readouterr().err == (
+        "ppo-fast trace: --json batch.json: unknown key 'gama' (did you mean 'gamma'?)\n"
+    )
+
+
+def test_trace_json_from_stdin_and_a_missing_file(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("sys.stdin", io.StringIO("null"))
+    error = one_error_line(capsys, cli.main(["trace", "--json", "-"]), "ppo-fast trace: --json -: ")
+    assert error.startswith("the top level is null")
+    missing = tmp_path / "nope.json"
+    error = one_error_line(
+        capsys, cli.main(["trace", "--json", str(missing)]), f"ppo-fast trace: --json {missing}: "
+    )
+    assert error == "cannot read it: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    ("argv", "prefix", "message"),
+    [
+        (["trace", "--estimator", "k9"], "ppo-fast trace: ", "argument --estimator: invalid"),
+        (["bench", "--budget", "soon"], "ppo-fast bench: ", "argument --budget: invalid float"),
+        (["frobnicate"], "ppo-fast: ", "argument command: invalid choice"),
+        ([], "ppo-fast: ", "the following arguments are required: command"),
+    ],
+)
+def test_usage_errors_are_one_line(argv, prefix, message, capsys):
+    error = one_error_line(capsys, cli.main(argv), prefix)
+    assert error.startswith(message) and error.endswith("--help)")
+
+
+def test_trace_output_is_unchanged_for_valid_input(capsys, tmp_path):
+    """Validation adds nothing to a good batch's output: the file gives the seed's tables."""
+    path = tmp_path / "seed.json"
+    path.write_text(json.dumps(cli.SEED_BATCH))
+    assert cli.main(["trace"]) == 0
+    seed = capsys.readouterr()
+    assert cli.main(["trace", "--json", str(path)]) == 0
+    assert capsys.readouterr() == seed and seed.err == ""
+
+
+# bench: the shapes, the output paths, before any work
+
+TINY = ["--kernels", "gae", "--shapes", "4x16", "--threads", "1", "--scaling", "0"]
+TINY += ["--budget", "0.001", "--repeats", "1", "--no-progress"]
+
+
+def test_bench_refuses_a_batch_larger_than_memory_up_front(capsys):
+    error = one_error_line(
+        capsys,
+        cli.main(["bench", *TINY, "--shapes", "10000000x10000000"]),
+        "ppo-fast bench: --shapes 10000000x10000000: ",
+    )
+    assert "the 10000000x10000000 float32 batch needs at least" in error
+    assert "PiB of memory" in error and "choose a smaller BxT" in error
+
+
+def test_bench_memory_check_names_the_option(capsys, monkeypatch):
+    from ppo_fast.bench import cli as bench_cli
+
+    monkeypatch.setattr(bench_cli, "available_memory", lambda: 10**8)
+    error = one_error_line(
+        capsys,
+        cli.main(["bench", *TINY, "--scaling", "1e7"]),
+        "ppo-fast bench: --scaling 1e7: ",
+    )
+    assert "the 10000x1000 float32 batch needs at least" in error
+    assert error.endswith("choose a smaller --scaling")
+
+
+def test_batch_sizes_need_no_allocation():
+    from ppo_fast.bench.batch import Batch
+
+    huge = Batch((10**7, 10**7), "float64")
+    assert huge.nbytes("values") == 8 * 10**14 and huge.nbytes("mask") == 10**14
+    assert huge.nbytes("scores") == 8 * 10**7
+    assert "values" not in vars(huge)  # nothing was built
+    small = Batch((8, 128), "float32")
+    for name in ("scores", "lengths", "mask", "logprobs", "returns"):
+        assert small.nbytes(name) == getattr(small, name).nbytes
+
+
+@pytest.mark.parametrize(
+    ("option", "path", "message"),
+    [
+        ("--json", "{tmp}/missing/x.json", "the folder {tmp}/missing does not exist"),
+        ("--json", "{tmp}", "is a folder; give a file name in it"),
+        ("--json", "{tmp}/file.txt/x.json", "{tmp}/file.txt is not a folder"),
+        ("--plot", "{tmp}/p.txt", "matplotlib cannot write .txt files; end the name with one of"),
+        ("--plot", "{tmp}", "is a folder; give a file name in it"),
+        ("--plot", "{tmp}/missing/p.png", "the folder {tmp}/missing does not exist"),
+    ],
+)
+def test_bench_checks_output_paths_before_any_work(option, path, message, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "file.txt").write_text("")
+    path = path.format(tmp=tmp_path)
+    error = one_error_line(  # nothing printed on stdout: no run
+        capsys, cli.main(["bench", *TINY, option, path]), f"ppo-fast bench: {option} {path}: "
+    )
+    assert message.format(tmp=tmp_path) in error
+    assert sorted(os.listdir(tmp_path)) == ["file.txt"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in read-only folders")
+def test_bench_refuses_a_folder_it_cannot_write(tmp_path, capsys):
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o555)
+    error = one_error_line(
+        capsys,
+        cli.main(["bench", *TINY, "--json", f"{folder}/x.json"]),
+        f"ppo-fast bench: --json {folder}/x.json: ",
+    )
+    assert error.startswith(f"cannot write in {folder}")
+
+
+# atomic writes
+
+
+def test_atomic_write_renames_a_complete_file_into_place(tmp_path):
+    target = tmp_path / "out.json"
+    with atomic_write(target) as file:
+        file.write("{}")
+        assert not target.exists() and len(os.listdir(tmp_path)) == 1  # the temporary file
+    assert target.read_text() == "{}" and os.listdir(tmp_path) == ["out.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask  # as open() gives
+    with atomic_write(target, "wb") as file:
+        file.write(b"[]")
+    assert target.read_bytes() == b"[]"
+
+
+@pytest.mark.parametrize("exception", [KeyboardInterrupt, ValueError])
+def test_atomic_write_leaves_the_target_as_it_was_on_any_exception(exception, tmp_path):
+    target = tmp_path / "out.json"
+    target.write_text("the old results")
+    with pytest.raises(exception), atomic_write(target) as file:
+        file.write("half of the new")
+        raise exception
+    assert target.read_text() == "the old results" and os.listdir(tmp_path) == ["out.json"]
+
+
+def test_an_interrupted_json_write_leaves_no_file(tmp_path, capsys, monkeypatch):
+    from ppo_fast.bench import cli as bench_cli
+
+    def interrupted_dump(document, file, **options):
+        file.write('{"environment": ')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_cli.json, "dump", interrupted_dump)
+    try:
+        status = cli.main(["bench", *TINY, "--json", str(tmp_path / "x.json")])
+    except KeyboardInterrupt:  # not pytest's: the test fails, the session goes on
+        pytest.fail("main let KeyboardInterrupt through")
+    assert status == 130
+    assert capsys.readouterr().err == "ppo-fast: interrupted\n"
+    assert os.listdir(tmp_path) == []
+
+
+# SIGINT and SIGTERM
+
+
+def test_sigterm_in_process_ends_with_one_line_and_143(tmp_path, capsys, monkeypatch):
+    from ppo_fast.bench import cli as bench_cli
+
+    def terminated_run(plan, progress):
+        # without main's handler, SIGTERM would end pytest itself
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(bench_cli, "run", terminated_run)
+    assert cli.main(["bench", *TINY, "--json", str(tmp_path / "x.json")]) == 143
+    captured = capsys.readouterr()
+    assert captured.err == "ppo-fast: terminated\n" and captured.out == ""
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert os.listdir(tmp_path) == []
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat_file:
+                    fields = stat_file.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                children.append(int(entry))
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the probes through /proc")
+@pytest.mark.parametrize(
+    ("signum", "status", "line"),
+    [(signal.SIGINT, 130, "ppo-fast: interrupted"), (signal.SIGTERM, 143, "ppo-fast: terminated")],
+)
+def test_a_signal_stops_bench_cleanly_with_its_probes(signum, status, line, tmp_path):
+    """The signal reaches ``ppo-fast bench`` while a --startup probe (a fresh python) runs: one
+    line, the status, no output file nor temporary file, and the probe is gone too."""
+    command = [sys.executable, "-m", "ppo_fast.cli", "bench", *TINY, "--startup"]
+    command += ["--json", str(tmp_path / "x.json"), "--plot", str(tmp_path / "x.png")]
+    bench = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # as from a shell: SIGINT not ignored, even where pytest runs in the background
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 240
+        probes: list[int] = []
+        while not probes and bench.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            probes = _children(bench.pid)
+        assert probes, "no probe started"
+        bench.send_signal(signum)
+        out, err = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.communicate()
+    assert bench.returncode == status, err
+    assert err.splitlines() == [line] and out == ""
+    assert os.listdir(tmp_path) == []
+    assert not any(_alive(pid) for pid in probes)
+
+
+def test_trace_an_unavailable_backend_is_one_line(capsys, monkeypatch):
+    def unavailable(name=None):
+        raise cli._backend.BackendUnavailableError("the cython backend is not built:\n  rebuild")
+
+    monkeypatch.setattr(cli._backend, "get_backend", unavailable)
+    error = one_error_line(
+        capsys, cli.main(["trace", "--backend", "cython"]), "ppo-fast trace: --backend cython: "
+    )
+    assert error == "the cython backend is not built: rebuild"
+
+
+PLOT_ROWS = [
+    {"status": "ok", "kernel": "gae", "implementation": name, "dtype": "float32", "threads": 1}
+    | {"tokens": tokens, "median": 1e-6 * tokens}
+    for name in ("ppo_fast[numba]", "floor")
+    for tokens in (1000, 10000)
+]
+
+
+def test_the_plot_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from ppo_fast.bench import plot
+
+    plot(PLOT_ROWS, str(tmp_path / "plot"))  # as savefig: no extension gives .png
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+
+    def interrupted_savefig(self, file, **options):
+        file.write(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", interrupted_savefig)
+    with pytest.raises(KeyboardInterrupt):
+        plot(PLOT_ROWS, str(tmp_path / "plot.png"))
+    assert os.listdir(tmp_path) == ["plot.png"]
+    assert (tmp_path / "plot.png").stat().st_size > 100  # the earlier plot, untouched

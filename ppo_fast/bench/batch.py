@@ -116,4 +116,9 @@ class Batch:
         return self._normal(9)
 
     def nbytes(self, name: str) -> int:
-        return int(getattr(self, name).nbytes)
+        """The bytes of array ``name``, computed from the shape: nothing is allocated."""
+        if name in ("scores", "lengths"):
+            count, itemsize = self.shape[0], self.dtype.itemsize if name == "scores" else 8
+        else:
+            count, itemsize = self.tokens, 1 if name == "mask" else self.dtype.itemsize
+        return count * itemsize

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 import time
 
-from .batch import ALL_SHAPES, DEFAULT_SHAPES, parse_shape, shape_name
+from .._atomic import atomic_write, output_problem
+from .batch import ALL_SHAPES, DEFAULT_SHAPES, Batch, parse_shape, scaling_shape, shape_name
 from .probes import IMPORTS, measure_memory, measure_startup
 from .registry import KERNELS
-from .report import environment, plot, print_report, report_items
+from .report import environment, plot, plot_target, print_report, report_items
 from .timing import DEFAULT_THREADS, Plan, Progress, exponents, quiet_openmp, run
 
 
@@ -63,13 +65,20 @@ def plan_from(args) -> Plan:
     kernels = tuple(_csv(args.kernels))
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
+        close = difflib.get_close_matches(unknown[0], KERNELS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
         raise ValueError(
-            f"unknown kernel(s) {', '.join(unknown)}; choose from {', '.join(KERNELS)}"
+            f"--kernels {args.kernels}: unknown kernel(s) {', '.join(unknown)}{hint}; "
+            f"choose from {', '.join(KERNELS)}"
         )
+    if not kernels:
+        raise ValueError(f"--kernels {args.kernels!r}: no kernel; choose from {', '.join(KERNELS)}")
     dtypes = tuple(_csv(args.dtype))
     for dtype in dtypes:
         if dtype not in ("float32", "float64"):
             raise ValueError(f"--dtype takes float32 and/or float64, got {dtype!r}")
+    if not dtypes:
+        raise ValueError(f"--dtype {args.dtype!r}: no dtype; give float32 and/or float64")
     try:
         threads = tuple(int(t) for t in _csv(args.threads))
     except ValueError:
@@ -81,11 +90,19 @@ def plan_from(args) -> Plan:
     except ValueError:
         raise ValueError(f"--scaling takes a token count like 1e7, got {args.scaling!r}") from None
     scaling = tuple(10**k for k in range(3, 9) if 10**k <= largest)
-    if args.budget <= 0 or args.repeats < 1:
-        raise ValueError("--budget must be > 0 and --repeats >= 1")
+    if not args.budget > 0:
+        raise ValueError(f"--budget takes seconds > 0, like 0.08; got {args.budget}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats takes an integer >= 1, like 3; got {args.repeats}")
+    try:
+        shapes = tuple(parse_shape(s) for s in _csv(args.shapes))
+    except ValueError as error:
+        raise ValueError(f"--shapes {args.shapes}: {error}") from None
+    if not shapes:
+        raise ValueError(f"--shapes {args.shapes!r}: no shape; give BxT shapes like 8x128,256x1024")
     return Plan(
         kernels=kernels,
-        shapes=tuple(parse_shape(s) for s in _csv(args.shapes)),
+        shapes=shapes,
         dtypes=dtypes,
         threads=threads,
         budget=args.budget,
@@ -94,16 +111,90 @@ def plan_from(args) -> Plan:
     )
 
 
+def check_outputs(args) -> None:
+    """ValueError, naming the option, where --json or --plot could not be written: checked
+    before any work starts, so that a run is not lost at its end."""
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is None:
+            continue
+        try:
+            problem = output_problem(path)  # a folder given as --plot is not a plot.png
+            if problem is None and option == "--plot":
+                problem = output_problem(plot_target(path)[0])
+        except (RuntimeError, ValueError) as error:
+            problem = str(error)
+        if problem is not None:
+            raise ValueError(f"{option} {path}: {problem}")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory a run can have now: /proc/meminfo's MemAvailable, less where a cgroup
+    (v2) limits this process to less; None where Linux does not say."""
+    available = None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    try:
+        with (
+            open("/sys/fs/cgroup/memory.max") as limit,
+            open("/sys/fs/cgroup/memory.current") as used,
+        ):
+            text = limit.read().strip()
+            if text != "max" and available is not None:
+                available = min(available, int(text) - int(used.read()))
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def batch_bytes(plan: Plan, shape: tuple[int, int], dtype: str) -> int:
+    """The least memory a row at ``shape`` needs: the arrays of the batch the plan's kernels
+    read, and two sets of outputs (ours, kept as the reference, and the row's)."""
+    batch = Batch(shape, dtype)
+    kernels = [KERNELS[name] for name in plan.kernels]
+    read = sum(batch.nbytes(name) for name in {name for k in kernels for name in k.reads})
+    written = max(kernel.writes for kernel in kernels) * batch.tokens * batch.dtype.itemsize
+    return read + 2 * written
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:,.3g} GiB" if size < 2**50 else f"{size / 2**50:,.3g} PiB"
+
+
+def check_memory(plan: Plan, args, available: int | None = None) -> None:
+    """ValueError, naming --shapes or --scaling, for a batch larger than the memory available:
+    refused before any work starts (and before an allocation that could wake the OOM killer)."""
+    available = available_memory() if available is None else available
+    if available is None:
+        return
+    batches = [("--shapes", s, d, "choose a smaller BxT") for s in plan.shapes for d in plan.dtypes]
+    batches += [
+        ("--scaling", scaling_shape(tokens), plan.dtypes[0], "choose a smaller --scaling")
+        for tokens in plan.scaling_tokens
+    ]
+    for option, shape, dtype, fix in batches:
+        need = batch_bytes(plan, shape, dtype)
+        if need > available:
+            given = args.shapes if option == "--shapes" else args.scaling
+            raise ValueError(
+                f"{option} {given}: the {shape_name(shape)} {dtype} batch needs at least "
+                f"{_gib(need)} of memory, and {_gib(available)} is available here; {fix}"
+            )
+
+
 def run_command(args) -> int:
     """``ppo-fast bench``: measure, print the tables, write the JSON and the plot."""
     quiet_openmp()  # before anything loads libgomp
-    try:
+    try:  # every input error before any work starts
         plan = plan_from(args)
+        check_outputs(args)
+        check_memory(plan, args)
     except ValueError as error:
-        print(f"ppo-fast bench: {error}", file=sys.stderr)
-        return 2
-    if not plan.shapes or not plan.dtypes or not plan.kernels:
-        print("ppo-fast bench: nothing to measure", file=sys.stderr)
+        print(f"ppo-fast bench: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     env = environment()
     total = len(plan.rows())
@@ -148,7 +239,7 @@ def run_command(args) -> int:
             "memory": memory,
             "startup": startup,
         }
-        with open(args.json, "w") as f:
+        with atomic_write(args.json, "w") as f:
             json.dump(document, f, indent=1)
     if args.plot:
         try:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import _backend, _threads
+from .._atomic import atomic_write
 from .batch import shape_name
 from .probes import FIRST_CALL_KERNELS
 from .registry import BENCH_EXTRA, FLOOR, KERNELS, PEER, PYTHON_MAX_TOKENS
@@ -349,12 +350,40 @@ def _skipped(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return sorted(seen.items())
 
 
-def plot(rows: list[dict[str, Any]], path: str, dtype: str | None = None, threads=None) -> None:
-    """Time against tokens (log-log), one panel per kernel, one line per implementation."""
+def _matplotlib():
     try:
         import matplotlib
     except ModuleNotFoundError:
         raise RuntimeError(f"--plot needs matplotlib: {BENCH_EXTRA}") from None
+    return matplotlib
+
+
+def plot_target(path: str) -> tuple[str, str]:
+    """(the file ``plot`` writes, its format): as matplotlib's savefig, a path without an
+    extension gets savefig.format's (.png). RuntimeError without matplotlib, ValueError for an
+    extension matplotlib cannot write."""
+    matplotlib = _matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    extension = os.path.splitext(path)[1][1:]
+    if not extension:
+        extension = matplotlib.rcParams["savefig.format"]
+        path = f"{path}.{extension}"
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if extension.lower() not in supported:
+        raise ValueError(
+            f"matplotlib cannot write .{extension} files; end the name with one of "
+            + ", ".join(f".{name}" for name in sorted(supported))
+        )
+    return path, extension.lower()
+
+
+def plot(rows: list[dict[str, Any]], path: str, dtype: str | None = None, threads=None) -> None:
+    """Time against tokens (log-log), one panel per kernel, one line per implementation.
+
+    The file is written whole or not at all (``atomic_write``)."""
+    matplotlib = _matplotlib()
+    target, file_format = plot_target(path)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -394,5 +423,8 @@ def plot(rows: list[dict[str, Any]], path: str, dtype: str | None = None, thread
         axis.legend(fontsize=6, loc="upper left")
     figure.suptitle(f"ppo_fast and peers, {dtype}, {threads} thread{'s' * (threads > 1)}")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    try:
+        with atomic_write(target, "wb") as file:
+            figure.savefig(file, dpi=110, format=file_format)
+    finally:
+        plt.close(figure)

@@ -1,0 +1,77 @@
+"""Files written whole or not at all: ``atomic_write``, and ``output_problem`` to check a path
+before any work starts.
+
+Every file the command line writes goes through ``atomic_write``: the content goes to a
+temporary file in the target's folder, which is renamed onto the target (``os.replace``, atomic
+on POSIX) once it is complete; on any exception, KeyboardInterrupt included, the temporary file
+is removed and the target is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from typing import IO, Any
+
+
+def _temporary(path: str) -> tuple[int, str]:
+    folder, name = os.path.split(os.path.abspath(path))
+    return tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+
+
+def _mode_for(path: str) -> int:
+    """The permissions the file gets: those of the file it replaces, else 0o666 less the umask
+    (what open(path, "w") gives; mkstemp makes 0o600)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args: Any) -> Iterator[IO]:
+    """Open a temporary file next to ``path`` for writing (``mode`` "w" or "wb"), and rename it
+    onto ``path`` when the block ends normally; on any exception it is removed."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write writes a whole file: mode 'w' or 'wb', got {mode!r}")
+    path = os.fspath(path)
+    descriptor, temporary = _temporary(path)
+    try:
+        with os.fdopen(descriptor, mode, **open_args) as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, _mode_for(path))
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why ``atomic_write(path)`` would fail (the folder is missing, is not a folder, or cannot
+    be written; the path is a folder), or None. The folder is tried by creating (and removing)
+    a temporary file in it."""
+    path = os.fspath(path)
+    if not path:
+        return "an empty path; give a file name"
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a folder; give a file name in it"
+    if not os.path.exists(folder):
+        return f"the folder {folder} does not exist; create it or choose another path"
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder; choose another path"
+    try:
+        descriptor, temporary = _temporary(path)
+    except OSError as error:
+        return f"cannot write in {folder} ({error.strerror or error}); choose another path"
+    os.close(descriptor)
+    os.unlink(temporary)
+    return None
