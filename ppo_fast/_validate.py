@@ -308,13 +308,15 @@ def per_row(
     hi: float = math.inf,
     allow_inf: bool = False,
     allow_nan: bool = False,
+    rows_only: bool = False,
 ) -> np.ndarray:
     """A scalar or (B,) real hyperparameter or per-row value, as float64 (B,), within [lo, hi].
 
     The rule of ``scalar``, element by element; per-row data (scores, bootstrap values) pass
-    ``allow_inf=True, allow_nan=True`` so that non-finite values propagate as data.
+    ``allow_inf=True, allow_nan=True`` so that non-finite values propagate as data, and
+    ``rows_only=True`` where one value for every row would be a mistake.
     """
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, int | float) and not isinstance(value, bool) and not rows_only:
         # The common case, a plain scalar: checked without building arrays (per-call overhead).
         number = scalar(name, value, lo=lo, hi=hi, allow_inf=allow_inf, allow_nan=allow_nan)
         return np.full(n_rows, number)
@@ -325,6 +327,8 @@ def per_row(
             f"{array.dtype}" + (": a bool is not a number here" if array.dtype.kind == "b" else "")
         )
     if array.ndim == 0:
+        if rows_only:
+            raise ValueError(f"{name} must have shape ({n_rows},), one value per row")
         number = scalar(name, array, lo=lo, hi=hi, allow_inf=allow_inf, allow_nan=allow_nan)
         return np.full(n_rows, number)
     if array.shape != (n_rows,):

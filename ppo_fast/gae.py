@@ -75,11 +75,9 @@ def gae(
     if bootstrap is None:
         next_values = np.zeros(rows.n_rows)
     else:
-        if np.ndim(bootstrap) == 0:
-            raise ValueError(f"bootstrap must have shape ({rows.n_rows},), one value per row")
         # Values are data: a NaN or inf propagates into the results (DESIGN.md section 3).
         next_values = _validate.per_row(
-            "bootstrap", bootstrap, rows.n_rows, allow_inf=True, allow_nan=True
+            "bootstrap", bootstrap, rows.n_rows, allow_inf=True, allow_nan=True, rows_only=True
         )
     advantages = np.empty_like(rewards)
     returns = np.empty_like(rewards)

@@ -130,10 +130,10 @@ def shape_rewards(
     coef = _validate.scalar("kl_coef", kl_coef, lo=0.0)
     logp, ref = _validate.token_arrays(logprobs=logprobs, ref_logprobs=ref_logprobs)
     rows = _validate.rows(logp.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
-    if np.ndim(scores) == 0:
-        raise ValueError(f"scores must have shape ({rows.n_rows},), one score per row")
     # Scores are data: a NaN or inf score propagates into the rewards (DESIGN.md section 3).
-    row_scores = _validate.per_row("scores", scores, rows.n_rows, allow_inf=True, allow_nan=True)
+    row_scores = _validate.per_row(
+        "scores", scores, rows.n_rows, allow_inf=True, allow_nan=True, rows_only=True
+    )
     out = np.empty_like(logp)
     _backend.run(
         "shape_rewards",

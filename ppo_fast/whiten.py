@@ -192,8 +192,12 @@ def whiten(
             raise ValueError(
                 "whiten: no valid position (empty batch or all-zero mask): nothing to normalise"
             )
-        # Second pass about the first mean: the variance without float64 cancellation.
-        moments = _row_moments(array, rows, rough.mean, backend)
+        # Second pass about the first mean: the variance without float64 cancellation. A
+        # non-finite mean (NaN or inf among the valid values) makes every result NaN either way.
+        if math.isfinite(rough.mean):
+            moments = _row_moments(array, rows, rough.mean, backend)
+        else:
+            moments = rough
     elif not isinstance(moments, Moments):
         raise TypeError(
             f"moments must be a ppo_fast.Moments, got {type(moments).__name__}: "
