@@ -90,7 +90,7 @@ def group_counts(groups: Groups) -> np.ndarray:
 def group_sums(groups: Groups, values: Any) -> np.ndarray:
     """float64 (n_groups,): the sum of the per-row `values` (B,) over each group, in row order."""
     groups = _groups(groups)
-    array = _validate.per_row("values", values, groups.n_rows)
+    array = _validate.per_row("values", values, groups.n_rows, allow_inf=True, allow_nan=True)
     # bincount adds the weights one row after another into a float64 accumulator per group:
     # the same sum, bit for bit, as a loop over the rows, whatever the machine or thread count.
     sums = np.bincount(groups.ids, weights=array, minlength=groups.n_groups)

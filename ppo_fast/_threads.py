@@ -4,12 +4,23 @@ Kernels parallelise over rows. The default is ``PPO_FAST_NUM_THREADS``, else ``O
 else the cores this process may use (its affinity mask, capped by a cgroup CPU quota); batches too
 small to gain run on one thread whatever the setting. Results never depend on the number of
 threads (each row is reduced on its own).
+
+The two variables are read differently, because they belong to different owners:
+
+- ``PPO_FAST_NUM_THREADS`` is ours: anything but a positive integer is a ValueError naming it, on
+  every call, until it is fixed.
+- ``OMP_NUM_THREADS`` is shared with every OpenMP runtime in the process (torch, BLAS). Its nested
+  form ``"4,2"`` (threads per nesting level, OpenMP 3.0) is legal, and torch accepts it: ppo_fast
+  parallelises at one level and takes the first number. A value that is not a list of positive
+  integers (``"auto"``, ``"0"``, ``"4,x"``) is ignored with a RuntimeWarning, once per value, as
+  OpenMP runtimes ignore it: a variable set for another library must not break every call here.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 # Below this many token positions a batch runs on one thread: starting threads costs more
 # than the work (measured on 2-core machines, see bench/).
@@ -35,24 +46,51 @@ def _cpu_count() -> int:
     return max(1, count)
 
 
-def _env_threads(variable: str) -> int | None:
-    raw = os.environ.get(variable, "").strip()
+def _positive_int(text: str) -> int | None:
+    text = text.strip()
+    # int() would also take "+4", "4_000" and non-ASCII digits; OpenMP takes plain digits only.
+    if not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value >= 1 else None
+
+
+def _ppo_fast_threads() -> int | None:
+    raw = os.environ.get("PPO_FAST_NUM_THREADS", "").strip()
     if not raw:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{variable} must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{variable} must be a positive integer, got {raw!r}")
+    value = _positive_int(raw)
+    if value is None:
+        raise ValueError(f"PPO_FAST_NUM_THREADS must be a positive integer, got {raw!r}")
     return value
+
+
+def _omp_threads() -> int | None:
+    raw = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not raw:
+        return None
+    levels = [_positive_int(level) for level in raw.split(",")]
+    if None in levels:
+        _warn_ignored_omp(raw)
+        return None
+    return levels[0]
+
+
+@functools.cache
+def _warn_ignored_omp(raw: str) -> None:
+    warnings.warn(
+        f"OMP_NUM_THREADS={raw!r} is not a positive integer nor a comma-separated list of them: "
+        "ppo_fast ignores it and uses the cores this process may use",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def set_num_threads(n: int | None) -> None:
     """Threads the kernels may use; ``None`` restores the default.
 
-    The default is ``PPO_FAST_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the cores this
-    process may use. Batches too small to gain run on one thread whatever this says.
+    The default is ``PPO_FAST_NUM_THREADS``, else ``OMP_NUM_THREADS`` (its first level), else the
+    cores this process may use. Batches too small to gain run on one thread whatever this says.
     """
     global _num_threads
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
@@ -64,8 +102,8 @@ def get_num_threads() -> int:
     """The number of threads large batches run on."""
     if _num_threads is not None:
         return _num_threads
-    for variable in ("PPO_FAST_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = _env_threads(variable)
+    for read in (_ppo_fast_threads, _omp_threads):
+        value = read()
         if value is not None:
             return value
     return _cpu_count()

@@ -15,12 +15,22 @@ of those, the first ``lengths[b]`` may be valid, and where a mask is given only 
 
 Rows may also carry groups (``_groups.with_groups``): the group of each row, for the estimators
 that reduce per group.
+
+Scalars follow one rule (``scalar``): a real number is a Python int or float, a NumPy integer or
+floating scalar, or a 0-d real array (a 0-d tensor in ``ppo_fast.torch``); bool, str, bytes,
+complex, None and anything else are a TypeError naming the argument. NaN is a ValueError, and so
+is an infinity unless the call site allows it (``allow_inf=True``: a bound that may be absent,
+such as ``clip_high`` or ``dual_clip``). Per-row hyperparameters (``per_row``) follow the same
+rule element by element; per-row *data* (scores, bootstrap values) may hold NaN and inf, which
+propagate as data do (DESIGN.md section 3).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-import operator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +41,28 @@ if TYPE_CHECKING:  # _groups validates through this module: no import at run tim
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _EMPTY_MASK = np.zeros(0, dtype=np.uint8)
+_INT64_MAX = np.iinfo(np.int64).max
+
+# Set by ppo_fast.torch around its calls: the fix-it hints then speak torch, not NumPy.
+_TORCH_HINTS: contextvars.ContextVar[bool] = contextvars.ContextVar("torch_hints", default=False)
+
+
+@contextlib.contextmanager
+def torch_hints() -> Iterator[None]:
+    """Phrase the fix-it hints of the errors raised inside for tensors (``x.float()``)."""
+    token = _TORCH_HINTS.set(True)
+    try:
+        yield
+    finally:
+        _TORCH_HINTS.reset(token)
+
+
+def _cast_hint(name: str, dtype: str) -> str:
+    """How to cast ``name`` to ``dtype`` ("float32", "float64" or "int64"), in the caller's API."""
+    if _TORCH_HINTS.get():
+        method = {"float32": "float", "float64": "double", "int64": "long"}[dtype]
+        return f"cast it with {name}.{method}() or {name}.to(torch.{dtype})"
+    return f"cast it with {name}.astype(np.{dtype})"
 
 
 @dataclass(frozen=True)
@@ -68,6 +100,67 @@ def _describe(x: Any) -> str:
     return f"{type(x).__module__}.{type(x).__qualname__}"
 
 
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "__torch_function__") and not isinstance(value, np.ndarray)
+
+
+def tensor_array(name: str, tensor: Any) -> np.ndarray:
+    """A torch tensor as a NumPy array: a view of a CPU tensor's memory (no copy), a host copy of
+    a tensor on another device, float32 for bfloat16 and float16. Duck-typed: torch is never
+    imported here."""
+    tensor = tensor.detach()
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"{name} is a meta tensor: it has a shape but no data to compute on; "
+            "materialise it on the CPU or an accelerator first"
+        )
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    if dtype in ("bfloat16", "float16"):
+        tensor = tensor.float()
+    elif dtype.startswith("float8") or dtype.startswith("float4"):
+        raise TypeError(
+            f"{name} has dtype torch.{dtype}, which ppo_fast does not compute in: "
+            f"cast it with {name}.float() or {name}.to(torch.float32)"
+        )
+    try:
+        return tensor.resolve_conj().resolve_neg().numpy()
+    except (TypeError, RuntimeError) as error:
+        raise TypeError(
+            f"{name} (torch.{dtype} on {tensor.device}, layout {tensor.layout}) cannot be read "
+            f"as an array ({error}): pass a dense tensor, cast with {name}.float() or "
+            f"{name}.to(torch.float32)"
+        ) from None
+
+
+def _as_array(name: str, value: Any) -> np.ndarray:
+    """``np.asarray(value)``, with an error that names the argument when it is not an array."""
+    if _is_tensor(value):
+        return tensor_array(name, value)
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as error:
+        reason = str(error).split("\n")[0]
+        raise ValueError(
+            f"{name} cannot be read as an array ({reason}): pass a rectangular array; rows of "
+            "different lengths go padded to (B, T) with a mask or lengths, or packed to (N,) "
+            "with cu_seqlens"
+        ) from None
+
+
+def _float_hint(name: str, dtype: np.dtype) -> str:
+    if dtype.kind == "f" and not dtype.isnative:
+        native = dtype.newbyteorder("=")
+        if native in FLOAT_DTYPES:
+            return f"convert it to native byte order with {name}.astype('={native.str[1:]}')"
+    if dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize < 4):
+        return _cast_hint(name, "float32")
+    if dtype.kind == "f":
+        return _cast_hint(name, "float64")
+    return "pass real floating-point numbers"
+
+
 def token_arrays(elementwise: bool = False, **arrays: Any) -> tuple[np.ndarray, ...]:
     """Per-token arrays: same shape, one float dtype (float32 or float64), 1-D or 2-D
     (any number of dimensions when `elementwise`).
@@ -79,18 +172,14 @@ def token_arrays(elementwise: bool = False, **arrays: Any) -> tuple[np.ndarray, 
     for name, value in arrays.items():
         if value is None:
             raise TypeError(f"{name} is required: pass a float32 or float64 array")
-        if hasattr(value, "__torch_function__") and not isinstance(value, np.ndarray):
+        if _is_tensor(value):
             raise TypeError(
                 f"{name} is a torch tensor: use ppo_fast.torch, which takes tensors, "
                 f"or pass {name}.numpy()"
             )
-        array = np.asarray(value)
-        if array.dtype not in FLOAT_DTYPES:
-            hint = (
-                f"cast it with {name}.astype(np.float32)"
-                if array.dtype.kind in "biuf"
-                else "pass real floating-point numbers"
-            )
+        array = _as_array(name, value)
+        if array.dtype not in FLOAT_DTYPES or not array.dtype.isnative:
+            hint = _float_hint(name, array.dtype)
             raise TypeError(f"{name} must be float32 or float64, got dtype {array.dtype}: {hint}")
         if not elementwise and array.ndim not in (1, 2):
             raise ValueError(
@@ -107,30 +196,30 @@ def token_arrays(elementwise: bool = False, **arrays: Any) -> tuple[np.ndarray, 
             if array.dtype != first.dtype:
                 raise TypeError(
                     f"{name} is {array.dtype} but {first_name} is {first.dtype}: "
-                    f"cast both to one dtype, e.g. {name}.astype(np.{first.dtype})"
+                    f"pass one dtype: {_cast_hint(name, str(first.dtype))}"
                 )
-        out.append(np.ascontiguousarray(array))
+        # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
+        out.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
     return tuple(out)
 
 
 def _index_array(value: Any, name: str) -> np.ndarray:
-    if hasattr(value, "__torch_function__") and not isinstance(value, np.ndarray):
-        value = value.detach().cpu().numpy()
-    array = np.asarray(value)
+    array = _as_array(name, value)
     if array.dtype.kind not in "iu" and not (array.size == 0 and array.dtype.kind == "f"):
         raise TypeError(
-            f"{name} must hold integers, got dtype {array.dtype}: "
-            f"cast it with {name}.astype(np.int64)"
+            f"{name} must hold integers, got dtype {array.dtype}: {_cast_hint(name, 'int64')}"
         )
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and np.any(array > _INT64_MAX):
+        # int64 would wrap them to negative numbers: report the value given.
+        b = int(np.argmax(array > _INT64_MAX))
+        raise ValueError(f"{name}[{b}]={array[b]} is out of range: it must be below 2**63")
     return array.astype(np.int64)
 
 
 def _mask_array(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
-    if hasattr(mask, "__torch_function__") and not isinstance(mask, np.ndarray):
-        mask = mask.detach().cpu().numpy()
-    mask = np.asarray(mask)
+    mask = _as_array("mask", mask)
     if mask.shape != shape:
         raise ValueError(
             f"mask has shape {mask.shape} but the token arrays have shape {shape}: "
@@ -211,49 +300,127 @@ def rows(
 
 
 def per_row(
-    name: str, value: Any, n_rows: int, *, lo: float = -math.inf, hi: float = math.inf
+    name: str,
+    value: Any,
+    n_rows: int,
+    *,
+    lo: float = -math.inf,
+    hi: float = math.inf,
+    allow_inf: bool = False,
+    allow_nan: bool = False,
+    rows_only: bool = False,
 ) -> np.ndarray:
-    """A scalar or (B,) real hyperparameter or per-row value, as float64 (B,), within [lo, hi]."""
-    if hasattr(value, "__torch_function__") and not isinstance(value, np.ndarray):
-        value = value.detach().cpu().numpy()
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    """A scalar or (B,) real hyperparameter or per-row value, as float64 (B,), within [lo, hi].
+
+    The rule of ``scalar``, element by element; per-row data (scores, bootstrap values) pass
+    ``allow_inf=True, allow_nan=True`` so that non-finite values propagate as data, and
+    ``rows_only=True`` where one value for every row would be a mistake.
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool) and not rows_only:
         # The common case, a plain scalar: checked without building arrays (per-call overhead).
-        return np.full(n_rows, scalar(name, value, lo=lo, hi=hi))
-    array = np.asarray(value)
-    if array.dtype.kind not in "biuf":
-        raise TypeError(f"{name} must be a real number or a (B,) array, got dtype {array.dtype}")
+        number = scalar(name, value, lo=lo, hi=hi, allow_inf=allow_inf, allow_nan=allow_nan)
+        return np.full(n_rows, number)
+    array = _as_array(name, value)
+    if array.dtype.kind not in "iuf":
+        raise TypeError(
+            f"{name} must be a real number or a (B,) array of real numbers, got dtype "
+            f"{array.dtype}" + (": a bool is not a number here" if array.dtype.kind == "b" else "")
+        )
     if array.ndim == 0:
-        array = np.full(n_rows, float(array))
-    elif array.shape != (n_rows,):
+        if rows_only:
+            raise ValueError(f"{name} must have shape ({n_rows},), one value per row")
+        number = scalar(name, array, lo=lo, hi=hi, allow_inf=allow_inf, allow_nan=allow_nan)
+        return np.full(n_rows, number)
+    if array.shape != (n_rows,):
         raise ValueError(
             f"{name} must be a scalar or have shape ({n_rows},), one value per row, "
             f"got shape {array.shape}"
         )
-    array = array.astype(np.float64)
-    if lo > -math.inf or hi < math.inf:
-        bad = ~((array >= lo) & (array <= hi))  # NaN is caught here too
+    with np.errstate(over="ignore"):  # a float128 beyond float64 becomes inf, refused below
+        array = array.astype(np.float64)
+    if not (allow_nan and allow_inf) or lo > -math.inf or hi < math.inf:
+        finite = np.isfinite(array)
+        nan = np.isnan(array)
+        bad = (nan & (not allow_nan)) | (~finite & ~nan & (not allow_inf))
+        bad |= ~nan & ((array < lo) | (array > hi))
         if np.any(bad):
-            raise ValueError(f"{name} must lie in [{lo:g}, {hi:g}], got {array[bad][0]!r}")
+            b = int(np.argmax(bad))
+            _check_number(name, float(array[b]), lo, hi, False, allow_inf, allow_nan, f"[{b}]")
     return array
 
 
-def scalar(
-    name: str, value: Any, *, lo: float = -math.inf, hi: float = math.inf, open_lo: bool = False
+def _check_number(
+    name: str,
+    number: float,
+    lo: float,
+    hi: float,
+    open_lo: bool,
+    allow_inf: bool,
+    allow_nan: bool,
+    where: str = "",
 ) -> float:
-    """A finite real hyperparameter within [lo, hi] (or (lo, hi] with open_lo)."""
-    try:
-        number = (
-            float(operator.index(value)) if isinstance(value, int | np.integer) else float(value)
-        )
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a real number, got {_describe(value)}") from None
-    if isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be a real number, got a bool")
-    below = number <= lo if open_lo else number < lo
-    if math.isnan(number) or below or number > hi:
+    if math.isnan(number):
+        if allow_nan:
+            return number
+        raise ValueError(f"{name}{where} must be a number, got nan")
+    if math.isinf(number) and not allow_inf:
+        raise ValueError(f"{name}{where} must be finite, got {number!r}")
+    if (number <= lo if open_lo else number < lo) or number > hi:
         bound = "(" if open_lo else "["
-        raise ValueError(f"{name} must lie in {bound}{lo:g}, {hi:g}], got {number!r}")
+        raise ValueError(f"{name}{where} must lie in {bound}{lo:g}, {hi:g}], got {number!r}")
     return number
+
+
+def scalar(
+    name: str,
+    value: Any,
+    *,
+    lo: float = -math.inf,
+    hi: float = math.inf,
+    open_lo: bool = False,
+    allow_inf: bool = False,
+    allow_nan: bool = False,
+) -> float:
+    """A real hyperparameter within [lo, hi] (or (lo, hi] with open_lo), as a float.
+
+    Real numbers are Python ints and floats, NumPy integer and floating scalars and 0-d real
+    arrays (and 0-d real tensors); anything else, bool included, is a TypeError naming the
+    argument. NaN is a ValueError unless ``allow_nan``, an infinity unless ``allow_inf``, and
+    so is an integer too large for a float64.
+    """
+    if isinstance(value, float):
+        number = value
+    elif isinstance(value, int | np.integer) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ValueError(
+                f"{name} is too large for a float64, got an integer of "
+                f"{len(str(abs(int(value))))} digits"
+            ) from None
+    elif isinstance(value, np.floating):
+        with np.errstate(over="ignore"):  # a float128 beyond float64 becomes inf
+            number = float(value)
+    elif isinstance(value, np.ndarray) or _is_tensor(value):
+        array = _as_array(name, value)
+        if array.ndim != 0 or array.dtype.kind not in "iuf":
+            raise TypeError(
+                f"{name} must be a real number, got an array of shape {array.shape} and dtype "
+                f"{array.dtype}"
+            )
+        return scalar(
+            name,
+            array[()],
+            lo=lo,
+            hi=hi,
+            open_lo=open_lo,
+            allow_inf=allow_inf,
+            allow_nan=allow_nan,
+        )
+    else:
+        what = "a bool" if isinstance(value, bool | np.bool_) else _describe(value)
+        raise TypeError(f"{name} must be a real number (int or float), got {what}")
+    return _check_number(name, number, lo, hi, open_lo, allow_inf, allow_nan)
 
 
 def choice(name: str, value: Any, options: tuple[str, ...]) -> str:

@@ -58,7 +58,7 @@ def gae(
         None of them: every position of a (B, T) array is valid.
     bootstrap
         (B,): the value of the state after each row's last valid token (truncated rows);
-        default 0 (every row ends in a terminal state).
+        default 0 (every row ends in a terminal state). Data: NaN or inf propagates.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
@@ -75,9 +75,10 @@ def gae(
     if bootstrap is None:
         next_values = np.zeros(rows.n_rows)
     else:
-        if np.ndim(bootstrap) == 0:
-            raise ValueError(f"bootstrap must have shape ({rows.n_rows},), one value per row")
-        next_values = _validate.per_row("bootstrap", bootstrap, rows.n_rows)
+        # Values are data: a NaN or inf propagates into the results (DESIGN.md section 3).
+        next_values = _validate.per_row(
+            "bootstrap", bootstrap, rows.n_rows, allow_inf=True, allow_nan=True, rows_only=True
+        )
     advantages = np.empty_like(rewards)
     returns = np.empty_like(rewards)
     _backend.run(

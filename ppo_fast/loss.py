@@ -192,12 +192,12 @@ def clipped_surrogate(
         The trust region [1 - clip_low, 1 + clip_high] of the ratio; clip_low in [0, 1],
         clip_high >= 0 (inf: no upper clip); ``clip_high=None`` means ``clip_low``.
     dual_clip
-        c > 1: bound the objective below by c * A where A < 0 (None: no dual clip).
+        c > 1: bound the objective below by c * A where A < 0 (None or inf: no dual clip).
     log_ratio_clamp
-        Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (None: no clamp).
+        Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (None or inf: no clamp).
     agg, num_tokens, num_seqs, loss_scale
-        The aggregation mode and its normaliser (see the module docstring); a normaliser only
-        for its mode.
+        The aggregation mode and its normaliser (see the module docstring; finite, > 0); a
+        normaliser only for its mode.
     weights
         Optional per-token weights, shaped like ``logprobs``, multiplying the per-token loss.
     backend
@@ -222,16 +222,22 @@ def clipped_surrogate(
     token_weights = checked[3].reshape(-1) if weights is not None else np.zeros(0, logp.dtype)
     rows = _validate.rows(logp.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
-    high = low if clip_high is None else _validate.scalar("clip_high", clip_high, lo=0.0)
+    high = (
+        low
+        if clip_high is None
+        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
+    )
     dual = (
         math.inf
         if dual_clip is None
-        else _validate.scalar("dual_clip", dual_clip, lo=1.0, open_lo=True)
+        else _validate.scalar("dual_clip", dual_clip, lo=1.0, open_lo=True, allow_inf=True)
     )
     clamp = (
         math.inf
         if log_ratio_clamp is None
-        else _validate.scalar("log_ratio_clamp", log_ratio_clamp, lo=0.0, open_lo=True)
+        else _validate.scalar(
+            "log_ratio_clamp", log_ratio_clamp, lo=0.0, open_lo=True, allow_inf=True
+        )
     )
     scales, counts = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
 
@@ -295,7 +301,7 @@ def value_loss(
         (B+1,) for packed (N,) arrays (row b is positions cu_seqlens[b] .. cu_seqlens[b+1]-1).
         None of them: every position of a (B, T) array is valid.
     clip
-        Clip the prediction to [old - clip, old + clip] (>= 0); None: no value clipping.
+        Clip the prediction to [old - clip, old + clip] (>= 0); None or inf: no value clipping.
     agg, num_tokens, num_seqs, loss_scale
         As for ``clipped_surrogate``.
     backend
@@ -310,7 +316,7 @@ def value_loss(
     """
     new, old, target = _validate.token_arrays(values=values, old_values=old_values, returns=returns)
     rows = _validate.rows(new.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
-    bound = math.inf if clip is None else _validate.scalar("clip", clip, lo=0.0)
+    bound = math.inf if clip is None else _validate.scalar("clip", clip, lo=0.0, allow_inf=True)
     scales, counts = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
     grad = np.empty_like(new)
     row_loss, row_clipped = np.empty(rows.n_rows), np.empty(rows.n_rows)

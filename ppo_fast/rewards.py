@@ -34,7 +34,7 @@ Estimator = Literal["k1", "k2", "k3", "abs"]
 def _clamp(clamp: float | None) -> float:
     if clamp is None:
         return math.inf
-    return _validate.scalar("clamp", clamp, lo=0.0, open_lo=True)
+    return _validate.scalar("clamp", clamp, lo=0.0, open_lo=True, allow_inf=True)
 
 
 def kl_penalty(
@@ -55,7 +55,7 @@ def kl_penalty(
     estimator
         "k1", "k2", "k3" or "abs" (see the module docstring).
     clamp
-        Bound the estimate to [-clamp, clamp] (clamp > 0); None for no bound.
+        Bound the estimate to [-clamp, clamp] (clamp > 0; inf or None for no bound).
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
@@ -105,10 +105,11 @@ def shape_rewards(
     ----------
     scores
         (B,): each row's sequence-level score (any real dtype), added on its last valid token.
+        Scores are data: a NaN or inf score propagates into its row's last reward.
     logprobs, ref_logprobs
         (B, T) padded, or (N,) packed with ``cu_seqlens``; float32 or float64, one dtype.
     kl_coef
-        The KL coefficient (>= 0): r_t = -kl_coef * KL_t (+ the score on the last token).
+        The KL coefficient (finite, >= 0): r_t = -kl_coef * KL_t (+ the score on the last token).
     estimator, clamp
         As for ``kl_penalty``.
     mask, lengths, cu_seqlens
@@ -129,9 +130,10 @@ def shape_rewards(
     coef = _validate.scalar("kl_coef", kl_coef, lo=0.0)
     logp, ref = _validate.token_arrays(logprobs=logprobs, ref_logprobs=ref_logprobs)
     rows = _validate.rows(logp.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
-    if np.ndim(scores) == 0:
-        raise ValueError(f"scores must have shape ({rows.n_rows},), one score per row")
-    row_scores = _validate.per_row("scores", scores, rows.n_rows)
+    # Scores are data: a NaN or inf score propagates into the rewards (DESIGN.md section 3).
+    row_scores = _validate.per_row(
+        "scores", scores, rows.n_rows, allow_inf=True, allow_nan=True, rows_only=True
+    )
     out = np.empty_like(logp)
     _backend.run(
         "shape_rewards",

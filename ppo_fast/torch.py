@@ -23,11 +23,14 @@ torch is imported here and only here: ``import ppo_fast`` never imports it.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 
+from . import _validate
 from .gae import GAEResult
 from .gae import gae as _numpy_gae
 from .loss import clipped_surrogate as _numpy_clipped_surrogate
@@ -38,20 +41,27 @@ from .whiten import Moments
 from .whiten import masked_moments as _numpy_masked_moments
 from .whiten import whiten as _numpy_whiten
 
-_COMPUTED_IN_FLOAT32 = (torch.bfloat16, torch.float16)
+_Function = TypeVar("_Function", bound=Callable[..., Any])
 
 
-def to_numpy(value: Any) -> Any:
+def _speaks_torch(function: _Function) -> _Function:
+    """Run ``function`` with the validation hints phrased for tensors (``x.float()``)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _validate.torch_hints():
+            return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def to_numpy(value: Any, name: str = "tensor") -> Any:
     """A tensor as a NumPy array for the kernels: a view of a CPU tensor's memory (no copy), a
-    host copy of a tensor on another device, float32 for bf16/fp16. Non-tensors pass unchanged."""
+    host copy of a tensor on another device, float32 for bf16/fp16 (``_validate.tensor_array``,
+    whose errors name ``name``). Non-tensors pass unchanged."""
     if not isinstance(value, torch.Tensor):
         return value
-    tensor = value.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
-    if tensor.dtype in _COMPUTED_IN_FLOAT32:
-        tensor = tensor.float()
-    return tensor.resolve_conj().resolve_neg().numpy()
+    return _validate.tensor_array(name, value)
 
 
 def from_numpy(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
@@ -69,19 +79,20 @@ def _main_tensor(name: str, value: Any) -> torch.Tensor:
     if not value.is_floating_point():
         raise TypeError(
             f"{name} must be a floating-point tensor, got {value.dtype}: cast it with "
-            f"{name}.float()"
+            f"{name}.float() or {name}.to(torch.float32)"
         )
     return value
 
 
 def _layout(mask: Any, lengths: Any, cu_seqlens: Any) -> dict[str, Any]:
     return {
-        "mask": to_numpy(mask),
-        "lengths": to_numpy(lengths),
-        "cu_seqlens": to_numpy(cu_seqlens),
+        "mask": to_numpy(mask, "mask"),
+        "lengths": to_numpy(lengths, "lengths"),
+        "cu_seqlens": to_numpy(cu_seqlens, "cu_seqlens"),
     }
 
 
+@_speaks_torch
 def kl_penalty(
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
@@ -93,11 +104,16 @@ def kl_penalty(
     """``ppo_fast.kl_penalty`` on tensors: the per-token KL estimate, shaped like ``logprobs``."""
     like = _main_tensor("logprobs", logprobs)
     out = _numpy_kl_penalty(
-        to_numpy(logprobs), to_numpy(ref_logprobs), estimator, clamp, backend=backend
+        to_numpy(logprobs, "logprobs"),
+        to_numpy(ref_logprobs, "ref_logprobs"),
+        estimator,
+        clamp,
+        backend=backend,
     )
     return from_numpy(out, like)
 
 
+@_speaks_torch
 def shape_rewards(
     scores: Any,
     logprobs: torch.Tensor,
@@ -114,10 +130,10 @@ def shape_rewards(
     """``ppo_fast.shape_rewards`` on tensors: KL-shaped rewards shaped like ``logprobs``."""
     like = _main_tensor("logprobs", logprobs)
     out = _numpy_shape_rewards(
-        to_numpy(scores),
-        to_numpy(logprobs),
-        to_numpy(ref_logprobs),
-        kl_coef=to_numpy(kl_coef),
+        to_numpy(scores, "scores"),
+        to_numpy(logprobs, "logprobs"),
+        to_numpy(ref_logprobs, "ref_logprobs"),
+        kl_coef=to_numpy(kl_coef, "kl_coef"),
         estimator=estimator,
         clamp=clamp,
         backend=backend,
@@ -126,6 +142,7 @@ def shape_rewards(
     return from_numpy(out, like)
 
 
+@_speaks_torch
 def gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -141,17 +158,18 @@ def gae(
     """``ppo_fast.gae`` on tensors: ``GAEResult(advantages, returns)`` of tensors."""
     like = _main_tensor("rewards", rewards)
     result = _numpy_gae(
-        to_numpy(rewards),
-        to_numpy(values),
-        gamma=to_numpy(gamma),
-        lam=to_numpy(lam),
-        bootstrap=to_numpy(bootstrap),
+        to_numpy(rewards, "rewards"),
+        to_numpy(values, "values"),
+        gamma=to_numpy(gamma, "gamma"),
+        lam=to_numpy(lam, "lam"),
+        bootstrap=to_numpy(bootstrap, "bootstrap"),
         backend=backend,
         **_layout(mask, lengths, cu_seqlens),
     )
     return GAEResult(from_numpy(result.advantages, like), from_numpy(result.returns, like))
 
 
+@_speaks_torch
 def masked_moments(
     x: torch.Tensor,
     *,
@@ -164,10 +182,14 @@ def masked_moments(
     """``ppo_fast.masked_moments`` on a tensor: float64 count, sum and sum of squares."""
     _main_tensor("x", x)
     return _numpy_masked_moments(
-        to_numpy(x), shift=to_numpy(shift), backend=backend, **_layout(mask, lengths, cu_seqlens)
+        to_numpy(x, "x"),
+        shift=to_numpy(shift, "shift"),
+        backend=backend,
+        **_layout(mask, lengths, cu_seqlens),
     )
 
 
+@_speaks_torch
 def whiten(
     x: torch.Tensor,
     *,
@@ -183,7 +205,7 @@ def whiten(
     """``ppo_fast.whiten`` on a tensor: whitened over the valid positions, 0 elsewhere."""
     like = _main_tensor("x", x)
     out = _numpy_whiten(
-        to_numpy(x),
+        to_numpy(x, "x"),
         shift_mean=shift_mean,
         unbiased=unbiased,
         eps=eps,
@@ -239,10 +261,10 @@ class ClippedSurrogateFunction(torch.autograd.Function):
     def forward(ctx, logprobs, old_logprobs, advantages, weights, layout, options):
         _no_grad_wanted(ctx, ("old_logprobs", "advantages", "weights"), 1)
         result = _numpy_clipped_surrogate(
-            to_numpy(logprobs),
-            to_numpy(old_logprobs),
-            to_numpy(advantages),
-            weights=to_numpy(weights),
+            to_numpy(logprobs, "logprobs"),
+            to_numpy(old_logprobs, "old_logprobs"),
+            to_numpy(advantages, "advantages"),
+            weights=to_numpy(weights, "weights"),
             **_layout(**layout),
             **options,
         )
@@ -267,9 +289,9 @@ class ValueLossFunction(torch.autograd.Function):
     def forward(ctx, values, old_values, returns, layout, options):
         _no_grad_wanted(ctx, ("old_values", "returns"), 1)
         result = _numpy_value_loss(
-            to_numpy(values),
-            to_numpy(old_values),
-            to_numpy(returns),
+            to_numpy(values, "values"),
+            to_numpy(old_values, "old_values"),
+            to_numpy(returns, "returns"),
             **_layout(**layout),
             **options,
         )
@@ -284,6 +306,7 @@ class ValueLossFunction(torch.autograd.Function):
         return grad * grad_loss, None, None, None, None
 
 
+@_speaks_torch
 def clipped_surrogate(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -312,9 +335,9 @@ def clipped_surrogate(
         "dual_clip": dual_clip,
         "log_ratio_clamp": log_ratio_clamp,
         "agg": agg,
-        "num_tokens": to_numpy(num_tokens),
-        "num_seqs": to_numpy(num_seqs),
-        "loss_scale": to_numpy(loss_scale),
+        "num_tokens": to_numpy(num_tokens, "num_tokens"),
+        "num_seqs": to_numpy(num_seqs, "num_seqs"),
+        "loss_scale": to_numpy(loss_scale, "loss_scale"),
         "backend": backend,
     }
     layout = {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens}
@@ -325,6 +348,7 @@ def clipped_surrogate(
     )
 
 
+@_speaks_torch
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
@@ -345,9 +369,9 @@ def value_loss(
     options = {
         "clip": clip,
         "agg": agg,
-        "num_tokens": to_numpy(num_tokens),
-        "num_seqs": to_numpy(num_seqs),
-        "loss_scale": to_numpy(loss_scale),
+        "num_tokens": to_numpy(num_tokens, "num_tokens"),
+        "num_seqs": to_numpy(num_seqs, "num_seqs"),
+        "loss_scale": to_numpy(loss_scale, "loss_scale"),
         "backend": backend,
     }
     layout = {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens}

@@ -36,6 +36,20 @@ class Moments:
     sum_sq: float
     shift: float = 0.0
 
+    def __post_init__(self) -> None:
+        # Checked here, not where they are used: an all-reduce gone wrong shows at once. The sums
+        # may be NaN or inf (non-finite data propagate); the count and the shift are numbers.
+        fields = {
+            "count": _validate.scalar("Moments.count", self.count, lo=0.0),
+            "sum": _validate.scalar("Moments.sum", self.sum, allow_inf=True, allow_nan=True),
+            "sum_sq": _validate.scalar(
+                "Moments.sum_sq", self.sum_sq, lo=0.0, allow_inf=True, allow_nan=True
+            ),
+            "shift": _validate.scalar("Moments.shift", self.shift),
+        }
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
     def __add__(self, other: Moments) -> Moments:
         if not isinstance(other, Moments):
             return NotImplemented
@@ -97,7 +111,7 @@ def masked_moments(
         (B+1,) for packed (N,) arrays (row b is positions cu_seqlens[b] .. cu_seqlens[b+1]-1).
         None of them: every position of a (B, T) array is valid.
     shift
-        The value the moments are taken about (use the mean for an exact variance).
+        The value the moments are taken about (use the mean for an exact variance); finite.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
@@ -158,7 +172,7 @@ def whiten(
     unbiased
         Divide the variance by n - 1 instead of n (population, the default).
     eps
-        Added to the variance under the square root (>= 0).
+        Added to the variance under the square root (finite, >= 0).
     moments
         Global ``Moments`` (all-reduced across ranks) to whiten by, instead of this batch's.
     backend
@@ -178,8 +192,12 @@ def whiten(
             raise ValueError(
                 "whiten: no valid position (empty batch or all-zero mask): nothing to normalise"
             )
-        # Second pass about the first mean: the variance without float64 cancellation.
-        moments = _row_moments(array, rows, rough.mean, backend)
+        # Second pass about the first mean: the variance without float64 cancellation. A
+        # non-finite mean (NaN or inf among the valid values) makes every result NaN either way.
+        if math.isfinite(rough.mean):
+            moments = _row_moments(array, rows, rough.mean, backend)
+        else:
+            moments = rough
     elif not isinstance(moments, Moments):
         raise TypeError(
             f"moments must be a ppo_fast.Moments, got {type(moments).__name__}: "

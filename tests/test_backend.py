@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -119,6 +120,36 @@ def test_num_threads_setting_and_environment():
     assert out.stdout.strip() == "7", out.stderr
     out = run_python("import ppo_fast; ppo_fast.get_num_threads()", PPO_FAST_NUM_THREADS="x")
     assert "PPO_FAST_NUM_THREADS must be a positive integer" in out.stderr
+
+
+def test_omp_num_threads_nested_takes_the_first_level(monkeypatch):
+    monkeypatch.delenv("PPO_FAST_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4,2")
+    assert ppo_fast.get_num_threads() == 4
+    monkeypatch.setenv("OMP_NUM_THREADS", " 3 , 1 ")
+    assert ppo_fast.get_num_threads() == 3
+    result = ppo_fast.gae(np.zeros((2, 3)), np.zeros((2, 3)))
+    assert result.advantages.shape == (2, 3)
+
+
+@pytest.mark.parametrize("garbage", ["auto", "0", "-2", "4,x", "4,,2", "1.5", "+4"])
+def test_omp_num_threads_garbage_is_ignored_with_one_warning(monkeypatch, garbage):
+    monkeypatch.delenv("PPO_FAST_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", garbage)
+    _threads._warn_ignored_omp.cache_clear()
+    with pytest.warns(RuntimeWarning, match="OMP_NUM_THREADS=.* ppo_fast ignores it"):
+        assert ppo_fast.get_num_threads() == _threads._cpu_count()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per value: the second call is silent
+        assert ppo_fast.get_num_threads() == _threads._cpu_count()
+        ppo_fast.gae(np.zeros((2, 3)), np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("garbage", ["x", "0", "4,2", "+4"])
+def test_ppo_fast_num_threads_garbage_is_an_error_naming_it(monkeypatch, garbage):
+    monkeypatch.setenv("PPO_FAST_NUM_THREADS", garbage)
+    with pytest.raises(ValueError, match="PPO_FAST_NUM_THREADS must be a positive integer"):
+        ppo_fast.get_num_threads()
 
 
 def test_small_batches_stay_on_one_thread():

@@ -656,7 +656,7 @@ X = np.zeros((2, 3))
         ({"clip_low": -0.1}, ValueError, "clip_low must lie in"),
         ({"clip_low": 1.5}, ValueError, "clip_low must lie in"),
         ({"clip_high": -0.2}, ValueError, "clip_high must lie in"),
-        ({"clip_low": float("nan")}, ValueError, "clip_low must lie in"),
+        ({"clip_low": float("nan")}, ValueError, "clip_low must be a number, got nan"),
         ({"log_ratio_clamp": 0.0}, ValueError, "log_ratio_clamp must lie in"),
         ({"agg": "mean"}, ValueError, "agg must be one of"),
         ({"num_tokens": 0}, ValueError, "num_tokens must lie in"),

@@ -258,3 +258,33 @@ def test_a_gradient_the_kernel_does_not_compute_is_refused():
         pt.clipped_surrogate(b.logprobs, b.old_logprobs.requires_grad_(), b.advantages)
     with pytest.raises(ValueError, match="returns requires grad"):
         pt.value_loss(b.values.requires_grad_(), b.old_values, b.returns.requires_grad_())
+
+
+def test_float8_and_meta_tensors_are_refused_by_name():
+    x = torch.zeros(2, 3)
+    with pytest.raises(TypeError, match=r"logprobs has dtype torch.float8_e4m3fn.*logprobs.float"):
+        pt.kl_penalty(x.to(torch.float8_e4m3fn), x)
+    with pytest.raises(TypeError, match=r"old_logprobs has dtype torch.float8_e5m2"):
+        pt.clipped_surrogate(x, x.to(torch.float8_e5m2), x)
+    with pytest.raises(ValueError, match="values is a meta tensor"):
+        pt.gae(x, torch.zeros(2, 3, device="meta"))
+    with pytest.raises(ValueError, match="x is a meta tensor"):
+        pt.whiten(torch.zeros(2, 3, device="meta"))
+
+
+@pytest.mark.parametrize(
+    ("call", "pattern"),
+    [
+        (
+            lambda x: pt.kl_penalty(x, x.long()),
+            r"ref_logprobs must be float32 or float64.*ref_logprobs.float\(\)",
+        ),
+        (lambda x: pt.gae(x, x.double()), r"values.*values.to\(torch.float32\)"),
+        (lambda x: pt.gae(x, x, lengths=torch.ones(2)), r"lengths.long\(\)"),
+        (lambda x: pt.kl_penalty(x.long(), x), r"logprobs.to\(torch.float32\)"),
+    ],
+)
+def test_dtype_hints_speak_torch(call, pattern):
+    with pytest.raises(TypeError, match=pattern) as caught:
+        call(torch.zeros(2, 3))
+    assert "astype" not in str(caught.value) and "np." not in str(caught.value)

@@ -32,6 +32,22 @@ def kl(*args, **kwargs):
     return lambda backend: ppo_fast.kl_penalty(*args, **kwargs, backend=backend)
 
 
+def moments(*args, **kwargs):
+    return lambda backend: ppo_fast.masked_moments(*args, **kwargs, backend=backend)
+
+
+def policy(**kwargs):
+    return lambda backend: ppo_fast.clipped_surrogate(X, X, X, **kwargs, backend=backend)
+
+
+def value(**kwargs):
+    return lambda backend: ppo_fast.value_loss(X, X, X, **kwargs, backend=backend)
+
+
+INF = float("inf")
+S2 = np.ones(2)
+
+
 CASES = [
     ("shape-mismatch", gae(X, np.zeros((2, 4))), ValueError, "values has shape"),
     ("3-d", gae(np.zeros((2, 3, 1)), np.zeros((2, 3, 1))), ValueError, "rewards must be 2-D"),
@@ -69,9 +85,9 @@ CASES = [
     ),
     ("gamma-above-1", gae(X, X, gamma=1.5), ValueError, r"gamma must lie in \[0, 1\]"),
     ("gamma-negative", gae(X, X, gamma=-0.1), ValueError, "gamma must lie in"),
-    ("gamma-nan", gae(X, X, gamma=float("nan")), ValueError, "gamma must lie in"),
-    ("lam-nan", gae(X, X, lam=float("nan")), ValueError, "lam must lie in"),
-    ("lam-row-nan", gae(X, X, lam=np.array([0.5, np.nan])), ValueError, "lam must lie in"),
+    ("gamma-nan", gae(X, X, gamma=float("nan")), ValueError, "gamma must be a number, got nan"),
+    ("lam-nan", gae(X, X, lam=float("nan")), ValueError, "lam must be a number"),
+    ("lam-row-nan", gae(X, X, lam=np.array([0.5, np.nan])), ValueError, r"lam\[1\] must be a"),
     ("lam-shape", gae(X, X, lam=np.ones(3)), ValueError, r"lam must be a scalar or have shape"),
     ("lam-string", gae(X, X, lam="0.9"), TypeError, "lam must be a real number"),
     ("bootstrap-shape", gae(X, X, bootstrap=np.ones(3)), ValueError, "bootstrap must"),
@@ -93,6 +109,63 @@ CASES = [
     ("whiten-eps", whiten(X, eps=-1.0), ValueError, "eps must lie in"),
     ("whiten-moments-type", whiten(X, moments=(1, 2, 3)), TypeError, "moments must be"),
     ("whiten-empty", whiten(np.zeros((0, 3))), ValueError, "no valid position"),
+    # One rule for every scalar: inf only where the parameter allows it.
+    ("kl-coef-inf", shape(S2, X, X, kl_coef=INF), ValueError, "kl_coef must be finite"),
+    ("whiten-eps-inf", whiten(X, eps=INF), ValueError, "eps must be finite"),
+    ("shift-inf", moments(X, shift=-INF), ValueError, "shift must be finite"),
+    ("num-tokens-inf", policy(num_tokens=INF), ValueError, "num_tokens must be finite"),
+    (
+        "num-seqs-inf",
+        value(agg="seq-mean-token-sum", num_seqs=INF),
+        ValueError,
+        "num_seqs must be finite",
+    ),
+    (
+        "loss-scale-inf",
+        value(agg="seq-mean-token-sum-norm", loss_scale=INF),
+        ValueError,
+        "loss_scale must be finite",
+    ),
+    ("gamma-inf", gae(X, X, gamma=INF), ValueError, "gamma must be finite"),
+    ("bootstrap-object", gae(X, X, bootstrap=[1, "a"]), TypeError, "bootstrap must be a real"),
+    ("kl-coef-bool", shape(S2, X, X, kl_coef=True), TypeError, "kl_coef must be a real number"),
+    ("gamma-bool", gae(X, X, gamma=True), TypeError, "gamma must be a real number"),
+    ("lam-bool-rows", gae(X, X, lam=np.array([True, True])), TypeError, "lam must be a real"),
+    ("gamma-0d-bool", gae(X, X, gamma=np.array(True)), TypeError, "gamma must be a real"),
+    ("kl-coef-numpy-bool", shape(S2, X, X, kl_coef=np.bool_(1)), TypeError, "kl_coef must be"),
+    ("scores-bool", shape(np.ones(2, bool), X, X, kl_coef=0.1), TypeError, "scores must be"),
+    ("kl-coef-str-number", shape(S2, X, X, kl_coef="0.1"), TypeError, "kl_coef must be a real"),
+    ("gamma-str-number", gae(X, X, gamma="0.9"), TypeError, "gamma must be a real"),
+    ("clip-low-str", policy(clip_low="0.2"), TypeError, "clip_low must be a real"),
+    ("clip-bytes", value(clip=b"1"), TypeError, "clip must be a real"),
+    ("eps-complex", whiten(X, eps=1e-8 + 0j), TypeError, "eps must be a real"),
+    ("gamma-complex", gae(X, X, gamma=1 + 0j), TypeError, "gamma must be a real"),
+    ("kl-coef-none", shape(S2, X, X, kl_coef=None), TypeError, "kl_coef must be a real"),
+    ("shift-none", moments(X, shift=None), TypeError, "shift must be a real"),
+    ("clip-low-array", policy(clip_low=np.array([0.2])), TypeError, "clip_low must be a real"),
+    ("gamma-huge-int", gae(X, X, gamma=10**400), ValueError, "gamma is too large"),
+    ("kl-coef-huge-int", shape(S2, X, X, kl_coef=10**400), ValueError, "kl_coef is too large"),
+    ("clip-high-huge-int", policy(clip_high=10**400), ValueError, "clip_high is too large"),
+    ("lam-huge-rows", gae(X, X, lam=[10**400, 1]), TypeError, "lam must be a real"),
+    ("dual-clip-nan", policy(dual_clip=float("nan")), ValueError, "dual_clip must be a number"),
+    # Errors that name the argument.
+    ("ragged-tokens", gae([[1.0, 2.0], [1.0]], X), ValueError, "rewards cannot be read"),
+    ("ragged-mask", gae(X, X, mask=[[1, 1, 1], [1]]), ValueError, "mask cannot be read"),
+    ("ragged-lam", gae(X, X, lam=[[1.0], []]), ValueError, "lam cannot be read"),
+    (
+        "lengths-uint64-huge",
+        gae(X, X, lengths=np.array([2**64 - 1, 1], np.uint64)),
+        ValueError,
+        r"lengths\[0\]=18446744073709551615 is out of range",
+    ),
+    (
+        "cu-uint64-huge",
+        gae(P, P, cu_seqlens=np.array([0, 2**63, 5], np.uint64)),
+        ValueError,
+        r"cu_seqlens\[1\]=9223372036854775808",
+    ),
+    ("big-endian", gae(X.astype(">f8"), X), TypeError, r"rewards.astype\('=f8'\)"),
+    ("big-endian-f4", kl(X32, X32.astype(">f4")), TypeError, r"ref_logprobs.astype\('=f4'\)"),
 ]
 
 
@@ -138,3 +211,87 @@ def test_inputs_are_never_modified_and_read_only_non_contiguous_inputs_work(back
 def test_lists_are_accepted_as_arrays(backend):
     result = ppo_fast.gae([[1.0, 0.0]], [[0.5, 0.5]], gamma=1.0, lam=1.0, backend=backend)
     np.testing.assert_allclose(result.advantages, [[0.5, -0.5]])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"clip_high": INF}, {"dual_clip": INF}, {"log_ratio_clamp": INF}],
+    ids=["clip_high", "dual_clip", "log_ratio_clamp"],
+)
+def test_inf_is_legal_where_it_means_no_bound(backend, options):
+    rng = np.random.default_rng(1)
+    logp, old, adv = rng.normal(size=(3, 2, 5))
+    expected = {"clip_high": 1e300, "dual_clip": None, "log_ratio_clamp": None}
+    unbounded = {name: expected[name] for name in options}
+    got = ppo_fast.clipped_surrogate(logp, old, adv, **options, backend=backend)
+    want = ppo_fast.clipped_surrogate(logp, old, adv, **unbounded, backend=backend)
+    assert got.loss == want.loss
+    np.testing.assert_array_equal(got.grad, want.grad)
+    kl_inf = ppo_fast.kl_penalty(logp, old, "k3", clamp=INF, backend=backend)
+    np.testing.assert_array_equal(kl_inf, ppo_fast.kl_penalty(logp, old, "k3", backend=backend))
+    value_inf = ppo_fast.value_loss(logp, old, adv, clip=INF, backend=backend)
+    assert value_inf.loss == ppo_fast.value_loss(logp, old, adv, backend=backend).loss
+
+
+@pytest.mark.parametrize(
+    "number",
+    [
+        0.5,
+        1,
+        np.float32(0.5),
+        np.float64(0.5),
+        np.int8(1),
+        np.uint64(1),
+        np.array(0.5),
+        np.array(1, np.int16),
+        np.longdouble(0.5),
+    ],
+    ids=lambda v: f"{type(v).__name__}-{np.asarray(v).dtype}",
+)
+def test_every_real_number_type_is_a_scalar(number):
+    assert ppo_fast.gae(X, X, gamma=number, lam=number).advantages.shape == X.shape
+    assert np.isfinite(ppo_fast.shape_rewards(S2, X, X, kl_coef=number)).all()
+    ppo_fast.clipped_surrogate(X, X, X, clip_low=number / 2, clip_high=number, dual_clip=3)
+
+
+def test_kl_penalty_of_0d_arrays_is_0d(backend):
+    out = ppo_fast.kl_penalty(np.array(1.0), np.array(0.25), "k2", backend=backend)
+    assert out.shape == ()
+    assert out == 0.75**2 / 2
+
+
+def test_nan_and_inf_scores_and_bootstrap_propagate_as_data(backend):
+    scores = np.array([np.nan, np.inf])
+    rewards = ppo_fast.shape_rewards(scores, X, X, kl_coef=0.1, lengths=[2, 3], backend=backend)
+    expected = ppo_fast.shape_rewards(scores, X, X, kl_coef=0.1, lengths=[2, 3], backend="python")
+    np.testing.assert_array_equal(rewards, expected)
+    assert np.isnan(rewards[0, 1]) and rewards[1, 2] == np.inf
+    bootstrap = np.array([np.nan, 1.0])
+    result = ppo_fast.gae(X, X, bootstrap=bootstrap, backend=backend)
+    oracle = ppo_fast.gae(X, X, bootstrap=bootstrap, backend="python")
+    np.testing.assert_array_equal(result.advantages, oracle.advantages)
+    assert np.isnan(result.advantages[0]).all() and np.isfinite(result.advantages[1]).all()
+
+
+@pytest.mark.parametrize(
+    ("fields", "pattern"),
+    [
+        ({"count": -1, "sum": 0.0, "sum_sq": 0.0}, r"Moments.count must lie in \[0"),
+        ({"count": float("nan"), "sum": 0.0, "sum_sq": 0.0}, "Moments.count must be a number"),
+        ({"count": INF, "sum": 0.0, "sum_sq": 0.0}, "Moments.count must be finite"),
+        ({"count": 2, "sum": 0.0, "sum_sq": -1.0}, r"Moments.sum_sq must lie in \[0"),
+        ({"count": 2, "sum": 0.0, "sum_sq": 1.0, "shift": INF}, "Moments.shift must be finite"),
+        ({"count": 2, "sum": "1", "sum_sq": 1.0}, "Moments.sum must be a real number"),
+        ({"count": True, "sum": 1.0, "sum_sq": 1.0}, "Moments.count must be a real number"),
+    ],
+)
+def test_moments_fields_are_checked_when_built(fields, pattern):
+    error = TypeError if "real number" in pattern else ValueError
+    with pytest.raises(error, match=pattern):
+        ppo_fast.Moments(**fields)
+
+
+def test_moments_sums_may_be_non_finite_data():
+    moments = ppo_fast.Moments(2, float("nan"), float("inf"))
+    assert np.isnan(moments.mean)
+    assert ppo_fast.Moments.from_array(np.array([2, 1, 1], np.int64)).count == 2.0
