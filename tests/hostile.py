@@ -443,9 +443,10 @@ def describe(target: Target, case: Case, kwargs: dict[str, Any]) -> str:
 
 def _raised_by_ppo_fast(error: BaseException) -> bool:
     """Whether ``error`` comes from ppo_fast itself, not from a peer's torch code in a compat
-    module (which raises what the peer raises)."""
-    frame = traceback.extract_tb(error.__traceback__)[-1]
-    return "ppo_fast" in frame.filename and "compat" not in frame.filename
+    module or the peer's own copied code that it runs (ppo_fast/_peers): those raise what the
+    peer raises."""
+    filename = traceback.extract_tb(error.__traceback__)[-1].filename
+    return "ppo_fast" in filename and "compat" not in filename and "_peers" not in filename
 
 
 def expected_names(target: Target, kwargs: dict[str, Any]) -> list[tuple[str, ...]]:
