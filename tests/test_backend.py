@@ -222,6 +222,7 @@ def test_calls_from_several_python_threads_at_once(compiled_backend):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # installs, or runs fresh processes: the fast lane (-m "not slow") skips it
 def test_warmup_compiles_ahead_of_time():
     out = run_python("""
         import ppo_fast

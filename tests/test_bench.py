@@ -322,6 +322,7 @@ def test_memory_and_first_call_probes_run_in_fresh_processes():
     assert engine.import_seconds("ppo_fast") > 0
 
 
+@pytest.mark.slow  # installs, or runs fresh processes: the fast lane (-m "not slow") skips it
 def test_bench_suites_run_once_as_tests():
     """pytest-benchmark's suites in bench/, every row once with timing off, on tiny batches."""
     out = subprocess.run(

@@ -416,6 +416,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # installs, or runs fresh processes: the fast lane (-m "not slow") skips it
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the probes through /proc")
 @pytest.mark.parametrize(
     ("signum", "status", "line"),

@@ -197,7 +197,7 @@ def test_policy_loss_vanilla(peer, mode, clip, kind, dtype):
         assert_parity(grad, grad_ref, f"d {what}")
         assert metrics.keys() == metrics_ref.keys()
         for key in metrics:
-            assert_parity(metrics[key], metrics_ref[key], f"{what} {key}")
+            assert_parity(metrics[key], metrics_ref[key], f"{what} {key}", dtype)
 
 
 @pytest.mark.parametrize("peer", [PEER.label])

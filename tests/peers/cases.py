@@ -82,12 +82,17 @@ def batch(kind: str, dtype=torch.float32, rows: int = 6, width: int = 17, seed: 
     )
 
 
-def assert_parity(actual, expected, what: str = "") -> None:
+def assert_parity(actual, expected, what: str = "", dtype: torch.dtype | None = None) -> None:
     """Same type, shape and dtype, and equal to RTOL of the dtype, judged on the scale of the
-    whole array for entries that come out of cancellation (as tests/conftest.py does)."""
+    whole array for entries that come out of cancellation (as tests/conftest.py does). A Python
+    number (a metric) is judged at RTOL of ``dtype``, the dtype it was computed in."""
     if isinstance(expected, float | int):
         assert isinstance(actual, float | int), f"{what}: {type(actual)} is not a number"
-        np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6, err_msg=what)
+        assert dtype is not None, f"{what}: pass the dtype the number was computed in"
+        rtol = RTOL[dtype]
+        np.testing.assert_allclose(
+            actual, expected, rtol=rtol, atol=rtol * max(1.0, abs(expected)), err_msg=what
+        )
         return
     assert isinstance(actual, torch.Tensor), f"{what}: {type(actual)} is not a tensor"
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
