@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from batches import ragged_batches
 from conftest import assert_matches_oracle
+from hypothesis import given
 
 import ppo_fast
+from ppo_fast import _validate
 
 X = np.zeros((2, 3))
 X32 = np.zeros((2, 3), dtype=np.float32)
@@ -296,3 +299,23 @@ def test_moments_sums_may_be_non_finite_data():
     moments = ppo_fast.Moments(2, float("nan"), float("inf"))
     assert np.isnan(moments.mean)
     assert ppo_fast.Moments.from_array(np.array([2, 1, 1], np.int64)).count == 2.0
+
+
+@given(batch=ragged_batches(dtypes=(np.float64,)))
+def test_rows_describe_exactly_the_valid_positions(batch):
+    """An independent reference for the boundary every backend shares: the positions that the
+    Rows of a layout call valid are the ones the generator made valid, row by row."""
+    rows = _validate.rows(batch.shape, **batch.layout_kwargs)
+    assert rows.n_rows == batch.n_rows
+    valid = np.zeros(rows.n_positions, dtype=bool)
+    row_of = np.full(rows.n_positions, -1)
+    for b in range(rows.n_rows):
+        for t in range(int(rows.spans[b])):
+            i = int(rows.starts[b]) + t
+            assert row_of[i] == -1, "rows overlap"
+            row_of[i] = b
+            valid[i] = t < rows.lengths[b] and (rows.mask.size == 0 or rows.mask[i] != 0)
+    np.testing.assert_array_equal(valid, batch.valid.reshape(-1))
+    if batch.layout != "packed":  # a padded row b is the b-th row of the (B, T) arrays
+        width = batch.shape[1]
+        np.testing.assert_array_equal(row_of, np.repeat(np.arange(batch.n_rows), width))
