@@ -12,7 +12,7 @@ from .loss import PolicyLossResult, ValueLossResult, clipped_surrogate, value_lo
 from .rewards import kl_penalty, shape_rewards
 from .whiten import Moments, masked_moments, whiten
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BackendUnavailableError",

@@ -28,3 +28,15 @@ def test_ci_runs_exactly_the_readmes_test_command():
     assert install_and_test.endswith("python -m pytest") and "pip install" in install_and_test
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert install_and_test in [line.strip() for line in ci_lines]
+
+
+def test_the_package_version_is_the_one_pyproject_declares():
+    import ppo_fast
+
+    declared = next(
+        line.split("=", 1)[1].strip().strip('"')
+        for line in (ROOT / "pyproject.toml").read_text().splitlines()
+        if line.startswith("version = ")
+    )
+    assert ppo_fast.__version__ == declared
+    assert f"## {declared}" in (ROOT / "CHANGELOG.md").read_text()
