@@ -1,7 +1,8 @@
 """Backend registry and selection, and the call of a kernel by its table entry.
 
-A backend is a module exposing the same kernel functions over rows (see ``_reference.py``, the
-oracle, for the signatures). ``python`` is the oracle; ``numba`` and ``cython`` are compiled.
+A backend is a module exposing one function per kernel of the table, ``_spec.KERNELS``, with the
+table's arguments (tests/test_kernels.py checks it for every backend that loads). ``python`` is
+the oracle; ``numba`` and ``cython`` are compiled.
 ``auto`` picks cython, then numba, then python. Cython first: it is compiled at install, so its
 first call costs under 0.1 ms, where numba compiles each kernel at its first call (0.1-0.9 s each
 in a fresh process, seconds when several processes share a cold cache), which every short-lived
