@@ -368,7 +368,10 @@ def _prefer_wide_vectors(typingctx):
     builds (the parallel build outlines the body)."""
 
     def codegen(context, builder, sig, args):
-        set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        try:
+            set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        except TypeError:  # llvmlite's attributes are no longer a set: a hint only, so skip it
+            pass
         return context.get_dummy_value()
 
     return types.none(), codegen
