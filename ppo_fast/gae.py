@@ -68,12 +68,13 @@ def gae(
     GAEResult(advantages, returns), each shaped like ``rewards`` with its dtype; 0 at positions
     that are not valid. Inputs are never modified.
     """
-    rewards, values = _validate.token_arrays(rewards=rewards, values=values)
-    rows = _validate.rows(rewards.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    (rewards, values), rows = _validate.batch(
+        {"rewards": rewards, "values": values}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens
+    )
     gammas = _validate.per_row("gamma", gamma, rows.n_rows, lo=0.0, hi=1.0)
     lams = _validate.per_row("lam", lam, rows.n_rows, lo=0.0, hi=1.0)
     if bootstrap is None:
-        next_values = np.zeros(rows.n_rows)
+        next_values = _validate.constant_rows(0.0, rows.n_rows)
     else:
         # Values are data: a NaN or inf propagates into the results (DESIGN.md section 3).
         next_values = _validate.per_row(
@@ -84,13 +85,13 @@ def gae(
     _backend.run(
         "gae",
         backend,
-        rewards=rewards.reshape(-1),
-        values=values.reshape(-1),
+        rewards=rewards.ravel(),
+        values=values.ravel(),
         **rows.arguments,
         gammas=gammas,
         lams=lams,
         bootstrap=next_values,
-        advantages=advantages.reshape(-1),
-        returns=returns.reshape(-1),
+        advantages=advantages.ravel(),
+        returns=returns.ravel(),
     )
     return GAEResult(advantages, returns)

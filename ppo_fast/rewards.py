@@ -128,8 +128,12 @@ def shape_rewards(
     code = ESTIMATORS.index(_validate.choice("estimator", estimator, ESTIMATORS))
     bound = _clamp(clamp)
     coef = _validate.scalar("kl_coef", kl_coef, lo=0.0)
-    logp, ref = _validate.token_arrays(logprobs=logprobs, ref_logprobs=ref_logprobs)
-    rows = _validate.rows(logp.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    (logp, ref), rows = _validate.batch(
+        {"logprobs": logprobs, "ref_logprobs": ref_logprobs},
+        mask=mask,
+        lengths=lengths,
+        cu_seqlens=cu_seqlens,
+    )
     # Scores are data: a NaN or inf score propagates into the rewards (DESIGN.md section 3).
     row_scores = _validate.per_row(
         "scores", scores, rows.n_rows, allow_inf=True, allow_nan=True, rows_only=True
@@ -138,13 +142,13 @@ def shape_rewards(
     _backend.run(
         "shape_rewards",
         backend,
-        logprobs=logp.reshape(-1),
-        ref_logprobs=ref.reshape(-1),
+        logprobs=logp.ravel(),
+        ref_logprobs=ref.ravel(),
         **rows.arguments,
         scores=row_scores,
         kl_coef=coef,
         estimator=code,
         clamp=bound,
-        rewards=out.reshape(-1),
+        rewards=out.ravel(),
     )
     return out
