@@ -411,6 +411,14 @@ def per_row(
     ``allow_inf=True, allow_nan=True`` so that non-finite values propagate as data, and
     ``rows_only=True`` where one value for every row would be a mistake.
     """
+    if (
+        type(value) is float
+        and lo <= value <= hi
+        and (allow_inf or -math.inf < value < math.inf)
+        and not rows_only
+    ):
+        # The commonest case, a float in range (NaN fails the comparisons): nothing to check.
+        return constant_rows(value, n_rows)
     if isinstance(value, int | float) and not isinstance(value, bool) and not rows_only:
         # The common case, a plain scalar: checked without building arrays (per-call overhead).
         number = scalar(name, value, lo=lo, hi=hi, allow_inf=allow_inf, allow_nan=allow_nan)
