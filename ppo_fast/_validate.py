@@ -206,6 +206,71 @@ def token_arrays(elementwise: bool = False, **arrays: Any) -> tuple[np.ndarray, 
     return tuple(out)
 
 
+def out_array(
+    name: str,
+    out: Any,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    inputs: dict[str, Any],
+) -> np.ndarray:
+    """A preallocated output ``out`` for a result of ``shape`` and ``dtype``, checked.
+
+    It must be a NumPy array of exactly that shape and dtype, C-contiguous and writeable, and share
+    no memory with any of ``inputs`` (name -> the value given, or the array checked from it): the
+    kernels write every position of it, and inputs are never modified.
+    """
+    fix = f"pass np.empty({shape}, dtype=np.{dtype})"
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array, got {_describe(out)}: {fix}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} has dtype {out.dtype} but the result is {dtype}: {fix}")
+    if out.shape != shape:
+        raise ValueError(f"{name} has shape {out.shape} but the result has shape {shape}: {fix}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{name} is not C-contiguous: {fix}, or np.ascontiguousarray({name})")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} is read-only: {fix}")
+    for input_name, value in inputs.items():
+        # may_share_memory compares bounds (cheap); shares_memory settles a possible overlap.
+        if (
+            isinstance(value, np.ndarray)
+            and np.may_share_memory(out, value)
+            and np.shares_memory(out, value)
+        ):
+            raise ValueError(
+                f"{name} shares memory with {input_name}: the results would overwrite it; {fix}"
+            )
+    return out
+
+
+def out_arrays(
+    results: tuple[str, ...], out: Any, like: np.ndarray, inputs: dict[str, Any]
+) -> tuple[np.ndarray, ...]:
+    """``out`` for several results shaped like ``like``: one array, or a tuple of them in the
+    order of ``results``, each checked by ``out_array`` (and sharing no memory with another).
+
+    Only the values the caller gave need checking: every array checked from one is that array,
+    a view of it, or a fresh copy.
+    """
+    if len(results) == 1:
+        outs = (out,)
+    elif not isinstance(out, tuple | list) or len(out) != len(results):
+        raise TypeError(
+            f"out must be a tuple ({', '.join(results)}) of {len(results)} arrays, "
+            f"got {_describe(out)}: pass a tuple of np.empty({like.shape}, dtype=np.{like.dtype})"
+        )
+    else:
+        outs = tuple(out)
+    checked: list[np.ndarray] = []
+    inputs = dict(inputs)
+    for index, value in enumerate(outs):
+        name = "out" if len(results) == 1 else f"out[{index}] ({results[index]})"
+        array = out_array(name, value, like.shape, like.dtype, inputs)
+        inputs[name] = array  # the next outputs must not share memory with this one either
+        checked.append(array)
+    return tuple(checked)
+
+
 def _index_array(value: Any, name: str) -> np.ndarray:
     array = _as_array(name, value)
     if array.dtype.kind not in "iu" and not (array.size == 0 and array.dtype.kind == "f"):

@@ -192,6 +192,7 @@ def clipped_surrogate(
     num_seqs: float | None = None,
     loss_scale: float | None = None,
     weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
     backend: str | None = None,
 ) -> PolicyLossResult:
     """PPO's clipped-surrogate policy loss with its gradient and statistics; see the module.
@@ -219,6 +220,10 @@ def clipped_surrogate(
         normaliser only for its mode.
     weights
         Optional per-token weights, shaped like ``logprobs``, multiplying the per-token loss.
+    grad_out
+        Optional preallocated gradient: a C-contiguous, writeable NumPy array shaped like
+        ``logprobs`` with its dtype, sharing no memory with an input. It is written and returned as
+        the result's ``grad``.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
@@ -260,7 +265,16 @@ def clipped_surrogate(
     scales, valid = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
 
     token = logp.dtype.type  # the per-token arithmetic runs in the input dtype
-    grad = np.empty_like(logp)
+    if grad_out is None:
+        grad = np.empty_like(logp)
+    else:
+        grad = _validate.out_array(
+            "grad_out",
+            grad_out,
+            logp.shape,
+            logp.dtype,
+            {**arrays, "mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        )
     row_outputs = np.empty((4, rows.n_rows))
     row_loss, row_clipped, row_dual, row_kl = row_outputs
     _backend.run(
@@ -305,6 +319,7 @@ def value_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     loss_scale: float | None = None,
+    grad_out: np.ndarray | None = None,
     backend: str | None = None,
 ) -> ValueLossResult:
     """PPO's clipped value loss with its gradient and clip fraction; see the module docstring.
@@ -323,6 +338,10 @@ def value_loss(
         Clip the prediction to [old - clip, old + clip] (>= 0); None or inf: no value clipping.
     agg, num_tokens, num_seqs, loss_scale
         As for ``clipped_surrogate``.
+    grad_out
+        Optional preallocated gradient: a C-contiguous, writeable NumPy array shaped like
+        ``values`` with its dtype, sharing no memory with an input. It is written and returned as
+        the result's ``grad``.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
@@ -341,7 +360,23 @@ def value_loss(
     )
     bound = math.inf if clip is None else _validate.scalar("clip", clip, lo=0.0, allow_inf=True)
     scales, valid = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
-    grad = np.empty_like(new)
+    if grad_out is None:
+        grad = np.empty_like(new)
+    else:
+        grad = _validate.out_array(
+            "grad_out",
+            grad_out,
+            new.shape,
+            new.dtype,
+            {
+                "values": values,
+                "old_values": old_values,
+                "returns": returns,
+                "mask": mask,
+                "lengths": lengths,
+                "cu_seqlens": cu_seqlens,
+            },
+        )
     row_outputs = np.empty((2, rows.n_rows))
     row_loss, row_clipped = row_outputs
     _backend.run(

@@ -156,6 +156,7 @@ def whiten(
     unbiased: bool = False,
     eps: float = 1e-8,
     moments: Moments | None = None,
+    out: np.ndarray | None = None,
     backend: str | None = None,
 ) -> np.ndarray:
     """Whiten ``x`` over its valid positions, or by given (global) ``moments``.
@@ -177,15 +178,27 @@ def whiten(
         Added to the variance under the square root (finite, >= 0).
     moments
         Global ``Moments`` (all-reduced across ranks) to whiten by, instead of this batch's.
+    out
+        Optional preallocated result: a C-contiguous, writeable NumPy array of the result's shape
+        and dtype, sharing no memory with an input (so not ``x`` itself: whitening in place is
+        refused). It is written and returned.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
 
     Returns
     -------
-    An array shaped like ``x`` with its dtype; positions that are not valid are 0.
+    An array shaped like ``x`` with its dtype (``out`` when given); positions that are not valid
+    are 0.
     """
     (array,), rows = _validate.batch({"x": x}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    if out is not None:
+        (out,) = _validate.out_arrays(
+            ("whitened",),
+            out,
+            array,
+            {"x": x, "mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        )
     epsilon = _validate.scalar("eps", eps, lo=0.0)
     if moments is None:
         rough = _row_moments(array, rows, 0.0, backend)
@@ -208,7 +221,8 @@ def whiten(
     scale = math.sqrt(moments.var(unbiased) + epsilon)
     if scale == 0.0:
         raise ValueError("whiten: the variance is 0 and eps=0: pass eps > 0")
-    out = np.empty_like(array)
+    if out is None:
+        out = np.empty_like(array)
     _backend.run(
         "whiten",
         backend,
