@@ -112,13 +112,14 @@ def tensor_array(name: str, tensor: Any) -> np.ndarray:
     a tensor on another device, float32 for bfloat16 and float16. Duck-typed: torch is never
     imported here."""
     tensor = tensor.detach()
-    if tensor.device.type == "meta":
+    device = tensor.device.type
+    if device == "meta":
         raise ValueError(
             f"{name} is a meta tensor: it has a shape but no data to compute on; "
             "materialise it on the CPU or an accelerator first"
         )
     dtype = str(tensor.dtype).removeprefix("torch.")
-    if tensor.device.type != "cpu":
+    if device != "cpu":
         tensor = tensor.cpu()
     if dtype in ("bfloat16", "float16"):
         tensor = tensor.float()
