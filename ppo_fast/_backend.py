@@ -10,7 +10,8 @@ measured (README, benchmarks). A backend that is asked for by name and cannot lo
 the reason; it never silently falls back.
 
 Selection, in order of precedence: the per-call ``backend=`` argument, ``set_backend``, the
-environment variable ``PPO_FAST_BACKEND``, then ``auto``.
+environment variable ``PPO_FAST_BACKEND``, then ``auto``. Each call reads the variable (its raw
+value, in a dict lookup) and resolves a combination of the three once (``_cached_resolve``).
 """
 
 from __future__ import annotations

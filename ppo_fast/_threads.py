@@ -14,6 +14,9 @@ The two variables are read differently, because they belong to different owners:
   parallelises at one level and takes the first number. A value that is not a list of positive
   integers (``"auto"``, ``"0"``, ``"4,x"``) is ignored with a RuntimeWarning, once per value, as
   OpenMP runtimes ignore it: a variable set for another library must not break every call here.
+
+Every kernel call reads both variables (as raw values, in a dict lookup each) and works out what
+they mean once per pair of values: a change made while the process runs is seen by the next call.
 """
 
 from __future__ import annotations
