@@ -11,7 +11,8 @@ measured (README, benchmarks). A backend that is asked for by name and cannot lo
 the reason; it never silently falls back.
 
 Selection, in order of precedence: the per-call ``backend=`` argument, ``set_backend``, the
-environment variable ``PPO_FAST_BACKEND``, then ``auto``.
+environment variable ``PPO_FAST_BACKEND``, then ``auto``. Each call reads the variable (its raw
+value, in a dict lookup) and resolves a combination of the three once (``_cached_resolve``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ _lock = threading.Lock()
 _loaded: dict[str, ModuleType] = {}
 _failed: dict[str, str] = {}
 _selected: str | None = None
+_environment_backend = _threads._environ_reader("PPO_FAST_BACKEND")
+# The module each (backend=, set_backend, raw PPO_FAST_BACKEND) resolves to: the selection is
+# worked out once per combination, not on every call (a failure is never cached: it repeats).
+_resolved: dict[tuple[str | None, str | None, object], ModuleType] = {}
 
 
 class BackendUnavailableError(ImportError):
@@ -121,6 +126,18 @@ def resolve(name: str | None = None) -> ModuleType:
     return _load(get_backend(name))
 
 
+def _cached_resolve(name: str | None) -> ModuleType:
+    """``resolve(name)``, once per combination of the settings it depends on."""
+    key = (name, _selected, _environment_backend())
+    module = _resolved.get(key)
+    if module is None:
+        module = resolve(name)
+        if len(_resolved) > 64:  # bounded: a program that keeps changing the variable
+            _resolved.clear()
+        _resolved[key] = module
+    return module
+
+
 def run(name: str, backend: str | None, **arguments) -> None:
     """Run kernel ``name`` of the table on ``backend``, its arguments given by name.
 
@@ -130,4 +147,4 @@ def run(name: str, backend: str | None, **arguments) -> None:
     kernel = KERNELS[name]
     first_input = arguments[kernel.inputs[0].name]
     arguments["n_threads"] = _threads.threads_for(arguments["starts"].shape[0], first_input.size)
-    getattr(resolve(backend), name)(*kernel.bind(arguments))
+    getattr(_cached_resolve(backend), name)(*kernel.bind(arguments))

@@ -36,7 +36,6 @@ does.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 from collections.abc import Sequence
@@ -79,7 +78,7 @@ def factorize(groups: Any, n_rows: int) -> Groups:
 
 def with_groups(rows: _validate.Rows, groups: Any) -> _validate.Rows:
     """``rows`` carrying the factorised ``groups`` (one label per row) of the batch."""
-    return dataclasses.replace(rows, groups=factorize(groups, rows.n_rows))
+    return rows._replace(groups=factorize(groups, rows.n_rows))
 
 
 def group_counts(groups: Groups) -> np.ndarray:

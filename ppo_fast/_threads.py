@@ -14,6 +14,9 @@ The two variables are read differently, because they belong to different owners:
   parallelises at one level and takes the first number. A value that is not a list of positive
   integers (``"auto"``, ``"0"``, ``"4,x"``) is ignored with a RuntimeWarning, once per value, as
   OpenMP runtimes ignore it: a variable set for another library must not break every call here.
+
+Every kernel call reads both variables (as raw values, in a dict lookup each) and works out what
+they mean once per pair of values: a change made while the process runs is seen by the next call.
 """
 
 from __future__ import annotations
@@ -21,12 +24,36 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from collections.abc import Callable
 
 # Below this many token positions a batch runs on one thread: starting threads costs more
 # than the work (measured on 2-core machines, see bench/).
 MIN_POSITIONS_PER_THREAD = 1 << 16
 
 _num_threads: int | None = None
+
+
+def _environ_reader(name: str) -> Callable[[], object]:
+    """A function returning the raw value of environment variable ``name`` (None when unset).
+
+    ``os.environ.get`` of an unset name costs about a microsecond (Mapping.get catches a
+    KeyError), on every kernel call; the mapping's own table (``os.environ._data``, which
+    ``os.environ`` updates on every change) answers in a dict lookup. The value is only a cache
+    key: what it means is read through ``os.environ`` as before.
+    """
+    table = getattr(os.environ, "_data", None)
+    encodekey = getattr(os.environ, "encodekey", None)
+    if isinstance(table, dict) and encodekey is not None:
+        key = encodekey(name)
+        return functools.partial(table.get, key)
+    return functools.partial(os.environ.get, name)
+
+
+_ppo_fast_threads_raw = _environ_reader("PPO_FAST_NUM_THREADS")
+_omp_threads_raw = _environ_reader("OMP_NUM_THREADS")
+# get_num_threads() by the raw values of the two variables: the policy is read from the
+# environment once per value, not on every call (an error is never cached: it repeats).
+_default_threads: dict[tuple[object, object], int] = {}
 
 
 @functools.cache
@@ -109,7 +136,21 @@ def get_num_threads() -> int:
     return _cpu_count()
 
 
+def _threads_setting() -> int:
+    """``get_num_threads()``, cached by the raw values of the environment variables it reads."""
+    if _num_threads is not None:
+        return _num_threads
+    key = (_ppo_fast_threads_raw(), _omp_threads_raw())
+    threads = _default_threads.get(key)
+    if threads is None:
+        threads = get_num_threads()
+        if len(_default_threads) > 64:  # bounded: a program that keeps changing the variables
+            _default_threads.clear()
+        _default_threads[key] = threads
+    return threads
+
+
 def threads_for(n_rows: int, n_positions: int) -> int:
     """Threads for one call: never more than rows, none extra for small batches."""
-    wanted = min(get_num_threads(), n_rows, n_positions // MIN_POSITIONS_PER_THREAD)
+    wanted = min(_threads_setting(), n_rows, n_positions // MIN_POSITIONS_PER_THREAD)
     return max(1, wanted)

@@ -31,8 +31,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -41,6 +40,7 @@ if TYPE_CHECKING:  # _groups validates through this module: no import at run tim
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _EMPTY_MASK = np.zeros(0, dtype=np.uint8)
+_BOOL, _UINT8 = np.dtype(np.bool_), np.dtype(np.uint8)
 _INT64_MAX = np.iinfo(np.int64).max
 
 # Set by ppo_fast.torch around its calls: the fix-it hints then speak torch, not NumPy.
@@ -65,9 +65,12 @@ def _cast_hint(name: str, dtype: str) -> str:
     return f"cast it with {name}.astype(np.{dtype})"
 
 
-@dataclass(frozen=True)
-class Rows:
-    """A batch of rows over flat token storage; see the module docstring."""
+class Rows(NamedTuple):
+    """A batch of rows over flat token storage; see the module docstring.
+
+    A named tuple (immutable, built in a fraction of a microsecond: it is built on every call).
+    Its arrays may be shared between calls (``_padded_layout``): nothing writes into them.
+    """
 
     shape: tuple[int, ...]
     starts: np.ndarray  # int64 (B,)
@@ -79,7 +82,7 @@ class Rows:
 
     @property
     def n_rows(self) -> int:
-        return int(self.starts.shape[0])
+        return len(self.starts)
 
     @property
     def n_positions(self) -> int:
@@ -109,13 +112,14 @@ def tensor_array(name: str, tensor: Any) -> np.ndarray:
     a tensor on another device, float32 for bfloat16 and float16. Duck-typed: torch is never
     imported here."""
     tensor = tensor.detach()
-    if tensor.device.type == "meta":
+    device = tensor.device.type
+    if device == "meta":
         raise ValueError(
             f"{name} is a meta tensor: it has a shape but no data to compute on; "
             "materialise it on the CPU or an accelerator first"
         )
     dtype = str(tensor.dtype).removeprefix("torch.")
-    if tensor.device.type != "cpu":
+    if device != "cpu":
         tensor = tensor.cpu()
     if dtype in ("bfloat16", "float16"):
         tensor = tensor.float()
@@ -203,6 +207,71 @@ def token_arrays(elementwise: bool = False, **arrays: Any) -> tuple[np.ndarray, 
     return tuple(out)
 
 
+def out_array(
+    name: str,
+    out: Any,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    inputs: dict[str, Any],
+) -> np.ndarray:
+    """A preallocated output ``out`` for a result of ``shape`` and ``dtype``, checked.
+
+    It must be a NumPy array of exactly that shape and dtype, C-contiguous and writeable, and share
+    no memory with any of ``inputs`` (name -> the value given, or the array checked from it): the
+    kernels write every position of it, and inputs are never modified.
+    """
+    fix = f"pass np.empty({shape}, dtype=np.{dtype})"
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array, got {_describe(out)}: {fix}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} has dtype {out.dtype} but the result is {dtype}: {fix}")
+    if out.shape != shape:
+        raise ValueError(f"{name} has shape {out.shape} but the result has shape {shape}: {fix}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{name} is not C-contiguous: {fix}, or np.ascontiguousarray({name})")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} is read-only: {fix}")
+    for input_name, value in inputs.items():
+        # may_share_memory compares bounds (cheap); shares_memory settles a possible overlap.
+        if (
+            isinstance(value, np.ndarray)
+            and np.may_share_memory(out, value)
+            and np.shares_memory(out, value)
+        ):
+            raise ValueError(
+                f"{name} shares memory with {input_name}: the results would overwrite it; {fix}"
+            )
+    return out
+
+
+def out_arrays(
+    results: tuple[str, ...], out: Any, like: np.ndarray, inputs: dict[str, Any]
+) -> tuple[np.ndarray, ...]:
+    """``out`` for several results shaped like ``like``: one array, or a tuple of them in the
+    order of ``results``, each checked by ``out_array`` (and sharing no memory with another).
+
+    Only the values the caller gave need checking: every array checked from one is that array,
+    a view of it, or a fresh copy.
+    """
+    if len(results) == 1:
+        outs = (out,)
+    elif not isinstance(out, tuple | list) or len(out) != len(results):
+        raise TypeError(
+            f"out must be a tuple ({', '.join(results)}) of {len(results)} arrays, "
+            f"got {_describe(out)}: pass a tuple of np.empty({like.shape}, dtype=np.{like.dtype})"
+        )
+    else:
+        outs = tuple(out)
+    checked: list[np.ndarray] = []
+    inputs = dict(inputs)
+    for index, value in enumerate(outs):
+        name = "out" if len(results) == 1 else f"out[{index}] ({results[index]})"
+        array = out_array(name, value, like.shape, like.dtype, inputs)
+        inputs[name] = array  # the next outputs must not share memory with this one either
+        checked.append(array)
+    return tuple(checked)
+
+
 def _index_array(value: Any, name: str) -> np.ndarray:
     array = _as_array(name, value)
     if array.dtype.kind not in "iu" and not (array.size == 0 and array.dtype.kind == "f"):
@@ -236,6 +305,80 @@ def _mask_array(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
             f"mask must hold only 0 and 1, found {bad!r}: pass (mask > 0) for a boolean mask"
         )
     return is_one.reshape(-1).view(np.uint8)
+
+
+# starts and spans of the padded (B, T) layouts met so far: the same few shapes come back on
+# every step of a training loop. Shared by every call of that shape; nothing writes into them.
+_padded_layouts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _padded_layout(n_rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """starts = b * T and spans = T, int64 (B,), of the padded (B, T) layout."""
+    layout = _padded_layouts.get((n_rows, width))
+    if layout is None:
+        layout = (np.arange(n_rows, dtype=np.int64) * width, np.full(n_rows, width, dtype=np.int64))
+        if len(_padded_layouts) >= 64:  # bounded: a program whose shapes never repeat
+            _padded_layouts.clear()
+        _padded_layouts[(n_rows, width)] = layout
+    return layout
+
+
+def _common_padded(arrays: tuple[Any, ...], mask: Any) -> Rows | None:
+    """The rows of the common case, checked in a few attribute reads, or None when it is not.
+
+    The common case: NumPy arrays (not subclasses) of one float dtype (float32 or float64, native
+    byte order), 2-D, of one shape, C-contiguous, with no mask or a C-contiguous bool mask of that
+    shape. Those are exactly the inputs that ``token_arrays`` returns unchanged and ``rows`` accepts
+    as they are; anything else goes the general way, which returns the same or raises.
+    """
+    first = arrays[0]
+    if type(first) is not np.ndarray:
+        return None
+    dtype, shape = first.dtype, first.shape
+    if (dtype is not FLOAT_DTYPES[0] and dtype is not FLOAT_DTYPES[1]) or len(shape) != 2:
+        return None
+    for array in arrays:
+        if (
+            type(array) is not np.ndarray
+            or array.dtype is not dtype
+            or array.shape != shape
+            or not array.flags.c_contiguous
+        ):
+            return None
+    if mask is None:
+        flat_mask = _EMPTY_MASK
+    elif (
+        type(mask) is np.ndarray
+        and mask.dtype is _BOOL
+        and mask.shape == shape
+        and mask.flags.c_contiguous
+    ):
+        flat_mask = mask.ravel().view(_UINT8)
+    else:
+        return None
+    starts, spans = _padded_layout(*shape)
+    return Rows(shape, starts, spans, spans, flat_mask, False)
+
+
+def batch(
+    arrays: dict[str, Any],
+    *,
+    mask: Any = None,
+    lengths: Any = None,
+    cu_seqlens: Any = None,
+) -> tuple[tuple[np.ndarray, ...], Rows]:
+    """``token_arrays(**arrays)`` and the ``rows`` of their shape, in one call.
+
+    The common case (``_common_padded``) is recognised first and costs about a microsecond; any
+    other input takes the general way, with its checks and its error messages.
+    """
+    if lengths is None and cu_seqlens is None:
+        values = tuple(arrays.values())
+        fast = _common_padded(values, mask)
+        if fast is not None:
+            return values, fast
+    checked = token_arrays(**arrays)
+    return checked, rows(checked[0].shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
 
 
 def rows(
@@ -285,8 +428,7 @@ def rows(
             "(cu_seqlens=[0, N] for one row), or reshape them to (B, T)"
         )
     n_rows, width = shape
-    starts = np.arange(n_rows, dtype=np.int64) * width
-    spans = np.full(n_rows, width, dtype=np.int64)
+    starts, spans = _padded_layout(n_rows, width)
     if lengths is not None:
         lens = _index_array(lengths, "lengths")
         if lens.shape[0] != n_rows:
@@ -297,6 +439,25 @@ def rows(
         return Rows(shape, starts, spans, lens, _EMPTY_MASK, False)
     flat_mask = _EMPTY_MASK if mask is None else _mask_array(mask, shape)
     return Rows(shape, starts, spans, spans, flat_mask, False)
+
+
+# np.full(n_rows, value) by (value, its sign, n_rows): a scalar hyperparameter is the same on
+# every call. Shared by every call; nothing writes into them (the kernels read row inputs only).
+_constant_rows: dict[tuple[float, float, int], np.ndarray] = {}
+
+
+def constant_rows(number: float, n_rows: int) -> np.ndarray:
+    """``np.full(n_rows, number)``, float64, from a cache: do not write into it."""
+    # The sign is part of the key: 0.0 == -0.0, and they may give different bits.
+    key = (number, math.copysign(1.0, number), n_rows)
+    array = _constant_rows.get(key)
+    if array is None:
+        array = np.full(n_rows, number, dtype=np.float64)
+        if number == number:  # NaN is never equal to a key: it would fill the cache
+            if len(_constant_rows) >= 64:  # bounded: a program whose values never repeat
+                _constant_rows.clear()
+            _constant_rows[key] = array
+    return array
 
 
 def per_row(
@@ -316,10 +477,18 @@ def per_row(
     ``allow_inf=True, allow_nan=True`` so that non-finite values propagate as data, and
     ``rows_only=True`` where one value for every row would be a mistake.
     """
+    if (
+        type(value) is float
+        and lo <= value <= hi
+        and (allow_inf or -math.inf < value < math.inf)
+        and not rows_only
+    ):
+        # The commonest case, a float in range (NaN fails the comparisons): nothing to check.
+        return constant_rows(value, n_rows)
     if isinstance(value, int | float) and not isinstance(value, bool) and not rows_only:
         # The common case, a plain scalar: checked without building arrays (per-call overhead).
         number = scalar(name, value, lo=lo, hi=hi, allow_inf=allow_inf, allow_nan=allow_nan)
-        return np.full(n_rows, number)
+        return constant_rows(number, n_rows)
     array = _as_array(name, value)
     if array.dtype.kind not in "iuf":
         raise TypeError(

@@ -40,6 +40,7 @@ def gae(
     lengths: ArrayLike | None = None,
     cu_seqlens: ArrayLike | None = None,
     bootstrap: ArrayLike | None = None,
+    out: tuple[np.ndarray, np.ndarray] | None = None,
     backend: str | None = None,
 ) -> GAEResult:
     """Advantages and returns by GAE; see the module docstring for the recursion.
@@ -59,38 +60,60 @@ def gae(
     bootstrap
         (B,): the value of the state after each row's last valid token (truncated rows);
         default 0 (every row ends in a terminal state). Data: NaN or inf propagates.
+    out
+        Optional preallocated (advantages, returns): two C-contiguous, writeable NumPy arrays
+        shaped like ``rewards`` with its dtype, sharing no memory with an input nor with each
+        other. They are written and returned in the result.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
 
     Returns
     -------
-    GAEResult(advantages, returns), each shaped like ``rewards`` with its dtype; 0 at positions
-    that are not valid. Inputs are never modified.
+    GAEResult(advantages, returns), each shaped like ``rewards`` with its dtype (the arrays of
+    ``out`` when given); 0 at positions that are not valid. Inputs are never modified.
     """
-    rewards, values = _validate.token_arrays(rewards=rewards, values=values)
-    rows = _validate.rows(rewards.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    (token_rewards, token_values), rows = _validate.batch(
+        {"rewards": rewards, "values": values}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens
+    )
     gammas = _validate.per_row("gamma", gamma, rows.n_rows, lo=0.0, hi=1.0)
     lams = _validate.per_row("lam", lam, rows.n_rows, lo=0.0, hi=1.0)
     if bootstrap is None:
-        next_values = np.zeros(rows.n_rows)
+        next_values = _validate.constant_rows(0.0, rows.n_rows)
     else:
         # Values are data: a NaN or inf propagates into the results (DESIGN.md section 3).
         next_values = _validate.per_row(
             "bootstrap", bootstrap, rows.n_rows, allow_inf=True, allow_nan=True, rows_only=True
         )
-    advantages = np.empty_like(rewards)
-    returns = np.empty_like(rewards)
+    if out is None:
+        advantages = np.empty_like(token_rewards)
+        returns = np.empty_like(token_rewards)
+    else:
+        advantages, returns = _validate.out_arrays(
+            ("advantages", "returns"),
+            out,
+            token_rewards,
+            {
+                "rewards": rewards,
+                "values": values,
+                "mask": mask,
+                "lengths": lengths,
+                "cu_seqlens": cu_seqlens,
+                "gamma": gamma,
+                "lam": lam,
+                "bootstrap": bootstrap,
+            },
+        )
     _backend.run(
         "gae",
         backend,
-        rewards=rewards.reshape(-1),
-        values=values.reshape(-1),
+        rewards=token_rewards.ravel(),
+        values=token_values.ravel(),
         **rows.arguments,
         gammas=gammas,
         lams=lams,
         bootstrap=next_values,
-        advantages=advantages.reshape(-1),
-        returns=returns.reshape(-1),
+        advantages=advantages.ravel(),
+        returns=returns.ravel(),
     )
     return GAEResult(advantages, returns)

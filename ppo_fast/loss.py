@@ -102,31 +102,31 @@ def _row_scales(
     num_tokens: float | None,
     num_seqs: float | None,
     loss_scale: float | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's aggregation weight (float64), and the valid tokens of each row."""
+) -> tuple[np.ndarray, float]:
+    """Each row's aggregation weight (float64), and the number of valid tokens of the batch."""
     _validate.choice("agg", agg, AGGREGATIONS)
-    for name, value in (
-        ("num_tokens", num_tokens),
-        ("num_seqs", num_seqs),
-        ("loss_scale", loss_scale),
-    ):
-        if value is not None and agg not in _APPLIES_TO[name]:
-            raise ValueError(
-                f"{name} applies to agg={' or '.join(map(repr, _APPLIES_TO[name]))}, not {agg!r}"
+    if num_tokens is not None or num_seqs is not None or loss_scale is not None:
+        for name, value in (
+            ("num_tokens", num_tokens),
+            ("num_seqs", num_seqs),
+            ("loss_scale", loss_scale),
+        ):
+            if value is not None and agg not in _APPLIES_TO[name]:
+                raise ValueError(
+                    f"{name} applies to agg={' or '.join(map(repr, _APPLIES_TO[name]))}, "
+                    f"not {agg!r}"
+                )
+    if agg == "token-mean" or agg == "seq-mean-token-sum-norm":
+        # Only the batch's count: no count per row. Counted as the kernels test validity,
+        # mask != 0 (a bool mask's bytes need not be 0/1).
+        valid = float(np.count_nonzero(rows.mask) if rows.mask.shape[0] else rows.lengths.sum())
+        if agg == "token-mean":
+            total = (
+                valid
+                if num_tokens is None
+                else _validate.scalar("num_tokens", num_tokens, lo=0.0, open_lo=True)
             )
-    if rows.mask.shape[0]:
-        # Counted as the kernels test validity, mask != 0: a bool mask's bytes need not be 0/1.
-        counts = np.count_nonzero(rows.mask.reshape(rows.shape), axis=1)
-    else:
-        counts = rows.lengths
-    if agg == "token-mean":
-        total = (
-            float(counts.sum())
-            if num_tokens is None
-            else _validate.scalar("num_tokens", num_tokens, lo=0.0, open_lo=True)
-        )
-        return np.full(rows.n_rows, 1.0 / total if total else 0.0), counts
-    if agg == "seq-mean-token-sum-norm":
+            return np.full(rows.n_rows, 1.0 / total if total else 0.0), valid
         if loss_scale is None:
             if rows.packed:
                 raise ValueError(
@@ -134,22 +134,41 @@ def _row_scales(
                     "maximum response length (the padded T it stands for)"
                 )
             if rows.shape[1] == 0:  # no positions at all: the loss is 0
-                return np.zeros(rows.n_rows), counts
+                return np.zeros(rows.n_rows), valid
             loss_scale = rows.shape[1]
         scale = _validate.scalar("loss_scale", loss_scale, lo=0.0, open_lo=True)
-        return np.full(rows.n_rows, 1.0 / scale), counts
+        return np.full(rows.n_rows, 1.0 / scale), valid
+    if rows.mask.shape[0]:
+        counts = np.count_nonzero(rows.mask.reshape(rows.shape), axis=1)
+    else:
+        counts = rows.lengths
+    valid = float(counts.sum())
     seqs = (
         float(np.count_nonzero(counts))
         if num_seqs is None
         else _validate.scalar("num_seqs", num_seqs, lo=0.0, open_lo=True)
     )
     if not seqs:
-        return np.zeros(rows.n_rows), counts
+        return np.zeros(rows.n_rows), valid
     if agg == "seq-mean-token-sum":
-        return np.full(rows.n_rows, 1.0 / seqs), counts
+        return np.full(rows.n_rows, 1.0 / seqs), valid
     with np.errstate(divide="ignore"):
         per_token = np.where(counts > 0, 1.0 / (seqs * counts), 0.0)
-    return per_token, counts
+    return per_token, valid
+
+
+def _totals(row_outputs: np.ndarray, scales: np.ndarray) -> list[float]:
+    """The loss (the first row output, weighted by the row scales) and the sums of the others.
+
+    One reduction over the (k, B) row outputs: each line is summed as ``line.sum()`` would, in
+    row order (the same bits as k separate sums).
+    """
+    row_outputs[0] *= scales
+    return row_outputs.sum(axis=1).tolist()
+
+
+# The empty weights of a call without them (read only by the kernels), by dtype.
+_NO_WEIGHTS = {dtype: np.zeros(0, dtype) for dtype in _validate.FLOAT_DTYPES}
 
 
 def _mean(total: float, count: float) -> float:
@@ -173,6 +192,7 @@ def clipped_surrogate(
     num_seqs: float | None = None,
     loss_scale: float | None = None,
     weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
     backend: str | None = None,
 ) -> PolicyLossResult:
     """PPO's clipped-surrogate policy loss with its gradient and statistics; see the module.
@@ -200,6 +220,10 @@ def clipped_surrogate(
         normaliser only for its mode.
     weights
         Optional per-token weights, shaped like ``logprobs``, multiplying the per-token loss.
+    grad_out
+        Optional preallocated gradient: a C-contiguous, writeable NumPy array shaped like
+        ``logprobs`` with its dtype, sharing no memory with an input. It is written and returned as
+        the result's ``grad``.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
@@ -217,10 +241,9 @@ def clipped_surrogate(
     }
     if weights is not None:
         arrays["weights"] = weights
-    checked = _validate.token_arrays(**arrays)
+    checked, rows = _validate.batch(arrays, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     logp, old, adv = checked[:3]
-    token_weights = checked[3].reshape(-1) if weights is not None else np.zeros(0, logp.dtype)
-    rows = _validate.rows(logp.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    token_weights = checked[3].ravel() if weights is not None else _NO_WEIGHTS[logp.dtype]
     low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
     high = (
         low
@@ -239,17 +262,27 @@ def clipped_surrogate(
             "log_ratio_clamp", log_ratio_clamp, lo=0.0, open_lo=True, allow_inf=True
         )
     )
-    scales, counts = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
+    scales, valid = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
 
     token = logp.dtype.type  # the per-token arithmetic runs in the input dtype
-    grad = np.empty_like(logp)
-    row_loss, row_clipped, row_dual, row_kl = (np.empty(rows.n_rows) for _ in range(4))
+    if grad_out is None:
+        grad = np.empty_like(logp)
+    else:
+        grad = _validate.out_array(
+            "grad_out",
+            grad_out,
+            logp.shape,
+            logp.dtype,
+            {**arrays, "mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        )
+    row_outputs = np.empty((4, rows.n_rows))
+    row_loss, row_clipped, row_dual, row_kl = row_outputs
     _backend.run(
         "clipped_surrogate",
         backend,
-        logprobs=logp.reshape(-1),
-        old_logprobs=old.reshape(-1),
-        advantages=adv.reshape(-1),
+        logprobs=logp.ravel(),
+        old_logprobs=old.ravel(),
+        advantages=adv.ravel(),
         weights=token_weights,
         **rows.arguments,
         scales=scales.astype(logp.dtype),
@@ -257,19 +290,19 @@ def clipped_surrogate(
         ratio_high=token(1.0 + high),
         dual_clip=token(dual),
         log_ratio_clamp=token(clamp),
-        grad=grad.reshape(-1),
+        grad=grad.ravel(),
         row_loss=row_loss,
         row_clipped=row_clipped,
         row_dual=row_dual,
         row_kl=row_kl,
     )
-    valid = float(counts.sum())
+    loss, clipped, dual_clipped, kl = _totals(row_outputs, scales)
     return PolicyLossResult(
-        loss=float((row_loss * scales).sum()),
+        loss=loss,
         grad=grad,
-        clipfrac=_mean(float(row_clipped.sum()), valid),
-        clipfrac_lower=_mean(float(row_dual.sum()), valid),
-        approx_kl=_mean(float(row_kl.sum()), valid),
+        clipfrac=_mean(clipped, valid),
+        clipfrac_lower=_mean(dual_clipped, valid),
+        approx_kl=_mean(kl, valid),
     )
 
 
@@ -286,6 +319,7 @@ def value_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     loss_scale: float | None = None,
+    grad_out: np.ndarray | None = None,
     backend: str | None = None,
 ) -> ValueLossResult:
     """PPO's clipped value loss with its gradient and clip fraction; see the module docstring.
@@ -304,6 +338,10 @@ def value_loss(
         Clip the prediction to [old - clip, old + clip] (>= 0); None or inf: no value clipping.
     agg, num_tokens, num_seqs, loss_scale
         As for ``clipped_surrogate``.
+    grad_out
+        Optional preallocated gradient: a C-contiguous, writeable NumPy array shaped like
+        ``values`` with its dtype, sharing no memory with an input. It is written and returned as
+        the result's ``grad``.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
@@ -314,27 +352,45 @@ def value_loss(
     ``values`` (0 where not valid), and the fraction of valid tokens where the clipped term is
     strictly larger (NaN with no valid token).
     """
-    new, old, target = _validate.token_arrays(values=values, old_values=old_values, returns=returns)
-    rows = _validate.rows(new.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    (new, old, target), rows = _validate.batch(
+        {"values": values, "old_values": old_values, "returns": returns},
+        mask=mask,
+        lengths=lengths,
+        cu_seqlens=cu_seqlens,
+    )
     bound = math.inf if clip is None else _validate.scalar("clip", clip, lo=0.0, allow_inf=True)
-    scales, counts = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
-    grad = np.empty_like(new)
-    row_loss, row_clipped = np.empty(rows.n_rows), np.empty(rows.n_rows)
+    scales, valid = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
+    if grad_out is None:
+        grad = np.empty_like(new)
+    else:
+        grad = _validate.out_array(
+            "grad_out",
+            grad_out,
+            new.shape,
+            new.dtype,
+            {
+                "values": values,
+                "old_values": old_values,
+                "returns": returns,
+                "mask": mask,
+                "lengths": lengths,
+                "cu_seqlens": cu_seqlens,
+            },
+        )
+    row_outputs = np.empty((2, rows.n_rows))
+    row_loss, row_clipped = row_outputs
     _backend.run(
         "value_loss",
         backend,
-        values=new.reshape(-1),
-        old_values=old.reshape(-1),
-        returns=target.reshape(-1),
+        values=new.ravel(),
+        old_values=old.ravel(),
+        returns=target.ravel(),
         **rows.arguments,
         scales=scales.astype(new.dtype),
         clip=new.dtype.type(bound),
-        grad=grad.reshape(-1),
+        grad=grad.ravel(),
         row_loss=row_loss,
         row_clipped=row_clipped,
     )
-    return ValueLossResult(
-        loss=float((row_loss * scales).sum()),
-        grad=grad,
-        clipfrac=_mean(float(row_clipped.sum()), float(counts.sum())),
-    )
+    loss, clipped = _totals(row_outputs, scales)
+    return ValueLossResult(loss=loss, grad=grad, clipfrac=_mean(clipped, valid))

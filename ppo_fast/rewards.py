@@ -43,6 +43,7 @@ def kl_penalty(
     estimator: Estimator = "k1",
     clamp: float | None = None,
     *,
+    out: np.ndarray | None = None,
     backend: str | None = None,
 ) -> np.ndarray:
     """Per-token KL estimate between the policy and the reference, elementwise.
@@ -56,13 +57,17 @@ def kl_penalty(
         "k1", "k2", "k3" or "abs" (see the module docstring).
     clamp
         Bound the estimate to [-clamp, clamp] (clamp > 0; inf or None for no bound).
+    out
+        Optional preallocated result: a C-contiguous, writeable NumPy array of the result's shape
+        and dtype, sharing no memory with an input. It is written and returned.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
 
     Returns
     -------
-    An array of the shape and dtype of ``logprobs``; every position is computed (no mask).
+    An array of the shape and dtype of ``logprobs`` (``out`` when given); every position is
+    computed (no mask).
     """
     code = ESTIMATORS.index(_validate.choice("estimator", estimator, ESTIMATORS))
     bound = _clamp(clamp)
@@ -71,7 +76,12 @@ def kl_penalty(
     # Elementwise: cut the positions into rows only so that threads can share them.
     n = flat_logp.shape[0]
     starts = np.arange(0, n, _threads.MIN_POSITIONS_PER_THREAD, dtype=np.int64)
-    out = np.empty_like(flat_logp)
+    if out is None:
+        result = np.empty_like(logp)
+    else:
+        (result,) = _validate.out_arrays(
+            ("kl",), out, logp, {"logprobs": logprobs, "ref_logprobs": ref_logprobs}
+        )
     _backend.run(
         "kl_penalty",
         backend,
@@ -81,9 +91,9 @@ def kl_penalty(
         spans=np.minimum(_threads.MIN_POSITIONS_PER_THREAD, n - starts),
         estimator=code,
         clamp=bound,
-        kl=out,
+        kl=result.reshape(-1),
     )
-    return out.reshape(logp.shape)
+    return result
 
 
 def shape_rewards(
@@ -97,6 +107,7 @@ def shape_rewards(
     mask: ArrayLike | None = None,
     lengths: ArrayLike | None = None,
     cu_seqlens: ArrayLike | None = None,
+    out: np.ndarray | None = None,
     backend: str | None = None,
 ) -> np.ndarray:
     """KL-shaped per-token rewards; see the module docstring.
@@ -117,34 +128,57 @@ def shape_rewards(
         ``lengths`` (B,) (positions 0 .. lengths[b]-1 of row b are valid), or ``cu_seqlens``
         (B+1,) for packed (N,) arrays (row b is positions cu_seqlens[b] .. cu_seqlens[b+1]-1).
         None of them: every position of a (B, T) array is valid.
+    out
+        Optional preallocated result: a C-contiguous, writeable NumPy array of the result's shape
+        and dtype, sharing no memory with an input. It is written and returned.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
 
     Returns
     -------
-    Rewards shaped like ``logprobs`` with its dtype; 0 at positions that are not valid.
+    Rewards shaped like ``logprobs`` with its dtype (``out`` when given); 0 at positions that are
+    not valid.
     """
     code = ESTIMATORS.index(_validate.choice("estimator", estimator, ESTIMATORS))
     bound = _clamp(clamp)
     coef = _validate.scalar("kl_coef", kl_coef, lo=0.0)
-    logp, ref = _validate.token_arrays(logprobs=logprobs, ref_logprobs=ref_logprobs)
-    rows = _validate.rows(logp.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    (logp, ref), rows = _validate.batch(
+        {"logprobs": logprobs, "ref_logprobs": ref_logprobs},
+        mask=mask,
+        lengths=lengths,
+        cu_seqlens=cu_seqlens,
+    )
     # Scores are data: a NaN or inf score propagates into the rewards (DESIGN.md section 3).
     row_scores = _validate.per_row(
         "scores", scores, rows.n_rows, allow_inf=True, allow_nan=True, rows_only=True
     )
-    out = np.empty_like(logp)
+    if out is None:
+        rewards = np.empty_like(logp)
+    else:
+        (rewards,) = _validate.out_arrays(
+            ("rewards",),
+            out,
+            logp,
+            {
+                "scores": scores,
+                "logprobs": logprobs,
+                "ref_logprobs": ref_logprobs,
+                "mask": mask,
+                "lengths": lengths,
+                "cu_seqlens": cu_seqlens,
+            },
+        )
     _backend.run(
         "shape_rewards",
         backend,
-        logprobs=logp.reshape(-1),
-        ref_logprobs=ref.reshape(-1),
+        logprobs=logp.ravel(),
+        ref_logprobs=ref.ravel(),
         **rows.arguments,
         scores=row_scores,
         kl_coef=coef,
         estimator=code,
         clamp=bound,
-        rewards=out.reshape(-1),
+        rewards=rewards.ravel(),
     )
-    return out
+    return rewards

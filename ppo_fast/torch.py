@@ -67,7 +67,10 @@ def to_numpy(value: Any, name: str = "tensor") -> Any:
 def from_numpy(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     """A kernel's output as a tensor on ``like``'s device with its dtype (no copy on CPU when the
     dtypes agree)."""
-    return torch.from_numpy(array).to(device=like.device, dtype=like.dtype)
+    tensor = torch.from_numpy(array)
+    if tensor.dtype == like.dtype and like.device.type == "cpu":
+        return tensor  # what .to() returns here, without parsing its arguments (per-call cost)
+    return tensor.to(device=like.device, dtype=like.dtype)
 
 
 def _main_tensor(name: str, value: Any) -> torch.Tensor:

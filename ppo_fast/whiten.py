@@ -120,8 +120,7 @@ def masked_moments(
     -------
     Moments(count, sum, sum_sq, shift), float64: all-reduce ``to_array()`` across ranks.
     """
-    (array,) = _validate.token_arrays(x=x)
-    rows = _validate.rows(array.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    (array,), rows = _validate.batch({"x": x}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     about = _validate.scalar("shift", shift)
     return _row_moments(array, rows, about, backend)
 
@@ -129,11 +128,12 @@ def masked_moments(
 def _row_moments(
     array: np.ndarray, rows: _validate.Rows, shift: float, backend: str | None
 ) -> Moments:
-    counts, sums, sums_sq = (np.empty(rows.n_rows) for _ in range(3))
+    row_outputs = np.empty((3, rows.n_rows))
+    counts, sums, sums_sq = row_outputs
     _backend.run(
         "moments",
         backend,
-        x=array.reshape(-1),
+        x=array.ravel(),
         **rows.arguments,
         shift=shift,
         counts=counts,
@@ -141,7 +141,9 @@ def _row_moments(
         sums_sq=sums_sq,
     )
     # Rows reduce on their own and then in row order: the same bits on any number of threads.
-    return Moments(float(counts.sum()), float(sums.sum()), float(sums_sq.sum()), shift)
+    # One reduction over the (3, B) row outputs: each line summed as ``line.sum()`` would.
+    count, total, total_sq = row_outputs.sum(axis=1).tolist()
+    return Moments(count, total, total_sq, shift)
 
 
 def whiten(
@@ -154,6 +156,7 @@ def whiten(
     unbiased: bool = False,
     eps: float = 1e-8,
     moments: Moments | None = None,
+    out: np.ndarray | None = None,
     backend: str | None = None,
 ) -> np.ndarray:
     """Whiten ``x`` over its valid positions, or by given (global) ``moments``.
@@ -175,16 +178,27 @@ def whiten(
         Added to the variance under the square root (finite, >= 0).
     moments
         Global ``Moments`` (all-reduced across ranks) to whiten by, instead of this batch's.
+    out
+        Optional preallocated result: a C-contiguous, writeable NumPy array of the result's shape
+        and dtype, sharing no memory with an input (so not ``x`` itself: whitening in place is
+        refused). It is written and returned.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
 
     Returns
     -------
-    An array shaped like ``x`` with its dtype; positions that are not valid are 0.
+    An array shaped like ``x`` with its dtype (``out`` when given); positions that are not valid
+    are 0.
     """
-    (array,) = _validate.token_arrays(x=x)
-    rows = _validate.rows(array.shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    (array,), rows = _validate.batch({"x": x}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    if out is not None:
+        (out,) = _validate.out_arrays(
+            ("whitened",),
+            out,
+            array,
+            {"x": x, "mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        )
     epsilon = _validate.scalar("eps", eps, lo=0.0)
     if moments is None:
         rough = _row_moments(array, rows, 0.0, backend)
@@ -207,15 +221,16 @@ def whiten(
     scale = math.sqrt(moments.var(unbiased) + epsilon)
     if scale == 0.0:
         raise ValueError("whiten: the variance is 0 and eps=0: pass eps > 0")
-    out = np.empty_like(array)
+    if out is None:
+        out = np.empty_like(array)
     _backend.run(
         "whiten",
         backend,
-        x=array.reshape(-1),
+        x=array.ravel(),
         **rows.arguments,
         mean=mean,
         scale=scale,
         offset=0.0 if shift_mean else mean,
-        whitened=out.reshape(-1),
+        whitened=out.ravel(),
     )
     return out

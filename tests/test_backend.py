@@ -14,7 +14,7 @@ import pytest
 from conftest import COMPILED
 
 import ppo_fast
-from ppo_fast import _threads
+from ppo_fast import _backend, _threads
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -233,3 +233,29 @@ def test_warmup_compiles_ahead_of_time():
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "2", "2"]
+
+
+def test_settings_read_per_call_follow_the_environment(monkeypatch):
+    """The backend and the threads are worked out once per setting, not once per process: a
+    variable changed after a call is seen by the next call, and a bad value keeps raising."""
+    monkeypatch.delenv("PPO_FAST_BACKEND", raising=False)
+    monkeypatch.delenv("PPO_FAST_NUM_THREADS", raising=False)
+    rewards = np.zeros((2, 3))
+    ppo_fast.gae(rewards, rewards)
+    monkeypatch.setenv("PPO_FAST_BACKEND", "fortran")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="PPO_FAST_BACKEND must be one of"):
+            ppo_fast.gae(rewards, rewards)
+    monkeypatch.delenv("PPO_FAST_BACKEND")
+    monkeypatch.setenv("PPO_FAST_NUM_THREADS", "x")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="PPO_FAST_NUM_THREADS must be a positive integer"):
+            ppo_fast.gae(rewards, rewards)
+    monkeypatch.setenv("PPO_FAST_NUM_THREADS", "1")
+    assert ppo_fast.gae(rewards, rewards).advantages.shape == (2, 3)
+    try:
+        ppo_fast.set_backend("python")
+        assert _backend._cached_resolve(None) is _backend._load("python")
+    finally:
+        ppo_fast.set_backend(None)
+    assert _backend._cached_resolve(None) is _backend.resolve(None)

@@ -85,14 +85,14 @@ def test_every_function_equals_its_numpy_twin(dtype):
 def test_contiguous_cpu_tensors_are_not_copied(monkeypatch):
     """The kernels read the tensor's own memory, and the result tensor is the kernel's output."""
     seen = []
-    checked = _validate.token_arrays
+    checked = _validate.batch  # the token arrays and rows of every stage with rows
 
     def spy(*args, **kwargs):
-        arrays = checked(*args, **kwargs)
+        arrays, rows = checked(*args, **kwargs)
         seen.extend(arrays)
-        return arrays
+        return arrays, rows
 
-    monkeypatch.setattr(_validate, "token_arrays", spy)
+    monkeypatch.setattr(_validate, "batch", spy)
     written = []
     whiten = pt._numpy_whiten
 
