@@ -221,12 +221,14 @@ def test_policy_loss_tuple_form_and_its_warning(peer, mode, kind):
                     str(w.message).replace(
                         peers.verl_0_9_1.__name__, "verl.trainer.ppo.core_algos"
                     ),
+                    w.filename,  # verl's points at its caller: this file
                 )
                 for w in caught
             ]
         )
     (actual, grad), (expected, grad_ref) = results
     assert messages[0] == messages[1] and messages[0][0][0] is FutureWarning
+    assert messages[0][0][2] == __file__
     assert isinstance(actual, tuple) and len(actual) == 4
     names = ("pg_loss", "clipfrac", "ppo_kl", "clipfrac_lower")
     for name, a, e in zip(names, actual, expected, strict=True):
