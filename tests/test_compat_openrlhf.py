@@ -7,7 +7,7 @@ from __future__ import annotations
 import peers
 import pytest
 import torch
-from peers.cases import MASKS, assert_parity, batch
+from peers.cases import MASKS, assert_parity, assert_same_arguments, batch
 
 from ppo_fast.compat import openrlhf as compat
 
@@ -233,3 +233,8 @@ def test_is_correction_clamps_tiny_probabilities_as_openrlhf(peer):
     for name, actual, expected in zip(names, *results, strict=True):
         assert_parity(actual, expected, f"{peer} {name}")
     assert results[1][4].item() == 0.0  # OpenRLHF's clamp keeps every token
+
+
+@pytest.mark.parametrize("name", [n for n in compat.__all__ if callable(getattr(compat, n))])
+def test_the_api_takes_the_peers_arguments_and_defaults(name):
+    assert_same_arguments(getattr(compat, name), getattr(ORL, name), f"{PEER.label} {name}")

@@ -8,7 +8,7 @@ import warnings
 import peers
 import pytest
 import torch
-from peers.cases import MASKS, assert_parity, batch
+from peers.cases import MASKS, assert_parity, assert_same_arguments, batch
 
 from ppo_fast.compat import verl as compat
 
@@ -312,3 +312,8 @@ def test_the_fused_loss_refuses_to_drop_a_gradient():
             "token-mean",
             PEER.make_config(),
         )
+
+
+@pytest.mark.parametrize("name", [n for n in compat.__all__ if callable(getattr(compat, n))])
+def test_the_api_takes_the_peers_arguments_and_defaults(name):
+    assert_same_arguments(getattr(compat, name), getattr(VERL, name), f"{PEER.label} {name}")
