@@ -59,6 +59,19 @@ CASES = [
     ("empty-1d", gae(np.zeros(0), np.zeros(0)), ValueError, "pass cu_seqlens"),
     ("mask-values", gae(X, X, mask=np.full((2, 3), 2)), ValueError, "mask must hold only 0 and 1"),
     ("mask-nan", gae(X, X, mask=np.full((2, 3), np.nan)), ValueError, "mask must hold only 0"),
+    # The message names the first value that is neither 0 nor 1, not the 0s and 1s before it.
+    (
+        "mask-value-named",
+        gae(X, X, mask=[[0, 1, 0], [1, 3, 2]]),
+        ValueError,
+        r"found (np\.\w+\()?3\b",
+    ),
+    (
+        "mask-negative",
+        gae(X, X, mask=[[1, 0, -1], [0, 0, 0]]),
+        ValueError,
+        r"found (np\.\w+\()?-1\b",
+    ),
     ("mask-shape", gae(X, X, mask=np.ones((2, 4))), ValueError, "mask has shape"),
     ("mask-strings", gae(X, X, mask=np.full((2, 3), "1")), TypeError, "mask must be bool"),
     (
