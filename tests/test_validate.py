@@ -50,6 +50,13 @@ CASES = [
     ("lengths-2d", gae(X, X, lengths=[[1, 2]]), ValueError, "lengths must be 1-D"),
     ("cu-not-zero", gae(P, P, cu_seqlens=[1, 5]), ValueError, "cu_seqlens must start at 0"),
     ("cu-decreasing", gae(P, P, cu_seqlens=[0, 3, 2, 5]), ValueError, "non-decreasing"),
+    # An empty row is no error: the message names the first decrease, after it.
+    (
+        "cu-decreasing-after-an-empty-row",
+        gae(P, P, cu_seqlens=[0, 2, 2, 1, 5]),
+        ValueError,
+        r"cu_seqlens\[3\]=1 < cu_seqlens\[2\]=2",
+    ),
     ("cu-short", gae(P, P, cu_seqlens=[0, 4]), ValueError, "must end at the number of tokens N=5"),
     ("cu-long", gae(P, P, cu_seqlens=[0, 6]), ValueError, "must end at the number of tokens"),
     ("cu-empty", gae(P, P, cu_seqlens=[]), ValueError, "cu_seqlens must have B\\+1 entries"),
