@@ -44,12 +44,25 @@ CASES = [
     ("none-array", gae(None, X), TypeError, "rewards is required"),
     ("strings", gae([["a"]], [["b"]]), TypeError, "rewards must be float32"),
     ("lengths-negative", gae(X, X, lengths=[-1, 2]), ValueError, r"lengths must lie in \[0, T=3\]"),
+    # The message names the first length out of range, whichever side it is out on.
+    (
+        "lengths-named",
+        gae(X, X, lengths=[-1, 4]),
+        ValueError,
+        r"lengths must lie in \[0, T=3\], got lengths\[0\]=-1",
+    ),
     ("lengths-too-long", gae(X, X, lengths=[4, 2]), ValueError, r"lengths\[0\]=4"),
     ("lengths-shape", gae(X, X, lengths=[1, 2, 3]), ValueError, r"lengths must have shape \(2,\)"),
     ("lengths-float", gae(X, X, lengths=[1.0, 2.0]), TypeError, "lengths must hold integers"),
     ("lengths-2d", gae(X, X, lengths=[[1, 2]]), ValueError, "lengths must be 1-D"),
     ("cu-not-zero", gae(P, P, cu_seqlens=[1, 5]), ValueError, "cu_seqlens must start at 0"),
     ("cu-decreasing", gae(P, P, cu_seqlens=[0, 3, 2, 5]), ValueError, "non-decreasing"),
+    (
+        "cu-short",
+        gae(P, P, cu_seqlens=[0, 1, 3]),
+        ValueError,
+        "end at the number of tokens N=5, got 3",
+    ),
     # An empty row is no error: the message names the first decrease, after it.
     (
         "cu-decreasing-after-an-empty-row",
@@ -158,3 +171,36 @@ def test_inputs_are_never_modified_and_read_only_non_contiguous_inputs_work(back
 def test_lists_are_accepted_as_arrays(backend):
     result = ppo_fast.gae([[1.0, 0.0]], [[0.5, 0.5]], gamma=1.0, lam=1.0, backend=backend)
     np.testing.assert_allclose(result.advantages, [[0.5, -0.5]])
+
+
+def test_a_torch_tensor_is_refused_with_the_way_to_pass_it(backend):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"values is a torch tensor: use ppo_fast.torch"):
+        ppo_fast.gae(X, torch.zeros(2, 3, dtype=torch.float64), backend=backend)
+
+
+def test_torch_layouts_and_per_row_values_are_taken_as_their_numbers(backend):
+    """Token arrays must be numpy; a layout (lengths, cu_seqlens, mask) or per-row gamma may be a
+    tensor (one that requires grad too: it is detached), read as the same numbers."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    rewards, values = rng.normal(size=(2, 3)), rng.normal(size=(2, 3))
+    mask = np.array([[1, 1, 0], [1, 0, 1]])
+    gamma = np.array([0.9, 0.5])
+    for layout in ({"lengths": np.array([3, 1])}, {"mask": mask}):
+        expected = ppo_fast.gae(rewards, values, gamma=gamma, **layout, backend=backend)
+        as_tensors = {k: torch.from_numpy(v) for k, v in layout.items()}
+        actual = ppo_fast.gae(
+            rewards,
+            values,
+            gamma=torch.tensor(gamma, requires_grad=True),
+            **as_tensors,
+            backend=backend,
+        )
+        np.testing.assert_array_equal(actual.advantages, expected.advantages)
+        np.testing.assert_array_equal(actual.returns, expected.returns)
+    flat = rewards.reshape(-1)
+    cu = np.array([0, 2, 6])
+    expected = ppo_fast.gae(flat, flat, cu_seqlens=cu, backend=backend)
+    actual = ppo_fast.gae(flat, flat, cu_seqlens=torch.from_numpy(cu), backend=backend)
+    np.testing.assert_array_equal(actual.advantages, expected.advantages)
