@@ -3,6 +3,7 @@ fused losses (gradcheck in float64, and against autograd of the plain formula)."
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -258,3 +259,30 @@ def test_a_gradient_the_kernel_does_not_compute_is_refused():
         pt.clipped_surrogate(b.logprobs, b.old_logprobs.requires_grad_(), b.advantages)
     with pytest.raises(ValueError, match="returns requires grad"):
         pt.value_loss(b.values.requires_grad_(), b.old_values, b.returns.requires_grad_())
+
+
+TWINS = ["kl_penalty", "shape_rewards", "gae", "masked_moments", "whiten"]
+TWINS += ["clipped_surrogate", "value_loss"]
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_each_function_takes_its_numpy_twins_arguments(name):
+    """The module's promise: the arguments of the NumPy twin, in order, keyword-only where the
+    twin's are, with the twin's defaults."""
+
+    def parameters(function):
+        return [
+            (p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()
+        ]
+
+    assert parameters(getattr(pt, name)) == parameters(getattr(ppo_fast, name))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_tensor_takes_a_host_round_trip_to_the_same_numbers():
+    logp = torch.randn(3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ref = torch.zeros_like(logp)
+    expected = pt.kl_penalty(logp, ref, "k3")
+    actual = pt.kl_penalty(logp.cuda(), ref.cuda(), "k3")
+    assert actual.device.type == "cuda" and actual.dtype == torch.float64
+    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
