@@ -28,6 +28,10 @@ def whiten(*args, **kwargs):
     return lambda backend: ppo_fast.whiten(*args, **kwargs, backend=backend)
 
 
+def moments(*args, **kwargs):
+    return lambda backend: ppo_fast.masked_moments(*args, **kwargs, backend=backend)
+
+
 def kl(*args, **kwargs):
     return lambda backend: ppo_fast.kl_penalty(*args, **kwargs, backend=backend)
 
@@ -126,6 +130,12 @@ CASES = [
     ("whiten-eps", whiten(X, eps=-1.0), ValueError, "eps must lie in"),
     ("whiten-moments-type", whiten(X, moments=(1, 2, 3)), TypeError, "moments must be"),
     ("whiten-empty", whiten(np.zeros((0, 3))), ValueError, "no valid position"),
+    # Only the token arrays are positional: a layout or an option passed by position (is it a
+    # mask or lengths?) is refused, not guessed.
+    ("moments-positional-mask", moments(X, np.ones((2, 3))), TypeError, "1 positional argument"),
+    ("whiten-positional-mask", whiten(X, np.ones((2, 3))), TypeError, "1 positional argument"),
+    ("gae-positional-gamma", gae(X, X, 0.9), TypeError, "2 positional arguments"),
+    ("shape-positional-coef", shape(np.ones(2), X, X, 0.1), TypeError, "3 positional arguments"),
 ]
 
 
