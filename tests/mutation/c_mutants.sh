@@ -10,7 +10,7 @@ scratch=${1:-$(mktemp -d)}
 git ls-files -z | xargs -0 cp --parents -t "$scratch"
 cp ppo_fast/*.so "$scratch/ppo_fast/" 2>/dev/null || true
 cd "$scratch"
-git apply tests/mutation/c_mutants.patch  
+git apply tests/mutation/c_mutants.patch
 python setup.py build_ext --inplace > build.log 2>&1
 run() { PYTHONPATH=. python -m pytest -q -p no:cacheprovider --hypothesis-profile=mutation "$@" \
   | grep -E "^FAILED|passed|failed" | cut -c1-120 | sort -u | head -n 12 || true; }
