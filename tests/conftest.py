@@ -17,7 +17,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile("ci", parent=settings.get_profile("default"), max_examples=120)
+# Few examples per property: what tests/mutation/run.sh runs once per mutant.
+settings.register_profile("mutation", parent=settings.get_profile("default"), max_examples=10)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+# tests/mutation holds the mutation-testing configs and scripts, not tests.
+collect_ignore = ["mutation"]
 
 COMPILED = [name for name in ppo_fast.available_backends() if name != "python"]  # auto's order
 ALL_BACKENDS = [*COMPILED, "python"]

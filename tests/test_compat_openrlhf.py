@@ -7,7 +7,7 @@ from __future__ import annotations
 import peers
 import pytest
 import torch
-from peers.cases import MASKS, assert_parity, batch
+from peers.cases import MASKS, assert_parity, assert_same_arguments, batch
 
 from ppo_fast.compat import openrlhf as compat
 
@@ -192,3 +192,49 @@ def test_constructor_checks_match():
             ORL.PolicyLoss(**bad)
         with pytest.raises(expected.type):
             compat.PolicyLoss(**bad)
+
+
+@LABEL
+@pytest.mark.parametrize("module", ["PolicyLoss", "ValueLoss"])
+def test_dp_size_defaults_to_openrlhfs_one(peer, module):
+    """Global counts without dp_size: OpenRLHF's default (1), the same as passing it."""
+    b = batch("holes", torch.float64, seed=5)
+    counts = {"batch_num_tokens": 50.0, "global_batch_size": 7.0}
+    if module == "PolicyLoss":
+        inputs = (b.logprobs, b.old_logprobs, b.advantages, b.mask)
+    else:
+        inputs = (b.values, b.old_values, b.returns, b.mask)
+    default = getattr(compat, module)()(*inputs, **counts)
+    explicit = getattr(compat, module)()(*inputs, dp_size=1, **counts)
+    expected = getattr(ORL, module)()(*inputs, **counts)
+    first = (lambda r: r[0]) if module == "PolicyLoss" else (lambda r: r)
+    assert_parity(first(default), first(expected), f"{peer} {module}")
+    assert_parity(first(default), first(explicit), f"{module} dp_size=1")
+
+
+@LABEL
+def test_is_correction_clamps_tiny_probabilities_as_openrlhf(peer):
+    """Old and rollout log-probs far below log(1e-6): OpenRLHF clamps both probabilities to
+    [1e-6, 1 - 1e-6] before its binary KL, which keeps every token's statistic below 1e-5 here
+    (an unclamped old probability would give 1e-5 to 1e-4, and filter most tokens)."""
+    rng = torch.Generator().manual_seed(8)
+    old = -40.0 + 20.0 * torch.rand((3, 12), generator=rng, dtype=torch.float64)  # [-40, -20]
+    rollout = -16.0 + 4.0 * torch.rand((3, 12), generator=rng, dtype=torch.float64)
+    logp = old + 0.1 * torch.randn((3, 12), generator=rng, dtype=torch.float64)
+    advantages = torch.randn((3, 12), generator=rng, dtype=torch.float64)
+    mask = torch.ones((3, 12), dtype=torch.int64)
+    settings = {"is_correction_level": "token", "is_correction_gating": "binary_kl"}
+    settings |= {"is_correction_mode": "mask", "is_correction_threshold": (0.0, 1e-5)}
+    results = [
+        module(**settings)(logp, old, advantages, mask, rollout)
+        for module in (compat.PolicyLoss, ORL.PolicyLoss)
+    ]
+    names = ("loss", "clip_ratio", "ppo_kl", "vllm_kl", "is_filter_ratio")
+    for name, actual, expected in zip(names, *results, strict=True):
+        assert_parity(actual, expected, f"{peer} {name}")
+    assert results[1][4].item() == 0.0  # OpenRLHF's clamp keeps every token
+
+
+@pytest.mark.parametrize("name", [n for n in compat.__all__ if callable(getattr(compat, n))])
+def test_the_api_takes_the_peers_arguments_and_defaults(name):
+    assert_same_arguments(getattr(compat, name), getattr(ORL, name), f"{PEER.label} {name}")

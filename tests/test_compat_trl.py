@@ -106,3 +106,35 @@ def test_first_true_indices(peer):
     bools = torch.tensor([[0, 0, 1, 1], [0, 0, 0, 0], [1, 0, 0, 1]], dtype=torch.bool)
     assert torch.equal(compat.first_true_indices(bools), TRL.first_true_indices(bools))
     assert compat.first_true_indices(bools).tolist() == [2, 4, 0]
+
+
+# TRL 0.29.1's PPOConfig defaults (trl/experimental/ppo/ppo_config.py), which rollout_advantages
+# documents as its keyword defaults.
+PPO_CONFIG_DEFAULTS = {
+    "kl_coef": 0.05,
+    "kl_estimator": "k1",
+    "gamma": 1.0,
+    "lam": 0.95,
+    "whiten_rewards": False,
+}
+
+
+@LABEL
+def test_rollout_advantages_defaults_are_ppoconfigs(peer):
+    b = batch("right-padded", torch.float64, rows=7, width=13, seed=3)
+    sequence_lengths = _sequence_lengths(7, 13, 3)
+    responses = torch.zeros(b.logprobs.shape, dtype=torch.long)
+    expected = TRL.ppo_trainer_advantages(
+        types.SimpleNamespace(**PPO_CONFIG_DEFAULTS),
+        responses,
+        sequence_lengths,
+        b.logprobs,
+        b.ref_logprobs,
+        b.values,
+        b.scores,
+    )
+    actual = compat.rollout_advantages(
+        b.logprobs, b.ref_logprobs, b.values, b.scores, sequence_lengths
+    )
+    assert_parity(actual.advantages, expected.advantages, f"{peer} advantages")
+    assert_parity(actual.returns, expected.returns, f"{peer} returns")

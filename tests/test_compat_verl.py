@@ -8,7 +8,7 @@ import warnings
 import peers
 import pytest
 import torch
-from peers.cases import MASKS, assert_parity, batch
+from peers.cases import MASKS, assert_parity, assert_same_arguments, batch
 
 from ppo_fast.compat import verl as compat
 
@@ -221,12 +221,14 @@ def test_policy_loss_tuple_form_and_its_warning(peer, mode, kind):
                     str(w.message).replace(
                         peers.verl_0_9_1.__name__, "verl.trainer.ppo.core_algos"
                     ),
+                    w.filename,  # verl's points at its caller: this file
                 )
                 for w in caught
             ]
         )
     (actual, grad), (expected, grad_ref) = results
     assert messages[0] == messages[1] and messages[0][0][0] is FutureWarning
+    assert messages[0][0][2] == __file__
     assert isinstance(actual, tuple) and len(actual) == 4
     names = ("pg_loss", "clipfrac", "ppo_kl", "clipfrac_lower")
     for name, a, e in zip(names, actual, expected, strict=True):
@@ -310,3 +312,8 @@ def test_the_fused_loss_refuses_to_drop_a_gradient():
             "token-mean",
             PEER.make_config(),
         )
+
+
+@pytest.mark.parametrize("name", [n for n in compat.__all__ if callable(getattr(compat, n))])
+def test_the_api_takes_the_peers_arguments_and_defaults(name):
+    assert_same_arguments(getattr(compat, name), getattr(VERL, name), f"{PEER.label} {name}")

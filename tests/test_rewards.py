@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from batches import ragged_batches
@@ -31,6 +33,22 @@ def test_kl_estimators_match_their_formulas(backend, estimator, dtype):
     np.testing.assert_allclose(
         actual, expected, rtol=1e-5 if dtype == np.float32 else 1e-9, atol=1e-12
     )
+
+
+@pytest.mark.parametrize("log_ratio", [-707.5, -708.0, -708.25, -708.5, -709.0, -709.5, -709.75])
+def test_k3_past_the_saturation_of_exp_is_exp(backend, log_ratio):
+    """The compiled kernels' exp saturates at exp(709), so k3 takes e * exp(-r - 1) below
+    r = -708: still exp(-r) - 1 + r (libm's exp as the reference) to float64 rounding."""
+    actual = ppo_fast.kl_penalty(np.array([log_ratio]), np.zeros(1), "k3", backend=backend)
+    np.testing.assert_allclose(actual, [math.exp(-log_ratio) - 1.0 + log_ratio], rtol=1e-13)
+
+
+@pytest.mark.parametrize("log_ratio", [-709.79, -710.0, -1000.0])
+def test_k3_is_inf_where_exp_overflows(backend, log_ratio):
+    with pytest.raises(OverflowError):
+        math.exp(-log_ratio)  # the reference: past float64's range
+    actual = ppo_fast.kl_penalty(np.array([log_ratio]), np.zeros(1), "k3", backend=backend)
+    assert actual[0] == np.inf
 
 
 def test_k3_is_non_negative_and_clamped(backend):

@@ -3,6 +3,7 @@ fused losses (gradcheck in float64, and against autograd of the plain formula)."
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -288,3 +289,20 @@ def test_dtype_hints_speak_torch(call, pattern):
     with pytest.raises(TypeError, match=pattern) as caught:
         call(torch.zeros(2, 3))
     assert "astype" not in str(caught.value) and "np." not in str(caught.value)
+
+
+TWINS = ["kl_penalty", "shape_rewards", "gae", "masked_moments", "whiten"]
+TWINS += ["clipped_surrogate", "value_loss"]
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_each_function_takes_its_numpy_twins_arguments(name):
+    """The module's promise: the arguments of the NumPy twin, in order, keyword-only where the
+    twin's are, with the twin's defaults."""
+
+    def parameters(function):
+        return [
+            (p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()
+        ]
+
+    assert parameters(getattr(pt, name)) == parameters(getattr(ppo_fast, name))

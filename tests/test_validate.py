@@ -32,12 +32,12 @@ def whiten(*args, **kwargs):
     return lambda backend: ppo_fast.whiten(*args, **kwargs, backend=backend)
 
 
-def kl(*args, **kwargs):
-    return lambda backend: ppo_fast.kl_penalty(*args, **kwargs, backend=backend)
-
-
 def moments(*args, **kwargs):
     return lambda backend: ppo_fast.masked_moments(*args, **kwargs, backend=backend)
+
+
+def kl(*args, **kwargs):
+    return lambda backend: ppo_fast.kl_penalty(*args, **kwargs, backend=backend)
 
 
 def policy(**kwargs):
@@ -64,12 +64,32 @@ CASES = [
     ("none-array", gae(None, X), TypeError, "rewards is required"),
     ("strings", gae([["a"]], [["b"]]), TypeError, "rewards must be float32"),
     ("lengths-negative", gae(X, X, lengths=[-1, 2]), ValueError, r"lengths must lie in \[0, T=3\]"),
+    # The message names the first length out of range, whichever side it is out on.
+    (
+        "lengths-named",
+        gae(X, X, lengths=[-1, 4]),
+        ValueError,
+        r"lengths must lie in \[0, T=3\], got lengths\[0\]=-1",
+    ),
     ("lengths-too-long", gae(X, X, lengths=[4, 2]), ValueError, r"lengths\[0\]=4"),
     ("lengths-shape", gae(X, X, lengths=[1, 2, 3]), ValueError, r"lengths must have shape \(2,\)"),
     ("lengths-float", gae(X, X, lengths=[1.0, 2.0]), TypeError, "lengths must hold integers"),
     ("lengths-2d", gae(X, X, lengths=[[1, 2]]), ValueError, "lengths must be 1-D"),
     ("cu-not-zero", gae(P, P, cu_seqlens=[1, 5]), ValueError, "cu_seqlens must start at 0"),
     ("cu-decreasing", gae(P, P, cu_seqlens=[0, 3, 2, 5]), ValueError, "non-decreasing"),
+    (
+        "cu-short",
+        gae(P, P, cu_seqlens=[0, 1, 3]),
+        ValueError,
+        "end at the number of tokens N=5, got 3",
+    ),
+    # An empty row is no error: the message names the first decrease, after it.
+    (
+        "cu-decreasing-after-an-empty-row",
+        gae(P, P, cu_seqlens=[0, 2, 2, 1, 5]),
+        ValueError,
+        r"cu_seqlens\[3\]=1 < cu_seqlens\[2\]=2",
+    ),
     ("cu-short", gae(P, P, cu_seqlens=[0, 4]), ValueError, "must end at the number of tokens N=5"),
     ("cu-long", gae(P, P, cu_seqlens=[0, 6]), ValueError, "must end at the number of tokens"),
     ("cu-empty", gae(P, P, cu_seqlens=[]), ValueError, "cu_seqlens must have B\\+1 entries"),
@@ -79,6 +99,19 @@ CASES = [
     ("empty-1d", gae(np.zeros(0), np.zeros(0)), ValueError, "pass cu_seqlens"),
     ("mask-values", gae(X, X, mask=np.full((2, 3), 2)), ValueError, "mask must hold only 0 and 1"),
     ("mask-nan", gae(X, X, mask=np.full((2, 3), np.nan)), ValueError, "mask must hold only 0"),
+    # The message names the first value that is neither 0 nor 1, not the 0s and 1s before it.
+    (
+        "mask-value-named",
+        gae(X, X, mask=[[0, 1, 0], [1, 3, 2]]),
+        ValueError,
+        r"found (np\.\w+\()?3\b",
+    ),
+    (
+        "mask-negative",
+        gae(X, X, mask=[[1, 0, -1], [0, 0, 0]]),
+        ValueError,
+        r"found (np\.\w+\()?-1\b",
+    ),
     ("mask-shape", gae(X, X, mask=np.ones((2, 4))), ValueError, "mask has shape"),
     ("mask-strings", gae(X, X, mask=np.full((2, 3), "1")), TypeError, "mask must be bool"),
     (
@@ -170,6 +203,12 @@ CASES = [
     ),
     ("big-endian", gae(X.astype(">f8"), X), TypeError, r"rewards.astype\('=f8'\)"),
     ("big-endian-f4", kl(X32, X32.astype(">f4")), TypeError, r"ref_logprobs.astype\('=f4'\)"),
+    # Only the token arrays are positional: a layout or an option passed by position (is it a
+    # mask or lengths?) is refused, not guessed.
+    ("moments-positional-mask", moments(X, np.ones((2, 3))), TypeError, "1 positional argument"),
+    ("whiten-positional-mask", whiten(X, np.ones((2, 3))), TypeError, "1 positional argument"),
+    ("gae-positional-gamma", gae(X, X, 0.9), TypeError, "2 positional arguments"),
+    ("shape-positional-coef", shape(np.ones(2), X, X, 0.1), TypeError, "3 positional arguments"),
 ]
 
 
@@ -319,3 +358,36 @@ def test_rows_describe_exactly_the_valid_positions(batch):
     if batch.layout != "packed":  # a padded row b is the b-th row of the (B, T) arrays
         width = batch.shape[1]
         np.testing.assert_array_equal(row_of, np.repeat(np.arange(batch.n_rows), width))
+
+
+def test_a_torch_tensor_is_refused_with_the_way_to_pass_it(backend):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"values is a torch tensor: use ppo_fast.torch"):
+        ppo_fast.gae(X, torch.zeros(2, 3, dtype=torch.float64), backend=backend)
+
+
+def test_torch_layouts_and_per_row_values_are_taken_as_their_numbers(backend):
+    """Token arrays must be numpy; a layout (lengths, cu_seqlens, mask) or per-row gamma may be a
+    tensor (one that requires grad too: it is detached), read as the same numbers."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    rewards, values = rng.normal(size=(2, 3)), rng.normal(size=(2, 3))
+    mask = np.array([[1, 1, 0], [1, 0, 1]])
+    gamma = np.array([0.9, 0.5])
+    for layout in ({"lengths": np.array([3, 1])}, {"mask": mask}):
+        expected = ppo_fast.gae(rewards, values, gamma=gamma, **layout, backend=backend)
+        as_tensors = {k: torch.from_numpy(v) for k, v in layout.items()}
+        actual = ppo_fast.gae(
+            rewards,
+            values,
+            gamma=torch.tensor(gamma, requires_grad=True),
+            **as_tensors,
+            backend=backend,
+        )
+        np.testing.assert_array_equal(actual.advantages, expected.advantages)
+        np.testing.assert_array_equal(actual.returns, expected.returns)
+    flat = rewards.reshape(-1)
+    cu = np.array([0, 2, 6])
+    expected = ppo_fast.gae(flat, flat, cu_seqlens=cu, backend=backend)
+    actual = ppo_fast.gae(flat, flat, cu_seqlens=torch.from_numpy(cu), backend=backend)
+    np.testing.assert_array_equal(actual.advantages, expected.advantages)

@@ -9,6 +9,7 @@ are finite: the peers multiply them by 0, which keeps a NaN (parity holds for fi
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,3 +105,31 @@ def assert_parity(actual, expected, what: str = "", dtype: torch.dtype | None = 
     np.testing.assert_allclose(
         actual.detach().double().numpy(), expected_np, rtol=rtol, atol=rtol * scale, err_msg=what
     )
+
+
+def signatures(ours, theirs):
+    """(ours, theirs) signature pairs to compare: the function's own, or for a class every method
+    that ours defines (its ``forward``), and its constructor."""
+    if not isinstance(ours, type):
+        return [(inspect.signature(ours), inspect.signature(theirs))]
+    pairs = []
+    for name in ("__init__", *(n for n in vars(ours) if not n.startswith("_"))):
+        if callable(getattr(ours, name, None)) and hasattr(theirs, name):
+            pairs.append(
+                (inspect.signature(getattr(ours, name)), inspect.signature(getattr(theirs, name)))
+            )
+    return pairs
+
+
+def assert_same_arguments(ours, theirs, what: str = "") -> None:
+    """The same parameters, in the same order, with the same defaults (annotations aside): code
+    written against the peer calls ours with the same meaning, defaults included. ``self`` aside:
+    a peer's method may be a function of ours (OpenRLHF's get_advantages_and_returns)."""
+
+    def parameters(signature):
+        return [
+            (p.name, p.kind, p.default) for p in signature.parameters.values() if p.name != "self"
+        ]
+
+    for mine, peer in signatures(ours, theirs):
+        assert parameters(mine) == parameters(peer), f"{what}: {mine} != {peer}"
