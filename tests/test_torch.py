@@ -305,4 +305,7 @@ def test_each_function_takes_its_numpy_twins_arguments(name):
             (p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()
         ]
 
-    assert parameters(getattr(pt, name)) == parameters(getattr(ppo_fast, name))
+    # Preallocated outputs are NumPy arrays: the tensor API does not take them (yet).
+    numpy_only = {"out", "grad_out"}
+    twin = [p for p in parameters(getattr(ppo_fast, name)) if p[0] not in numpy_only]
+    assert parameters(getattr(pt, name)) == twin
