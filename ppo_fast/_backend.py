@@ -7,8 +7,8 @@ the oracle; ``numba`` and ``cython`` are compiled.
 first call costs under 0.1 ms, where numba compiles each kernel at its first call (0.1-0.9 s each
 in a fresh process, seconds when several processes share a cold cache), which every short-lived
 process and every spawned worker would pay; and it is as fast as numba or faster on every kernel
-measured (README, benchmarks). A backend that is asked for by name and cannot load raises with
-the reason; it never silently falls back.
+but the float32 policy loss (README, benchmarks). A backend that is asked for by name and cannot
+load raises with the reason; it never silently falls back.
 
 Selection, in order of precedence: the per-call ``backend=`` argument, ``set_backend``, the
 environment variable ``PPO_FAST_BACKEND``, then ``auto``. Each call reads the variable (its raw
