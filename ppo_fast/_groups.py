@@ -23,9 +23,11 @@ allocate terabytes. Only the dense ids index memory, so a uid of 10**12, -1 or 2
 what any other does.
 
 Cost: rows of a group usually come adjacent, so runs of equal adjacent labels are collapsed
-first wherever that halves the rows (groups of 8 leave an eighth). Numeric, str and bytes arrays
-then sort the labels left; objects go through one dict pass at C speed, never a sort of Python
-objects.
+first wherever that halves the rows (groups of 8 leave an eighth). Integer arrays then go through
+one pass of an open-addressing hash table (numba, O(B), sized by the labels left, never by their
+values); float, str and bytes arrays, and integers where numba is not installed or the labels
+left are few, are sorted; objects go through one dict pass at C speed, never a sort of Python
+objects. All paths give the same ids.
 
 Reductions: ``group_counts`` and ``group_sums`` (float64, each group summed in row order, so the
 result is deterministic); broadcasting a per-group value back onto rows is ``per_group[g.ids]``.
@@ -36,6 +38,7 @@ does.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -73,6 +76,8 @@ def factorize(groups: Any, n_rows: int) -> Groups:
     heads = _runs(labels)
     if labels.dtype == object:
         return _factorize_hashable(labels, heads)
+    if labels.dtype.kind in "iu":
+        return _factorize_integers(labels, heads)
     return _factorize_sortable(labels, heads)
 
 
@@ -234,6 +239,100 @@ def _factorize_sortable(labels: np.ndarray, heads: np.ndarray | None) -> Groups:
         n_groups,
         _read_only(head_labels[first_run[by_first_seen]]),
     )
+
+
+# Below this many labels (after collapsing runs) sorting costs a few microseconds: not worth the
+# hash table's allocation, nor its compilation on a first call.
+MIN_LABELS_TO_HASH = 2048
+
+
+def _factorize_integers(labels: np.ndarray, heads: np.ndarray | None) -> Groups:
+    head_labels = labels if heads is None else labels[heads]
+    n_runs = head_labels.shape[0]
+    factorize_keys = _hash_factorizer() if n_runs >= MIN_LABELS_TO_HASH else None
+    if factorize_keys is None:
+        return _factorize_sortable(labels, heads)
+    # Equal labels of one integer array have equal 64-bit patterns and unequal ones unequal
+    # patterns: uint64 read as int64 is a bijection, narrower integers widen exactly.
+    if labels.dtype == np.uint64:
+        keys = head_labels.view(np.int64)
+    else:
+        keys = head_labels.astype(np.int64, copy=False)
+    run_ids = np.empty(n_runs, dtype=np.int64)
+    first_runs = np.empty(n_runs, dtype=np.int64)
+    size = 1 << (2 * n_runs - 1).bit_length()  # half full with every key a group of its own
+    n_groups = factorize_keys(
+        np.ascontiguousarray(keys),
+        np.empty(size, dtype=np.int64),
+        np.empty(size, dtype=np.int64),
+        run_ids,
+        first_runs,
+    )
+    return Groups(
+        _read_only(_per_row(run_ids, heads, labels.shape[0])),
+        n_groups,
+        _read_only(head_labels[first_runs[:n_groups]]),
+    )
+
+
+def _hash_factorize(
+    keys: np.ndarray,
+    table_keys: np.ndarray,
+    table_ids: np.ndarray,
+    ids: np.ndarray,
+    first_seen: np.ndarray,
+) -> int:
+    """Number ``keys`` in first-seen order into ``ids``; ``first_seen[g]`` is group g's first key.
+
+    Linear probing in a power-of-two table kept at most half full. It starts small and doubles as
+    groups appear, so the memory it touches follows the number of groups, never the keys' values
+    (``table_keys`` and ``table_ids`` are allocated at the largest size, 2B, but untouched beyond
+    the part in use). Growing re-inserts each group's first key. The slot is the top bits of the
+    key times 2^64 / phi (Fibonacci hashing), so that keys that differ only in high bits (uid =
+    prompt * 10**6 + k) still spread. Returns the number of groups.
+    """
+    bits = 10
+    while (1 << bits) > table_ids.shape[0]:
+        bits -= 1
+    table_ids[: 1 << bits] = -1
+    n_groups = 0
+    for b in range(keys.shape[0]):
+        key = keys[b]
+        mask = (1 << bits) - 1
+        slot = ((key * -7046029254386353131) >> (64 - bits)) & mask
+        found = table_ids[slot]
+        while found >= 0 and table_keys[slot] != key:
+            slot = (slot + 1) & mask
+            found = table_ids[slot]
+        if found < 0:
+            found = n_groups
+            table_keys[slot] = key
+            table_ids[slot] = found
+            first_seen[found] = b
+            n_groups += 1
+            if 2 * n_groups > (1 << bits):
+                bits += 1
+                mask = (1 << bits) - 1
+                table_ids[: 1 << bits] = -1
+                for group in range(n_groups):
+                    moved = keys[first_seen[group]]
+                    slot = ((moved * -7046029254386353131) >> (64 - bits)) & mask
+                    while table_ids[slot] >= 0:
+                        slot = (slot + 1) & mask
+                    table_keys[slot] = moved
+                    table_ids[slot] = group
+        ids[b] = found
+    return n_groups
+
+
+@functools.cache
+def _hash_factorizer() -> Any:
+    """``_hash_factorize`` compiled by numba, or None where numba does not import."""
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba.njit(nogil=True)(_hash_factorize)
 
 
 def _factorize_hashable(labels: np.ndarray, heads: np.ndarray | None) -> Groups:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _backend, _examples, _threads, _validate
+from . import _backend, _examples, _groups, _threads, _validate
 from ._spec import KERNELS
 
 
@@ -18,8 +18,10 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
 
     Runs each kernel on a small batch and, when more than one thread is in use, on one large
     enough to take the parallel build; every build of a specialised kernel (each KL estimator).
-    For cython and python this only loads the backend.
+    For cython and python this only loads the backend. Whatever the backend, it also compiles
+    the hash table that numbers many integer group ids (``_groups``).
     """
+    _groups.factorize(np.arange(_groups.MIN_LABELS_TO_HASH), _groups.MIN_LABELS_TO_HASH)
     name = _backend.get_backend(backend)
     sizes = [(2, 8)]
     if _threads.get_num_threads() > 1:

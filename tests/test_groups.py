@@ -292,3 +292,45 @@ def test_rows_carry_their_groups():
     assert rows.starts.tolist() == [0, 4, 8]
     with pytest.raises(ValueError, match="groups"):
         _groups.with_groups(_validate.rows((3, 4)), ["a", "b"])
+
+
+def _integer_batches(rng: np.random.Generator, n_rows: int) -> list[np.ndarray]:
+    prompts = rng.permutation(n_rows // 8) * 10**6 + 10**12
+    adjacent = np.repeat(prompts, 8)
+    return [
+        adjacent,
+        rng.permutation(adjacent),
+        rng.integers(-(2**63), 2**63 - 1, n_rows),  # every row its own group: the table grows
+        rng.integers(-3, 3, n_rows).astype(np.int8),
+        (rng.integers(0, 40, n_rows).astype(np.uint64) << np.uint64(58)) | np.uint64(1),
+        np.arange(n_rows) << 40,  # keys that differ only in high bits
+        np.concatenate([adjacent[: n_rows // 2], -adjacent[: n_rows // 2]]),
+    ]
+
+
+@pytest.mark.parametrize("n_rows", [_groups.MIN_LABELS_TO_HASH, 3 * _groups.MIN_LABELS_TO_HASH])
+def test_integer_hash_table_numbers_groups_as_sorting_does(n_rows):
+    """Integer labels beyond MIN_LABELS_TO_HASH go through the hash table; the sort path is its
+    independent twin: same ids, same labels, same dtype."""
+    assert _groups._hash_factorizer() is not None  # numba is a core dependency
+    for labels in _integer_batches(np.random.default_rng(n_rows), n_rows):
+        hashed = factorize(labels, n_rows)
+        sorted_ = _groups._factorize_sortable(labels, _groups._runs(labels))
+        assert hashed.n_groups == sorted_.n_groups
+        np.testing.assert_array_equal(hashed.ids, sorted_.ids)
+        np.testing.assert_array_equal(hashed.labels, sorted_.labels)
+        assert hashed.labels.dtype == labels.dtype
+        check(labels.tolist(), hashed)
+
+
+def test_integer_hash_table_memory_follows_the_rows_not_the_values():
+    n_rows = 4 * _groups.MIN_LABELS_TO_HASH
+    labels = np.random.default_rng(1).integers(-(2**63), 2**63 - 1, n_rows)
+    factorize(labels, n_rows)  # compiled before measuring
+    tracemalloc.start()
+    try:
+        factorize(labels, n_rows)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * n_rows
