@@ -315,8 +315,9 @@ def gather(tensor):
 def grpo_trainer_advantages(self, rewards_per_func, num_generations, device):
     """GRPOTrainer._generate_and_score_completions's advantage block (the
     ``multi_objective_aggregation`` if-statement, with the ``scale_rewards`` options), verbatim;
-    ``self`` carries multi_objective_aggregation, reward_weights and scale_rewards as the trainer
-    does. Returns what the block leaves for the rest of the method."""
+    ``self`` carries multi_objective_aggregation, reward_weights, scale_rewards and reward_funcs
+    (of which it reads the number) as the trainer does. Returns what the block leaves for the rest
+    of the method."""
     if self.multi_objective_aggregation == "sum_then_normalize":
         # Apply weights to each reward function's output and sum
         rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
