@@ -59,7 +59,26 @@ import torch
 
 
 class AlgoConfig:
-    """Stand-in for verl.trainer.config.AlgoConfig (only isinstance checks use it)."""
+    """Stand-in for verl.trainer.config.AlgoConfig: the fields the advantage estimators read,
+    with verl's defaults, and its dict-like ``get`` (the policy losses' isinstance checks use the
+    class too)."""
+
+    def __init__(
+        self,
+        gamma=1.0,
+        lam=1.0,
+        norm_adv_by_std_in_grpo=True,
+        gdpo_reward_keys=None,
+        gdpo_reward_weights=None,
+    ):
+        self.gamma = gamma
+        self.lam = lam
+        self.norm_adv_by_std_in_grpo = norm_adv_by_std_in_grpo
+        self.gdpo_reward_keys = gdpo_reward_keys
+        self.gdpo_reward_weights = gdpo_reward_weights
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
 
 
 class ActorConfig:
