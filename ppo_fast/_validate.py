@@ -641,12 +641,14 @@ def row_counts(name: str, value: Any, n_rows: int) -> np.ndarray:
 def row_layout(
     n_rows: int,
     *,
+    data: str = "scores",
     mask: Any = None,
     lengths: Any = None,
     cu_seqlens: Any = None,
     padded_length: Any = None,
 ) -> Rows | None:
-    """The token layout that a per-row result of ``n_rows`` rows is broadcast onto, or None.
+    """The token layout that a per-row result of ``n_rows`` rows (the rows of the argument named
+    ``data``) is broadcast onto, or None.
 
     There are no token arrays to take the shape from: a ``mask`` gives (B, T), ``lengths`` give
     (B, ``padded_length``) and ``cu_seqlens`` give (cu_seqlens[-1],). ``rows`` checks the rest.
@@ -680,15 +682,15 @@ def row_layout(
         cu = _index_array(cu_seqlens, "cu_seqlens")
         if cu.shape[0] != n_rows + 1:
             raise ValueError(
-                f"cu_seqlens must have B+1 = {n_rows + 1} entries, one more than the rows, "
-                f"got {cu.shape[0]}"
+                f"cu_seqlens must have B+1 = {n_rows + 1} entries, one more than the {n_rows} "
+                f"rows of {data}, got {cu.shape[0]}"
             )
         shape = (int(cu[-1]),)
     else:
         shape = _as_array("mask", mask).shape
         if len(shape) != 2 or shape[0] != n_rows:
             raise ValueError(
-                f"mask must be 2-D (B, T) with B = {n_rows} rows, one per row of the scores, "
-                f"got shape {shape}"
+                f"mask must be 2-D (B, T) with B = {n_rows}, one row per row of {data}, got "
+                f"shape {shape}"
             )
     return rows(shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)

@@ -960,6 +960,7 @@ def broadcast_to_tokens(
     values = _validate.row_data("per_row", per_row)
     layout = _validate.row_layout(
         values.shape[0],
+        data="per_row",
         mask=mask,
         lengths=lengths,
         cu_seqlens=cu_seqlens,

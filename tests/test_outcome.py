@@ -1129,7 +1129,7 @@ def test_trl_formulas(seed):
         (
             lambda: ppo_fast.grpo([1.0, 2.0], [0, 0], mask=np.ones((3, 2))),
             ValueError,
-            r"mask must be 2-D \(B, T\) with B = 2 rows",
+            r"mask must be 2-D \(B, T\) with B = 2, one row per row of scores",
         ),
         (
             lambda: ppo_fast.grpo([1.0, 2.0], [0, 0], mask=np.ones(2)),
@@ -1169,7 +1169,7 @@ def test_trl_formulas(seed):
         (
             lambda: ppo_fast.grpo([1.0, 2.0], [0, 0], cu_seqlens=[0, 3]),
             ValueError,
-            r"cu_seqlens must have B\+1 = 3 entries",
+            r"cu_seqlens must have B\+1 = 3 entries, one more than the 2 rows of scores",
         ),
         (
             lambda: ppo_fast.grpo([1.0, 2.0], [0, 0], cu_seqlens=[0, 3, 2]),
