@@ -838,7 +838,8 @@ def gdpo(
     with every option of ``grpo`` applied to each key. With nan="omit" a row's NaN keys are left
     out of its sum (TRL's nansum) and a row whose every key is NaN gets NaN. verl whitens with
     unbiased=True and whiten_eps=1e-8. TRL's multi_objective_aggregation="normalize_then_sum" is
-    ``gdpo(..., eps=1e-4, nan="omit", whiten=False)`` followed by its batch scaling
+    ``gdpo(..., eps=1e-4, nan="omit", singleton="zero", whiten=False)`` (a key left with one
+    score in a group is NaN there, which its nansum drops) followed by its batch scaling
     (a - mean) / (std + 1e-4), which divides by std + eps rather than sqrt(var + eps).
 
     Parameters

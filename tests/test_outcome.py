@@ -1038,10 +1038,11 @@ def test_trl_formulas(seed):
     grouped = rewards.view(-1, n)
     baselines = ((grouped.sum(dim=1, keepdim=True) - grouped) / (n - 1)).view(-1)
     assert_like_peer(ppo_fast.rloo(scores, labels), rewards - baselines)
-    # normalize_then_sum: nanmean and nanstd per key and group, a weighted nansum.
+    # normalize_then_sum: nanmean and nanstd per key and group, a weighted nansum. Group 0 keeps
+    # one score of key 0: nanstd makes it NaN and nansum drops it, as singleton="zero" does.
     rng = np.random.default_rng(seed)
     keys = rng.choice([0.0, 1.0, 0.5], (len(scores), 2))
-    keys[[1, 6], 0] = np.nan
+    keys[[1, 2, 3, 6], 0] = np.nan
     keys[9, 1] = np.nan
     grouped = torch.from_numpy(keys).view(-1, n, 2)
     mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
@@ -1049,7 +1050,9 @@ def test_trl_formulas(seed):
     reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, 2)
     weights = torch.tensor([1.0, 0.5], dtype=torch.float64)
     summed = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
-    ours = ppo_fast.gdpo(keys, labels, weights=[1.0, 0.5], eps=1e-4, nan="omit", whiten=False)
+    ours = ppo_fast.gdpo(
+        keys, labels, weights=[1.0, 0.5], eps=1e-4, nan="omit", singleton="zero", whiten=False
+    )
     assert_like_peer(ours, summed)
 
 
