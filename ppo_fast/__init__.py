@@ -9,6 +9,16 @@ from ._threads import get_num_threads, set_num_threads
 from ._warmup import warmup
 from .gae import GAEResult, gae
 from .loss import PolicyLossResult, ValueLossResult, clipped_surrogate, value_loss
+from .outcome import (
+    broadcast_to_tokens,
+    gdpo,
+    gpg,
+    grpo,
+    opo,
+    pass_at_k,
+    reinforce_plus_plus_baseline,
+    rloo,
+)
 from .rewards import kl_penalty, shape_rewards
 from .whiten import Moments, masked_moments, whiten
 
@@ -21,12 +31,20 @@ __all__ = [
     "PolicyLossResult",
     "ValueLossResult",
     "available_backends",
+    "broadcast_to_tokens",
     "clipped_surrogate",
     "gae",
+    "gdpo",
     "get_backend",
     "get_num_threads",
+    "gpg",
+    "grpo",
     "kl_penalty",
     "masked_moments",
+    "opo",
+    "pass_at_k",
+    "reinforce_plus_plus_baseline",
+    "rloo",
     "set_backend",
     "set_num_threads",
     "shape_rewards",

@@ -14,7 +14,9 @@ of those, the first ``lengths[b]`` may be valid, and where a mask is given only 
     none (2-D)        starts = b*T, spans = lengths = T
 
 Rows may also carry groups (``_groups.with_groups``): the group of each row, for the estimators
-that reduce per group.
+that reduce per group. The outcome estimators take per-row data (``row_data``: one score per row)
+and broadcast their results onto a layout that comes without token arrays (``row_layout``: its
+shape is read from the mask, from lengths and ``padded_length``, or from cu_seqlens).
 
 Scalars follow one rule (``scalar``): a real number is a Python int or float, a NumPy integer or
 floating scalar, or a 0-d real array (a 0-d tensor in ``ppo_fast.torch``); bool, str, bytes,
@@ -30,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import operator
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -381,14 +384,7 @@ def batch(
     return checked, rows(checked[0].shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
 
 
-def rows(
-    shape: tuple[int, ...],
-    *,
-    mask: Any = None,
-    lengths: Any = None,
-    cu_seqlens: Any = None,
-) -> Rows:
-    """Describe the batch of `shape` given at most one of mask / lengths / cu_seqlens."""
+def _at_most_one_layout(mask: Any, lengths: Any, cu_seqlens: Any) -> None:
     given = [
         n
         for n, v in (("mask", mask), ("lengths", lengths), ("cu_seqlens", cu_seqlens))
@@ -399,6 +395,17 @@ def rows(
             f"pass at most one of mask, lengths and cu_seqlens, got {' and '.join(given)}: "
             "they are three ways of saying which positions are valid"
         )
+
+
+def rows(
+    shape: tuple[int, ...],
+    *,
+    mask: Any = None,
+    lengths: Any = None,
+    cu_seqlens: Any = None,
+) -> Rows:
+    """Describe the batch of `shape` given at most one of mask / lengths / cu_seqlens."""
+    _at_most_one_layout(mask, lengths, cu_seqlens)
     if cu_seqlens is not None:
         if len(shape) != 1:
             raise ValueError(
@@ -596,3 +603,94 @@ def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in options:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
     return value
+
+
+def row_data(name: str, value: Any, ndim: int = 1) -> np.ndarray:
+    """Per-row data (the scores of the outcome estimators): a (B,) array, or (B, K) with
+    ``ndim=2``, of real numbers. float32 and float64 keep their dtype; bool and integers are read
+    as float64. NaN and inf are data: they propagate. Returns a C-contiguous array."""
+    array = _as_array(name, value)
+    kind = array.dtype.kind
+    if kind in "biu":
+        array = array.astype(np.float64)
+    elif array.dtype not in FLOAT_DTYPES or not array.dtype.isnative:
+        hint = _float_hint(name, array.dtype)
+        raise TypeError(
+            f"{name} must hold real numbers (float32, float64, integers or bool), got dtype "
+            f"{array.dtype}: {hint}"
+        )
+    if array.ndim != ndim:
+        what = "(B,), one value per row" if ndim == 1 else "(B, K), one column per reward key"
+        raise ValueError(f"{name} must be {ndim}-D {what}, got shape {array.shape}")
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def row_counts(name: str, value: Any, n_rows: int) -> np.ndarray:
+    """A (B,) array of non-negative integers (the valid tokens of each row), as int64."""
+    counts = _index_array(value, name)
+    if counts.shape != (n_rows,):
+        raise ValueError(
+            f"{name} must have shape ({n_rows},), one count per row, got shape {counts.shape}"
+        )
+    if np.any(counts < 0):
+        b = int(np.argmax(counts < 0))
+        raise ValueError(f"{name}[{b}]={counts[b]} is negative: counts are >= 0")
+    return counts
+
+
+def row_layout(
+    n_rows: int,
+    *,
+    data: str = "scores",
+    mask: Any = None,
+    lengths: Any = None,
+    cu_seqlens: Any = None,
+    padded_length: Any = None,
+) -> Rows | None:
+    """The token layout that a per-row result of ``n_rows`` rows (the rows of the argument named
+    ``data``) is broadcast onto, or None.
+
+    There are no token arrays to take the shape from: a ``mask`` gives (B, T), ``lengths`` give
+    (B, ``padded_length``) and ``cu_seqlens`` give (cu_seqlens[-1],). ``rows`` checks the rest.
+    """
+    if padded_length is not None and lengths is None:
+        raise ValueError(
+            "padded_length is the width T of the (B, T) result of lengths=: pass it with "
+            "lengths only (a mask gives T itself, cu_seqlens give packed (N,) results)"
+        )
+    _at_most_one_layout(mask, lengths, cu_seqlens)
+    if mask is None and lengths is None and cu_seqlens is None:
+        return None
+    if lengths is not None:
+        if padded_length is None:
+            raise ValueError(
+                "lengths needs padded_length=T, the width of the (B, T) result: pass both"
+            )
+        try:
+            width = operator.index(padded_length)
+        except TypeError:
+            width = None
+        if width is None or isinstance(padded_length, bool | np.bool_):
+            raise TypeError(
+                f"padded_length must be an int, the width T of the result, got "
+                f"{_describe(padded_length)}"
+            )
+        if width < 0:
+            raise ValueError(f"padded_length must be >= 0, got {width}")
+        shape: tuple[int, ...] = (n_rows, width)
+    elif cu_seqlens is not None:
+        cu = _index_array(cu_seqlens, "cu_seqlens")
+        if cu.shape[0] != n_rows + 1:
+            raise ValueError(
+                f"cu_seqlens must have B+1 = {n_rows + 1} entries, one more than the {n_rows} "
+                f"rows of {data}, got {cu.shape[0]}"
+            )
+        shape = (int(cu[-1]),)
+    else:
+        shape = _as_array("mask", mask).shape
+        if len(shape) != 2 or shape[0] != n_rows:
+            raise ValueError(
+                f"mask must be 2-D (B, T) with B = {n_rows}, one row per row of {data}, got "
+                f"shape {shape}"
+            )
+    return rows(shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)

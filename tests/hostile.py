@@ -14,7 +14,11 @@ description, the argument it attacks and a mutation of the call's keyword argume
   values other than 0/1, all-zero, wrong shape, wrong dtype;
 - lengths and cu_seqlens: out of range, non-monotone, wrong dtype, uint64 above 2**63;
 - values: NaN, inf and huge numbers at valid positions and at masked ones;
-- hyperparameters: NaN, inf, bool, str, bytes, complex, None, huge and negative numbers, arrays.
+- hyperparameters: NaN, inf, bool, str, bytes, complex, None, huge and negative numbers, arrays;
+- group labels (the outcome estimators): too few or too many, 2-D, None, NaN, non-integral floats,
+  bool, unhashable, complex, a single string, a factorised ``Groups`` of another batch, and the
+  legal ones a caller may send (mixed types, UUIDs, 10**12 and -1, beyond 64 bits, all alone);
+- options that are not numbers (strings, flags, ddof): unknown strings, None, numbers, bytes.
 
 What a case must give (``check``): exactly one of the oracle's result (the same call on
 backend="python", NaN and inf pattern included; for a case that only changes the memory layout or
@@ -30,6 +34,7 @@ from __future__ import annotations
 import copy
 import math
 import traceback
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +42,7 @@ from typing import Any
 import numpy as np
 
 import ppo_fast
+from ppo_fast._groups import Groups
 
 B, T = 3, 5
 # Row 0 full, row 1 with a hole, row 2 ends early: the masked positions hold junk.
@@ -64,6 +70,9 @@ class Target:
     torch: bool = False  # tensors in: the NumPy arrays of a case are sent as tensors
     aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # other names in errors
     peer_errors: tuple[type[BaseException], ...] = ()
+    padded_length: bool = False  # lengths= comes with padded_length=T (no token array gives T)
+    groups: bool = False  # takes one group label per row (groups=)
+    options: tuple[str, ...] = ()  # options that are not numbers (strings, flags, ddof)
 
     def names(self, argument: str) -> tuple[str, ...]:
         """What an error about ``argument`` may call it: its name, its name in ppo_fast, and for
@@ -215,7 +224,8 @@ def _mask_cases(target: Target) -> Iterator[Case]:
 def _layout_cases(target: Target) -> Iterator[Case]:
     def with_lengths(lengths: Any) -> Callable[[dict], dict]:
         def mutate(kwargs: dict) -> dict:
-            return {**kwargs, "mask": None, "lengths": copy.deepcopy(lengths)}
+            width = {"padded_length": T} if target.padded_length else {}
+            return {**kwargs, "mask": None, "lengths": copy.deepcopy(lengths), **width}
 
         return mutate
 
@@ -313,6 +323,56 @@ def _per_row_cases(target: Target) -> Iterator[Case]:
             yield Case(f"{name}-{description}", name, _set(name, value))
 
 
+def _objects(labels: list[Any]) -> np.ndarray:
+    """An object array of the labels; np.array would read an array among them as a column."""
+    array = np.empty(len(labels), dtype=object)
+    for b, label in enumerate(labels):
+        array[b] = label
+    return array
+
+
+def _group_cases(target: Target) -> Iterator[Case]:
+    u, v = uuid.UUID(int=1), uuid.UUID(int=2)
+    for description, labels in (
+        ("mixed-types", [1, "q", 1]),
+        ("uuids", [u, v, u]),
+        ("huge-and-negative", [10**12, -1, 10**12]),
+        ("beyond-64-bits", [2**70, 5, 2**70]),
+        ("uint64-max", np.array([2**64 - 1, 0, 2**64 - 1], np.uint64)),
+        ("integral-floats", np.array([1.0, 2.0, 1.0])),
+        ("all-alone", [0, 1, 2]),
+        ("factorised", ppo_fast._groups.factorize(["p", "q", "p"], B)),
+        ("factorised-other-batch", ppo_fast._groups.factorize(["p", "q"], 2)),
+        ("short", ["p", "q"]),
+        ("long", ["p", "q", "p", "q"]),
+        ("2-D", np.array([["p"], ["q"], ["p"]])),
+        ("None-label", ["p", None, "p"]),
+        ("nan-label", [0.0, math.nan, 0.0]),
+        ("non-integral", np.array([0.5, 1.0, 0.5])),
+        ("bool", np.array([True, False, True])),
+        ("unhashable", ["p", ["q"], "p"]),
+        ("array-label", _objects(["p", np.zeros(2), "p"])),
+        ("complex", np.array([1 + 0j, 2, 1])),
+        ("string", "pqp"),
+        ("scalar", 7),
+        ("none", None),
+    ):
+        yield Case(f"groups-{description}", "groups", _set("groups", labels))
+
+
+def _option_cases(target: Target) -> Iterator[Case]:
+    for name in target.options:
+        for description, value in (
+            ("unknown", "bogus"),
+            ("None", None),
+            ("int", 1),
+            ("float", 0.5),
+            ("bytes", b"raw"),
+            ("list", ["raw"]),
+        ):
+            yield Case(f"{name}={description}", name, _set(name, value))
+
+
 def cases(target: Target) -> list[Case]:
     """Every hostile case of ``target``."""
     out: list[Case] = []
@@ -324,6 +384,9 @@ def cases(target: Target) -> list[Case]:
         out.extend(_layout_cases(target))
     out.extend(_scalar_cases(target))
     out.extend(_per_row_cases(target))
+    if target.groups:
+        out.extend(_group_cases(target))
+    out.extend(_option_cases(target))
     return [
         c
         for c in out
@@ -361,6 +424,8 @@ def snapshot(value: Any) -> Any:
 
 
 def unchanged(before: Any, after: Any) -> bool:
+    if isinstance(after, Groups):  # compared by identity: compare what it holds
+        return unchanged(before.ids, after.ids) and unchanged(before.labels, after.labels)
     if hasattr(after, "device") and hasattr(after, "clone"):
         if after.device.type == "meta":
             return True
@@ -834,7 +899,114 @@ def _compat_targets() -> list[Target]:
     ]
 
 
+def _outcome_targets() -> list[Target]:
+    """The outcome estimators: per-row scores, group labels, a layout to broadcast onto."""
+
+    def rows(rng, **options):
+        return {
+            "scores": rng.normal(size=B),
+            "groups": ["p", "q", "p"],  # q is a group of one
+            "mask": MASK.copy(),
+            **options,
+        }
+
+    def keys(rng):
+        return {**rows(rng), "scores": rng.normal(size=(B, 3)), "weights": np.array([1, 0.5, 2])}
+
+    def per_row(rng):
+        return {"per_row": rng.normal(size=B), "mask": MASK.copy()}
+
+    def token_counts(rng):
+        return {"scores": rng.normal(size=B), "groups": [4, 4, 9], "token_counts": LENGTHS.copy()}
+
+    layout = {"mask": "mask", "layouts": True, "padded_length": True}
+    grouped = {**layout, "groups": True}
+    singleton_nan = ("singleton", "nan")
+    grpo_options = ("std", "eps_in_sqrt", "ddof", *singleton_nan)
+    whitening = ("whiten", "unbiased")
+    return [
+        Target(
+            "grpo",
+            ppo_fast.grpo,
+            rows,
+            (),
+            scalars={"eps": 1e-6},
+            per_row=("scores",),
+            options=grpo_options,
+            **grouped,
+        ),
+        Target(
+            "rloo", ppo_fast.rloo, rows, (), per_row=("scores",), options=singleton_nan, **grouped
+        ),
+        Target(
+            "opo", ppo_fast.opo, rows, (), per_row=("scores",), options=singleton_nan, **grouped
+        ),
+        Target(
+            "opo[token_counts]",
+            ppo_fast.opo,
+            token_counts,
+            (),
+            per_row=("scores", "token_counts"),
+            groups=True,
+        ),
+        Target(
+            "gpg",
+            ppo_fast.gpg,
+            rows,
+            (),
+            scalars={"alpha": 2.0, "f_norm": 0.5},
+            per_row=("scores",),
+            options=singleton_nan,
+            **grouped,
+        ),
+        Target(
+            "pass_at_k",
+            ppo_fast.pass_at_k,
+            lambda rng: rows(rng, singleton="raw"),
+            (),
+            scalars={"eps": 1e-6},
+            per_row=("scores",),
+            options=("normalize", "ddof", *singleton_nan),
+            **grouped,
+        ),
+        Target(
+            "reinforce_plus_plus_baseline",
+            ppo_fast.reinforce_plus_plus_baseline,
+            rows,
+            (),
+            scalars={"whiten_eps": 1e-8},
+            per_row=("scores",),
+            options=(*whitening, *singleton_nan),
+            **grouped,
+        ),
+        Target(
+            "gdpo",
+            ppo_fast.gdpo,
+            keys,
+            (),
+            scalars={"eps": 1e-6, "whiten_eps": 1e-8},
+            per_row=("scores", "weights"),
+            options=(*whitening, *grpo_options),
+            **grouped,
+        ),
+        Target(
+            "broadcast_to_tokens",
+            ppo_fast.broadcast_to_tokens,
+            per_row,
+            (),
+            per_row=("per_row",),
+            **layout,
+        ),
+    ]
+
+
 def targets() -> list[Target]:
-    """Every target: the NumPy API, ppo_fast.torch and the compat modules' main functions."""
+    """Every target: the NumPy API, ppo_fast.torch, the compat modules' main functions and the
+    outcome estimators."""
     numpy_targets = _numpy_targets()
-    return [*numpy_targets, *_torch_targets(numpy_targets), *_compat_targets()]
+    return [
+        *numpy_targets,
+        *_torch_targets(numpy_targets),
+        *_compat_targets(),
+        *_outcome_targets(),
+    ]
