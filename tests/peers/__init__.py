@@ -34,6 +34,8 @@ class Peer:
     label: str
     api: Any  # the functions, as attributes
     make_config: Callable[..., Any] | None = None
+    # verl's AlgoConfig (the estimators' config): gamma, norm_adv_by_std_in_grpo, gdpo_*.
+    make_algo_config: Callable[..., Any] | None = None
 
 
 def _installed(distribution: str) -> str | None:
@@ -43,12 +45,21 @@ def _installed(distribution: str) -> str | None:
         return None
 
 
+_VERL_ESTIMATORS = (
+    "compute_grpo_outcome_advantage compute_grpo_vectorized_outcome_advantage "
+    "compute_gdpo_outcome_advantage compute_grpo_passk_outcome_advantage "
+    "compute_reinforce_plus_plus_baseline_outcome_advantage compute_rloo_outcome_advantage "
+    "compute_opo_outcome_advantage compute_reinforce_plus_plus_outcome_advantage "
+    "compute_remax_outcome_advantage compute_gpg_outcome_advantage "
+    "compute_rloo_vectorized_outcome_advantage compute_optimal_token_baseline_advantage "
+    "compute_multi_turn_optimal_token_baseline_advantage"
+).split()
 _VERL_NAMES = (
     "masked_sum masked_mean masked_var masked_whiten clip_by_value AdaptiveKLController "
     "FixedKLController get_kl_controller compute_gae_advantage_return compute_rewards agg_loss "
     "compute_policy_loss compute_policy_loss_vanilla compute_value_loss kl_penalty "
     "kl_penalty_forward"
-).split()
+).split() + _VERL_ESTIMATORS
 
 
 def _real_verl() -> Peer | str:
@@ -58,6 +69,7 @@ def _real_verl() -> Peer | str:
     try:
         import verl.trainer.ppo.core_algos as core_algos
         import verl.utils.torch_functional as verl_F
+        from verl.trainer.config import AlgoConfig
         from verl.workers.config import ActorConfig
     except ImportError as error:
         return f"verl 0.9.1 does not import ({error})"
@@ -69,15 +81,24 @@ def _real_verl() -> Peer | str:
     api = types.SimpleNamespace(
         **{n: getattr(verl_F if hasattr(verl_F, n) else core_algos, n) for n in _VERL_NAMES}
     )
-    return Peer("verl-0.9.1-real", api, make_config)
+    return Peer("verl-0.9.1-real", api, make_config, AlgoConfig)
+
+
+def _verl_copy() -> Peer:
+    api = types.SimpleNamespace(**{n: getattr(verl_0_9_1, n) for n in _VERL_NAMES})
+    return Peer("verl-0.9.1-copy", api, verl_0_9_1.ActorConfig, verl_0_9_1.AlgoConfig)
 
 
 def verl() -> Peer:
     real = _real_verl()
-    if isinstance(real, Peer):
-        return real
-    api = types.SimpleNamespace(**{n: getattr(verl_0_9_1, n) for n in _VERL_NAMES})
-    return Peer("verl-0.9.1-copy", api, verl_0_9_1.ActorConfig)
+    return real if isinstance(real, Peer) else _verl_copy()
+
+
+def verl_real_and_copy() -> list[Peer]:
+    """verl itself where 0.9.1 imports, and always the verbatim copy: the estimators' parity
+    tests hold ppo_fast.compat.verl to both."""
+    real = _real_verl()
+    return [real, _verl_copy()] if isinstance(real, Peer) else [_verl_copy()]
 
 
 def openrlhf() -> Peer:
