@@ -25,6 +25,7 @@ def outcome_rows(
     """``estimator(scores, groups, **options)`` (a ``ppo_fast.outcome`` function) on the (B,)
     tensor ``scores``: the (B,) advantages as a tensor like ``scores`` (a CPU tensor's memory is
     shared both ways, no copy). Errors about the scores name ``name``, the peer's argument they
-    come from."""
+    come from; integer and bool scores are refused (the advantages would be cast back to them)."""
+    ppo_torch._main_tensor(name, scores)
     advantages = estimator(ppo_torch.to_numpy(scores, name), groups, **options)
     return ppo_torch.from_numpy(advantages, scores)
