@@ -71,7 +71,8 @@ class Target:
     aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # other names in errors
     peer_errors: tuple[type[BaseException], ...] = ()
     padded_length: bool = False  # lengths= comes with padded_length=T (no token array gives T)
-    groups: bool = False  # takes one group label per row (groups=)
+    groups: bool = False  # takes one group label per row (groups=, or ``group_argument``)
+    group_argument: str = "groups"  # its name: the compat functions take verl's ``index``
     options: tuple[str, ...] = ()  # options that are not numbers (strings, flags, ddof)
 
     def names(self, argument: str) -> tuple[str, ...]:
@@ -357,7 +358,8 @@ def _group_cases(target: Target) -> Iterator[Case]:
         ("scalar", 7),
         ("none", None),
     ):
-        yield Case(f"groups-{description}", "groups", _set("groups", labels))
+        argument = target.group_argument
+        yield Case(f"{argument}-{description}", argument, _set(argument, labels))
 
 
 def _option_cases(target: Target) -> Iterator[Case]:
@@ -1000,13 +1002,100 @@ def _outcome_targets() -> list[Target]:
     ]
 
 
+def _compat_estimator_targets() -> list[Target]:
+    """The compat modules' advantage estimators: verl's (token-level rewards summed into one
+    score per row, grouped by an ``index`` of uids), TRL's GRPO and RLOO blocks."""
+    from ppo_fast.compat import trl, verl
+
+    peer = (RuntimeError, AssertionError, AttributeError, IndexError, OverflowError)
+
+    def verl_rows(rng):
+        return {
+            **_tokens(rng, "token_level_rewards", junk=False),
+            "response_mask": MASK.astype(np.int64),
+            "index": _objects(["p", "q", "p"]),  # q is a group of one
+            "epsilon": 1e-6,
+        }
+
+    def trl_rows(rng):
+        return {
+            **_tokens(rng, "rewards_per_func", junk=False),  # five reward functions
+            "num_generations": 3,
+            "scale_rewards": "group",
+            "multi_objective_aggregation": "sum_then_normalize",
+        }
+
+    def trl_rloo(rng):
+        return {
+            **_tokens(rng, "rewards_per_func", junk=False),
+            **_tokens(rng, "old_per_token_logps", "ref_per_token_logps", logp=True),
+            "completion_mask": MASK.astype(np.int64),
+            "num_generations": 3,
+            "beta": 0.05,
+        }
+
+    verl_options = {
+        "mask": "response_mask",
+        "groups": True,
+        "group_argument": "index",
+        "scalars": {"epsilon": 1e-6},
+        "aliases": {"epsilon": ("eps",), "response_mask": ("mask",)},
+        "torch": True,
+        "peer_errors": peer,
+    }
+    return [
+        Target(
+            "verl.compute_grpo_outcome_advantage",
+            verl.compute_grpo_outcome_advantage,
+            verl_rows,
+            ("token_level_rewards",),
+            **verl_options,
+        ),
+        Target(
+            "verl.compute_grpo_vectorized_outcome_advantage",
+            verl.compute_grpo_vectorized_outcome_advantage,
+            verl_rows,
+            ("token_level_rewards",),
+            **verl_options,
+        ),
+        Target(
+            "verl.compute_rloo_vectorized_outcome_advantage",
+            verl.compute_rloo_vectorized_outcome_advantage,
+            verl_rows,
+            ("token_level_rewards",),
+            **verl_options,
+        ),
+        Target(
+            "trl.grpo_advantages",
+            trl.grpo_advantages,
+            trl_rows,
+            ("rewards_per_func",),
+            scalars={"num_generations": 3},
+            options=("scale_rewards", "multi_objective_aggregation"),
+            torch=True,
+            peer_errors=peer,
+        ),
+        Target(
+            "trl.rloo_advantages",
+            trl.rloo_advantages,
+            trl_rloo,
+            ("rewards_per_func", "old_per_token_logps", "ref_per_token_logps"),
+            "completion_mask",
+            scalars={"num_generations": 3, "beta": 0.05},
+            torch=True,
+            peer_errors=peer,
+        ),
+    ]
+
+
 def targets() -> list[Target]:
-    """Every target: the NumPy API, ppo_fast.torch, the compat modules' main functions and the
-    outcome estimators."""
+    """Every target: the NumPy API, ppo_fast.torch, the compat modules' main functions and
+    advantage estimators, and the outcome estimators."""
     numpy_targets = _numpy_targets()
     return [
         *numpy_targets,
         *_torch_targets(numpy_targets),
         *_compat_targets(),
+        *_compat_estimator_targets(),
         *_outcome_targets(),
     ]

@@ -300,3 +300,17 @@ def test_gpg_scales_by_verls_float32_alpha():
     index = np.array([0, 0, 0, 1, 1, 1])
     advantages = compat.compute_gpg_outcome_advantage(rewards, mask, index, alpha=3.0)[0]
     assert advantages[0, 0].item() == float(np.float32(6 / 5)) * (1.0 - 2.0)
+
+
+def test_bad_inputs_get_errors_that_name_them():
+    b = group_batch("adjacent", "right-padded", torch.float64)
+    with pytest.raises(TypeError, match=r"token_level_rewards must be a floating-point tensor"):
+        compat.compute_rloo_outcome_advantage(b.rewards.long(), b.mask, b.index)
+    with pytest.raises(ValueError, match=r"index \(the rows' group uids\): .* shape \(12,\)"):
+        compat.compute_grpo_outcome_advantage(b.rewards, b.mask, b.index[:-1])
+    floats = b.groups.astype(np.float64) + 0.5
+    floats[3] = np.nan
+    with pytest.raises(ValueError, match="index holds NaN or inf"):
+        compat.compute_grpo_vectorized_outcome_advantage(b.rewards, b.mask, floats)
+    with pytest.raises(ValueError, match=r"index \(the rows' group uids\): groups\[3\] is NaN"):
+        compat.compute_rloo_vectorized_outcome_advantage(b.rewards, b.mask, floats)

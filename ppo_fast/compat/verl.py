@@ -436,6 +436,12 @@ def _as_torch_index_groups(index: Any, n_rows: int) -> Groups:
     labels = _verl._to_1d_numpy_object_array(index)
     if labels.dtype.kind in "iu":
         return _factorize_index(labels, n_rows)
+    if labels.dtype.kind == "f" and not np.all(np.isfinite(labels)):
+        # as_torch_index casts NaN and inf to the integer -2**63, which verl's group_mean_std
+        # then uses as a memory index (an IndexError).
+        raise ValueError(
+            "index holds NaN or inf: every row needs a group uid; pass integer or string uids"
+        )
     if labels.dtype.kind in "fb":
         return _factorize_index(_verl.as_torch_index(labels, device="cpu").numpy(), n_rows)
     try:
