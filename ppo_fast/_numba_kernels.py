@@ -286,6 +286,51 @@ def gae(
                 returns[i] = 0.0
 
 
+def discounted_returns(rewards, starts, spans, lengths, mask, gammas, bootstrap, returns):
+    """Twin: src/rows_returns.h ppo_discounted_returns_row. The running return is float64
+    whatever the input dtype."""
+    has_mask = mask.shape[0] > 0
+    for b in prange(starts.shape[0]):
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        valid_end = min(np.uint64(lengths[b]), span)
+        gamma = gammas[b]
+        running = bootstrap[b]
+        for i in range(start + valid_end, start + span):
+            returns[i] = 0.0
+        for k in range(valid_end):
+            i = start + valid_end - _U1 - k
+            if not has_mask or mask[i] != 0:
+                running = fma(gamma, running, np.float64(rewards[i]))
+                returns[i] = running
+            else:
+                returns[i] = 0.0
+
+
+def remax(rewards, starts, spans, lengths, mask, gammas, bootstrap, baselines, advantages, returns):
+    """Twin: src/rows_returns.h ppo_remax_row: discounted_returns' loop, and the advantages."""
+    has_mask = mask.shape[0] > 0
+    for b in prange(starts.shape[0]):
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        valid_end = min(np.uint64(lengths[b]), span)
+        gamma = gammas[b]
+        baseline = baselines[b]
+        running = bootstrap[b]
+        for i in range(start + valid_end, start + span):
+            advantages[i] = 0.0
+            returns[i] = 0.0
+        for k in range(valid_end):
+            i = start + valid_end - _U1 - k
+            if not has_mask or mask[i] != 0:
+                running = fma(gamma, running, np.float64(rewards[i]))
+                advantages[i] = running - baseline
+                returns[i] = running
+            else:
+                advantages[i] = 0.0
+                returns[i] = 0.0
+
+
 def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
     """Twin: src/rows_moments.h ppo_moments_row. Branch-free, so that the `reassoc` build
     vectorizes the sums (a serial float64 sum is bound by the latency of its additions)."""
@@ -621,6 +666,8 @@ class _Specialised:
 kl_penalty = _Specialised(_kl_penalty_rows, KERNELS["kl_penalty"])
 shape_rewards = _Specialised(_shape_rewards_rows, KERNELS["shape_rewards"])
 gae = _Kernel(gae)
+discounted_returns = _Kernel(discounted_returns)
+remax = _Kernel(remax)
 moments = _Kernel(moments, fastmath={"reassoc"})
 whiten = _Kernel(whiten)
 clipped_surrogate = _Kernel(clipped_surrogate, fastmath={"reassoc"})

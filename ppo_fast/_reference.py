@@ -133,6 +133,51 @@ def gae(
                 returns[i] = 0.0
 
 
+def discounted_returns(
+    rewards, starts, spans, lengths, mask, gammas, bootstrap, returns, n_threads
+):
+    """G_k = r_k + gamma * G_{k+1} over a row's valid positions, G_{n+1} = bootstrap[b]."""
+    for b in range(starts.shape[0]):
+        gamma = float(gammas[b])
+        running = float(bootstrap[b])
+        for t in range(spans[b] - 1, -1, -1):
+            i = starts[b] + t
+            if _valid(mask, i, t, lengths[b]):
+                running = float(rewards[i]) + gamma * running
+                returns[i] = running
+            else:
+                returns[i] = 0.0
+
+
+def remax(
+    rewards,
+    starts,
+    spans,
+    lengths,
+    mask,
+    gammas,
+    bootstrap,
+    baselines,
+    advantages,
+    returns,
+    n_threads,
+):
+    """The returns of ``discounted_returns``, and advantages = returns - baselines[b]."""
+    for b in range(starts.shape[0]):
+        gamma = float(gammas[b])
+        baseline = float(baselines[b])
+        running = float(bootstrap[b])
+        for t in range(spans[b] - 1, -1, -1):
+            i = starts[b] + t
+            if _valid(mask, i, t, lengths[b]):
+                running = float(rewards[i]) + gamma * running
+                advantages[i] = running - baseline
+                returns[i] = running
+            else:
+                advantages[i] = 0.0
+                returns[i] = 0.0
+
+
 def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq, n_threads):
     for b in range(starts.shape[0]):
         count = total = total_sq = 0.0

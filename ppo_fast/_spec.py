@@ -116,6 +116,8 @@ class Kernel:
 
 _CLAMPS = (math.inf, 10.0, 0.3)
 _LOG_RATIOS = Array("logprobs"), Array("ref_logprobs")
+_GAMMAS = Array("gammas", FLOAT64, low=0.0, high=1.0)
+_BOOTSTRAP = Array("bootstrap", FLOAT64)
 
 KERNELS: dict[str, Kernel] = {
     kernel.name: kernel
@@ -149,11 +151,21 @@ KERNELS: dict[str, Kernel] = {
             "gae",
             "GAE advantages and returns, float64 state",
             inputs=(Array("rewards"), Array("values")),
-            row_inputs=(
-                Array("gammas", FLOAT64, low=0.0, high=1.0),
-                Array("lams", FLOAT64, low=0.0, high=1.0),
-                Array("bootstrap", FLOAT64),
-            ),
+            row_inputs=(_GAMMAS, Array("lams", FLOAT64, low=0.0, high=1.0), _BOOTSTRAP),
+            outputs=(Array("advantages"), Array("returns")),
+        ),
+        Kernel(
+            "discounted_returns",
+            "discounted returns (reward-to-go), float64 state",
+            inputs=(Array("rewards"),),
+            row_inputs=(_GAMMAS, _BOOTSTRAP),
+            outputs=(Array("returns"),),
+        ),
+        Kernel(
+            "remax",
+            "discounted returns, and returns minus each row's baseline (ReMax)",
+            inputs=(Array("rewards"),),
+            row_inputs=(_GAMMAS, _BOOTSTRAP, Array("baselines", FLOAT64)),
             outputs=(Array("advantages"), Array("returns")),
         ),
         Kernel(

@@ -7,6 +7,7 @@
  *
  *   rows_kl.h       kl_penalty, shape_rewards (the KL estimators, specialised per estimator)
  *   rows_gae.h      gae
+ *   rows_returns.h  discounted_returns, remax
  *   rows_moments.h  moments, whiten
  *   rows_loss.h     clipped_surrogate, value_loss
  *
@@ -87,6 +88,7 @@ PPO_INLINE void PPO_ROW(ppo_tail_fill)(
 
 #include "rows_kl.h"
 #include "rows_gae.h"
+#include "rows_returns.h"
 #include "rows_moments.h"
 #include "rows_loss.h"
 
