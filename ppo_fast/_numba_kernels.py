@@ -8,7 +8,8 @@ Cython twin in ``src/``. Conventions that keep them fast and exact:
   arithmetic per row and reduce per row, so results are identical bit for bit on any number of
   threads. Numba's default threading layer must not be entered from two Python threads at once
   (it aborts the process), so the parallel build runs under a lock and a call that finds the
-  lock taken runs the serial build on its own thread instead.
+  lock taken runs the serial build on its own thread instead. A kernel of the "groups" layout
+  runs its prange over groups, each reduced on its own in row order: the same guarantee.
 - Validity is tested inline with `has_mask` hoisted: through a helper function the
   short-circuit control flow stops LLVM from vectorizing the loss kernels (9x slower).
 - Positions are indexed with unsigned integers, which removes numba's negative-index
@@ -329,6 +330,134 @@ def remax(rewards, starts, spans, lengths, mask, gammas, bootstrap, baselines, a
             else:
                 advantages[i] = 0.0
                 returns[i] = 0.0
+
+
+@_jit
+def _valid_count(start, span, length, mask, has_mask):
+    """The number of valid positions of a row."""
+    valid_end = min(length, span)
+    if not has_mask:
+        return valid_end
+    count = np.uint64(0)
+    for i in range(start, start + valid_end):
+        count += np.uint64(mask[i] != 0)
+    return count
+
+
+def optimal_token_baseline(
+    rewards,
+    old_logprobs,
+    sum_pi_squared,
+    is_weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    group_rows,
+    group_starts,
+    gammas,
+    bootstrap,
+    eps,
+    zero_tail,
+    advantages,
+    returns,
+):
+    """Twin: src/rows_returns.h ppo_optimal_token_baseline_group. prange over groups; a group's
+    sums run over its rows in order, in a float64 scratch of 3 x its longest row's valid tokens
+    (the baseline's numerators and denominators by valid-token index, and one row's returns)."""
+    has_mask = mask.shape[0] > 0
+    has_is_weights = is_weights.shape[0] > 0
+    for g in prange(group_starts.shape[0] - 1):
+        first = group_starts[g]
+        end = group_starts[g + 1]
+        # The longest and second-longest rows (by valid tokens) and how many are that long.
+        longest = np.uint64(0)
+        second = np.uint64(0)
+        n_longest = 0
+        n_reaching = 0
+        for j in range(first, end):
+            b = group_rows[j]
+            count = _valid_count(
+                np.uint64(starts[b]), np.uint64(spans[b]), np.uint64(lengths[b]), mask, has_mask
+            )
+            if count == 0:
+                continue
+            n_reaching += 1
+            if count > longest:
+                second = longest
+                longest = count
+                n_longest = 1
+            elif count == longest:
+                n_longest += 1
+            elif count > second:
+                second = count
+        if n_reaching < 2:
+            baseline_end = np.uint64(0)
+        elif zero_tail != 0 and n_longest == 1:
+            baseline_end = second
+        else:
+            baseline_end = longest
+        scratch = np.empty(np.uint64(3) * longest)
+        numerators = scratch[:baseline_end]
+        denominators = scratch[longest : longest + baseline_end]
+        row_returns = scratch[np.uint64(2) * longest :]
+        numerators[:] = 0.0
+        denominators[:] = 0.0
+        for j in range(first, end):
+            b = group_rows[j]
+            start = np.uint64(starts[b])
+            valid_end = min(np.uint64(lengths[b]), np.uint64(spans[b]))
+            gamma = gammas[b]
+            running = bootstrap[b]
+            # The row's returns by valid-token index, from the end of the scratch row back.
+            slot = longest
+            for k in range(valid_end):
+                i = start + valid_end - _U1 - k
+                if not has_mask or mask[i] != 0:
+                    running = fma(gamma, running, np.float64(rewards[i]))
+                    slot -= _U1
+                    row_returns[slot] = running
+            cumulative = 0.0
+            index = np.uint64(0)
+            for i in range(start, start + valid_end):
+                if index == baseline_end:
+                    break
+                if not has_mask or mask[i] != 0:
+                    weight = 1.0 - 2.0 * math.exp(np.float64(old_logprobs[i]))
+                    weight = weight + np.float64(sum_pi_squared[i])
+                    if has_is_weights:
+                        is_weight = np.float64(is_weights[i])
+                        weight = weight * (is_weight * is_weight)
+                    cumulative = cumulative + weight
+                    numerators[index] = numerators[index] + row_returns[slot + index] * cumulative
+                    denominators[index] = denominators[index] + cumulative
+                    index += _U1
+        for k in range(baseline_end):
+            numerators[k] = numerators[k] / (denominators[k] + eps)
+        baselines = numerators
+        for j in range(first, end):
+            b = group_rows[j]
+            start = np.uint64(starts[b])
+            span = np.uint64(spans[b])
+            length = np.uint64(lengths[b])
+            valid_end = min(length, span)
+            gamma = gammas[b]
+            running = bootstrap[b]
+            index = _valid_count(start, span, length, mask, has_mask)
+            for i in range(start + valid_end, start + span):
+                advantages[i] = 0.0
+                returns[i] = 0.0
+            for k in range(valid_end):
+                i = start + valid_end - _U1 - k
+                if not has_mask or mask[i] != 0:
+                    running = fma(gamma, running, np.float64(rewards[i]))
+                    index -= _U1
+                    baseline = baselines[index] if index < baseline_end else 0.0
+                    advantages[i] = running - baseline
+                    returns[i] = running
+                else:
+                    advantages[i] = 0.0
+                    returns[i] = 0.0
 
 
 def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
@@ -668,6 +797,7 @@ shape_rewards = _Specialised(_shape_rewards_rows, KERNELS["shape_rewards"])
 gae = _Kernel(gae)
 discounted_returns = _Kernel(discounted_returns)
 remax = _Kernel(remax)
+optimal_token_baseline = _Kernel(optimal_token_baseline)
 moments = _Kernel(moments, fastmath={"reassoc"})
 whiten = _Kernel(whiten)
 clipped_surrogate = _Kernel(clipped_surrogate, fastmath={"reassoc"})

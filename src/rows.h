@@ -7,7 +7,8 @@
  *
  *   rows_kl.h       kl_penalty, shape_rewards (the KL estimators, specialised per estimator)
  *   rows_gae.h      gae
- *   rows_returns.h  discounted_returns, remax
+ *   rows_returns.h  discounted_returns, remax, optimal_token_baseline (this one per group of rows:
+ *                   ppo_<kernel>_group, with the layout of the whole batch and the group's rows)
  *   rows_moments.h  moments, whiten
  *   rows_loss.h     clipped_surrogate, value_loss
  *

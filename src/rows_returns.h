@@ -1,14 +1,24 @@
-/* -- discounted returns and ReMax ------------------------------------------------------------- */
-/* Twins of discounted_returns and remax (ppo_fast/_numba_kernels.py). The
+/* -- discounted returns, ReMax and the optimal token baseline ---------------------------------- */
+/* Twins of discounted_returns, remax and optimal_token_baseline (ppo_fast/_numba_kernels.py). The
  * running return is float64 whatever the dtype, and each multiply-add on it is one fma, as the
  * twins' llvm.fma (the same bits as numba). Included by rows.h, once per dtype. */
 
 #ifndef PPO_FAST_ROWS_RETURNS_ONCE
 #define PPO_FAST_ROWS_RETURNS_ONCE
+#include <stdlib.h>
 
 /* The end of a row's positions that may be valid: min(length, span), from 0. */
 PPO_INLINE ptrdiff_t ppo_valid_end(ptrdiff_t span, ptrdiff_t length) {
     return length < span ? (length > 0 ? length : 0) : span;
+}
+
+/* The number of valid positions of the row at start. */
+PPO_INLINE ptrdiff_t ppo_valid_count(
+    ptrdiff_t start, ptrdiff_t span, ptrdiff_t length, const uint8_t* mask, int has_mask) {
+    ptrdiff_t valid_end = ppo_valid_end(span, length), count = 0;
+    if (!has_mask) return valid_end;
+    for (ptrdiff_t i = start; i < start + valid_end; i++) count += mask[i] != 0;
+    return count;
 }
 #endif
 
@@ -54,4 +64,97 @@ static void PPO_ROW(ppo_remax_row)(
             returns[i] = 0;
         }
     }
+}
+
+/* One group: its rows are rows[0 .. n_rows-1] (in row order). The scratch holds, by valid-token
+ * index, the baseline's numerators and denominators (summed over the group's rows in order),
+ * and one row's returns at a time. Returns 1 when the scratch cannot be allocated, else 0. */
+static int PPO_ROW(ppo_optimal_token_baseline_group)(
+    const ppo_real* rewards, const ppo_real* old_logprobs, const ppo_real* sum_pi_squared,
+    const ppo_real* is_weights, int has_is_weights, const int64_t* starts, const int64_t* spans,
+    const int64_t* lengths, const uint8_t* mask, int has_mask, const int64_t* rows,
+    ptrdiff_t n_rows, const double* gammas, const double* bootstrap, double eps, int zero_tail,
+    ppo_real* advantages, ppo_real* returns) {
+    /* The longest and second-longest rows (by valid tokens), and how many are that long. */
+    ptrdiff_t longest = 0, second = 0, n_longest = 0, n_reaching = 0, baseline_end, j, k;
+    for (j = 0; j < n_rows; j++) {
+        int64_t b = rows[j];
+        ptrdiff_t count = ppo_valid_count(starts[b], spans[b], lengths[b], mask, has_mask);
+        if (count == 0) continue;
+        n_reaching++;
+        if (count > longest) {
+            second = longest;
+            longest = count;
+            n_longest = 1;
+        } else if (count == longest) {
+            n_longest++;
+        } else if (count > second) {
+            second = count;
+        }
+    }
+    if (n_reaching < 2)
+        baseline_end = 0;
+    else if (zero_tail != 0 && n_longest == 1)
+        baseline_end = second;
+    else
+        baseline_end = longest;
+    double *scratch = NULL, *numerators = NULL, *denominators = NULL, *row_returns = NULL;
+    if (longest > 0) {
+        scratch = (double*)malloc(3 * (size_t)longest * sizeof(double));
+        if (scratch == NULL) return 1;
+        numerators = scratch;
+        denominators = scratch + longest;
+        row_returns = scratch + 2 * longest;
+        for (k = 0; k < baseline_end; k++) numerators[k] = denominators[k] = 0.0;
+    }
+    for (j = 0; j < n_rows; j++) {
+        int64_t b = rows[j];
+        ptrdiff_t start = starts[b], valid_end = ppo_valid_end(spans[b], lengths[b]);
+        ptrdiff_t slot = longest, index = 0, i;
+        double gamma = gammas[b], running = bootstrap[b], cumulative = 0.0;
+        /* The row's returns by valid-token index, from the end of the scratch row back. */
+        for (i = start + valid_end - 1; i >= start; i--) {
+            if (!has_mask || mask[i] != 0) {
+                running = fma(gamma, running, (double)rewards[i]);
+                row_returns[--slot] = running;
+            }
+        }
+        for (i = start; i < start + valid_end && index < baseline_end; i++) {
+            if (!has_mask || mask[i] != 0) {
+                double weight = 1.0 - 2.0 * exp((double)old_logprobs[i]);
+                weight = weight + (double)sum_pi_squared[i];
+                if (has_is_weights) {
+                    double is_weight = is_weights[i];
+                    weight = weight * (is_weight * is_weight);
+                }
+                cumulative = cumulative + weight;
+                numerators[index] = numerators[index] + row_returns[slot + index] * cumulative;
+                denominators[index] = denominators[index] + cumulative;
+                index++;
+            }
+        }
+    }
+    for (k = 0; k < baseline_end; k++) numerators[k] = numerators[k] / (denominators[k] + eps);
+    const double* baselines = numerators;
+    for (j = 0; j < n_rows; j++) {
+        int64_t b = rows[j];
+        ptrdiff_t start = starts[b], span = spans[b], valid_end = ppo_valid_end(span, lengths[b]);
+        ptrdiff_t index = ppo_valid_count(start, span, lengths[b], mask, has_mask), i;
+        double gamma = gammas[b], running = bootstrap[b];
+        for (i = start + valid_end; i < start + span; i++) advantages[i] = returns[i] = 0;
+        for (i = start + valid_end - 1; i >= start; i--) {
+            if (!has_mask || mask[i] != 0) {
+                running = fma(gamma, running, (double)rewards[i]);
+                index--;
+                double baseline = index < baseline_end ? baselines[index] : 0.0;
+                advantages[i] = (ppo_real)(running - baseline);
+                returns[i] = (ppo_real)running;
+            } else {
+                advantages[i] = 0;
+                returns[i] = 0;
+            }
+        }
+    }
+    free(scratch);
+    return 0;
 }
