@@ -213,8 +213,9 @@ def reinforce_plus_plus(
         _whiten(returns, **layout, unbiased=unbiased, eps=epsilon, out=advantages, backend=backend)
     except ValueError as error:
         raise ValueError(
-            f"reinforce_plus_plus cannot whiten the returns ({error}): pass whiten=False to take "
-            "them as the advantages"
+            "reinforce_plus_plus cannot whiten the returns over the valid tokens that mask, "
+            f"lengths or cu_seqlens give ({error}): pass whiten=False to take the returns as "
+            "the advantages"
         ) from None
     return AdvantagesResult(advantages, returns)
 
