@@ -3,6 +3,7 @@ oracle obeys the identities of the module docstring and equals verl 0.9.1's func
 
 from __future__ import annotations
 
+import functools
 import types
 import uuid
 
@@ -589,10 +590,23 @@ def test_bad_input_is_an_error_that_says_what_to_fix(call, error, message):
 # ---- verl 0.9.1 ---------------------------------------------------------------------------------
 
 
+@functools.cache
+def _verl_functions():
+    """verl 0.9.1's core_algos where verl imports (pip install --no-deps verl==0.9.1), else the
+    verbatim copy of its functions in ppo_fast._peers (held to verl's source by
+    test_compat_peer_copies.py)."""
+    try:
+        from verl.trainer.ppo import core_algos
+    except ImportError:
+        from ppo_fast._peers import copy
+
+        return copy("verl_0_9_1")
+    return core_algos
+
+
 def _verl():
-    """verl 0.9.1's core_algos, where it imports (pip install --no-deps verl==0.9.1)."""
     pytest.importorskip("torch")
-    return pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed")
+    return _verl_functions()
 
 
 def _tensor(array: np.ndarray):
