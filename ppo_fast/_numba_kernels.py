@@ -287,49 +287,147 @@ def gae(
                 returns[i] = 0.0
 
 
-def discounted_returns(rewards, starts, spans, lengths, mask, gammas, bootstrap, returns):
-    """Twin: src/rows_returns.h ppo_discounted_returns_row. The running return is float64
-    whatever the input dtype."""
-    has_mask = mask.shape[0] > 0
-    for b in prange(starts.shape[0]):
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        valid_end = min(np.uint64(lengths[b]), span)
-        gamma = gammas[b]
-        running = bootstrap[b]
-        for i in range(start + valid_end, start + span):
-            returns[i] = 0.0
-        for k in range(valid_end):
-            i = start + valid_end - _U1 - k
-            if not has_mask or mask[i] != 0:
-                running = fma(gamma, running, np.float64(rewards[i]))
+@intrinsic
+def _mask_word(typingctx, mask, index):
+    """The 8 bytes of a uint8 array from ``index`` on, as one uint64 (an unaligned load)."""
+    if not (isinstance(mask, types.Array) and mask.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        array = context.make_array(sig.args[0])(context, builder, args[0])
+        address = builder.gep(array.data, [args[1]])
+        return builder.load(builder.bitcast(address, ir.IntType(64).as_pointer()), align=1)
+
+    return types.uint64(mask, index), codegen
+
+
+_U8 = np.uint64(8)
+_BYTE_ONES = np.uint64(0x0101010101010101)
+_BYTE_HIGHS = np.uint64(0x8080808080808080)
+
+
+@_jit
+def _all_valid(mask, i):
+    """Whether the 8 mask bytes from position i on are all nonzero: a word has a zero byte
+    exactly when (word - 0x01..01) & ~word & 0x80..80 is nonzero (Hacker's Delight 6-1)."""
+    word = _mask_word(mask, i)
+    return ((word - _BYTE_ONES) & ~word & _BYTE_HIGHS) == 0
+
+
+@_jit
+def _returns_row(
+    rewards, start, span, length, mask, has_mask, gamma, running, baseline, advantages, returns
+):
+    """Twin: src/rows_returns.h ppo_returns_row. One row of discounted returns (and, when
+    ``advantages`` is not empty, returns - baseline), float64 state.
+
+    The recursion G = fma(gamma, G_next, r) is a chain of dependent fma, 4 cycles each: alone it
+    holds a row to about 2.5 times the memory floor. So the valid prefix runs backwards in blocks
+    of 8 positions: a block whose 8 positions are valid gets its own suffix returns a_j (a chain
+    within the block, independent of the other blocks) and then G_j = fma(gamma^(8-j), G_8,
+    a_j), which moves the row's chain 8 positions per fma. Other blocks (a masked position
+    among the 8) and the row's first positions (fewer than 8) take the plain recursion. The
+    float64 sums are thus associated per block: a few ulp from the oracle's recursion (a sum
+    beyond float64's range may overflow in one order and not in the other). Blocks are not used
+    when gamma^8 underflows to 0 for a gamma > 0: gamma^8 * inf would then be NaN where the
+    recursion gives inf.
+    """
+    valid_end = min(length, span)
+    for i in range(start + valid_end, start + span):
+        returns[i] = 0.0
+        if advantages.shape[0] > 0:
+            advantages[i] = 0.0
+    power_1 = gamma
+    power_2 = gamma * power_1
+    power_3 = gamma * power_2
+    power_4 = gamma * power_3
+    power_5 = gamma * power_4
+    power_6 = gamma * power_5
+    power_7 = gamma * power_6
+    power_8 = gamma * power_7
+    t = valid_end
+    if gamma == 0.0 or power_8 != 0.0:
+        while t >= _U8:
+            i = start + t - _U8
+            if not has_mask or _all_valid(mask, i):
+                a_7 = np.float64(rewards[i + np.uint64(7)])
+                a_6 = fma(gamma, a_7, np.float64(rewards[i + np.uint64(6)]))
+                a_5 = fma(gamma, a_6, np.float64(rewards[i + np.uint64(5)]))
+                a_4 = fma(gamma, a_5, np.float64(rewards[i + np.uint64(4)]))
+                a_3 = fma(gamma, a_4, np.float64(rewards[i + np.uint64(3)]))
+                a_2 = fma(gamma, a_3, np.float64(rewards[i + np.uint64(2)]))
+                a_1 = fma(gamma, a_2, np.float64(rewards[i + _U1]))
+                a_0 = fma(gamma, a_1, np.float64(rewards[i]))
+                g_7 = fma(power_1, running, a_7)
+                g_6 = fma(power_2, running, a_6)
+                g_5 = fma(power_3, running, a_5)
+                g_4 = fma(power_4, running, a_4)
+                g_3 = fma(power_5, running, a_3)
+                g_2 = fma(power_6, running, a_2)
+                g_1 = fma(power_7, running, a_1)
+                running = fma(power_8, running, a_0)
+                returns[i + np.uint64(7)] = g_7
+                returns[i + np.uint64(6)] = g_6
+                returns[i + np.uint64(5)] = g_5
+                returns[i + np.uint64(4)] = g_4
+                returns[i + np.uint64(3)] = g_3
+                returns[i + np.uint64(2)] = g_2
+                returns[i + _U1] = g_1
                 returns[i] = running
+                if advantages.shape[0] > 0:
+                    advantages[i + np.uint64(7)] = g_7 - baseline
+                    advantages[i + np.uint64(6)] = g_6 - baseline
+                    advantages[i + np.uint64(5)] = g_5 - baseline
+                    advantages[i + np.uint64(4)] = g_4 - baseline
+                    advantages[i + np.uint64(3)] = g_3 - baseline
+                    advantages[i + np.uint64(2)] = g_2 - baseline
+                    advantages[i + _U1] = g_1 - baseline
+                    advantages[i] = running - baseline
             else:
-                returns[i] = 0.0
+                for k in range(_U8):
+                    j = i + _U8 - _U1 - k
+                    if mask[j] != 0:
+                        running = fma(gamma, running, np.float64(rewards[j]))
+                        returns[j] = running
+                        if advantages.shape[0] > 0:
+                            advantages[j] = running - baseline
+                    else:
+                        returns[j] = 0.0
+                        if advantages.shape[0] > 0:
+                            advantages[j] = 0.0
+            t -= _U8
+    for k in range(t):
+        i = start + t - _U1 - k
+        if not has_mask or mask[i] != 0:
+            running = fma(gamma, running, np.float64(rewards[i]))
+            returns[i] = running
+            if advantages.shape[0] > 0:
+                advantages[i] = running - baseline
+        else:
+            returns[i] = 0.0
+            if advantages.shape[0] > 0:
+                advantages[i] = 0.0
+
+
+def discounted_returns(rewards, starts, spans, lengths, mask, gammas, bootstrap, returns):
+    """Twin: src/rows_returns.h ppo_discounted_returns_row (see _returns_row)."""
+    has_mask = mask.shape[0] > 0
+    no_advantages = returns[:0]
+    for b in prange(starts.shape[0]):
+        _returns_row(
+            rewards, np.uint64(starts[b]), np.uint64(spans[b]), np.uint64(lengths[b]), mask,
+            has_mask, gammas[b], bootstrap[b], 0.0, no_advantages, returns,
+        )  # fmt: skip
 
 
 def remax(rewards, starts, spans, lengths, mask, gammas, bootstrap, baselines, advantages, returns):
-    """Twin: src/rows_returns.h ppo_remax_row: discounted_returns' loop, and the advantages."""
+    """Twin: src/rows_returns.h ppo_remax_row: discounted_returns' rows, and the advantages."""
     has_mask = mask.shape[0] > 0
     for b in prange(starts.shape[0]):
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        valid_end = min(np.uint64(lengths[b]), span)
-        gamma = gammas[b]
-        baseline = baselines[b]
-        running = bootstrap[b]
-        for i in range(start + valid_end, start + span):
-            advantages[i] = 0.0
-            returns[i] = 0.0
-        for k in range(valid_end):
-            i = start + valid_end - _U1 - k
-            if not has_mask or mask[i] != 0:
-                running = fma(gamma, running, np.float64(rewards[i]))
-                advantages[i] = running - baseline
-                returns[i] = running
-            else:
-                advantages[i] = 0.0
-                returns[i] = 0.0
+        _returns_row(
+            rewards, np.uint64(starts[b]), np.uint64(spans[b]), np.uint64(lengths[b]), mask,
+            has_mask, gammas[b], bootstrap[b], baselines[b], advantages, returns,
+        )  # fmt: skip
 
 
 @_jit

@@ -20,50 +20,99 @@ PPO_INLINE ptrdiff_t ppo_valid_count(
     for (ptrdiff_t i = start; i < start + valid_end; i++) count += mask[i] != 0;
     return count;
 }
+
+/* Whether the 8 mask bytes from p on are all nonzero: a word has a zero byte exactly when
+ * (word - 0x01..01) & ~word & 0x80..80 is nonzero (Hacker's Delight 6-1). */
+PPO_INLINE int ppo_all_valid8(const uint8_t* p) {
+    uint64_t word;
+    memcpy(&word, p, 8);
+    return ((word - 0x0101010101010101ULL) & ~word & 0x8080808080808080ULL) == 0;
+}
 #endif
 
-/* The padding past the length is written first, then the valid prefix backwards, its mask test
- * hoisted out of the loop: the loop that remains is the recursion's chain of fma. */
+/* One position of the plain recursion (advantages: NULL for none); the running return after it. */
+PPO_INLINE double PPO_ROW(ppo_returns_step)(
+    const ppo_real* rewards, int has_mask, const uint8_t* mask, ptrdiff_t i, double gamma,
+    double running, double baseline, ppo_real* advantages, ppo_real* returns) {
+    if (!has_mask || mask[i] != 0) {
+        running = fma(gamma, running, (double)rewards[i]);
+        returns[i] = (ppo_real)running;
+        if (advantages) advantages[i] = (ppo_real)(running - baseline);
+    } else {
+        returns[i] = 0;
+        if (advantages) advantages[i] = 0;
+    }
+    return running;
+}
+
+/* Twin of _returns_row (its docstring says why): the padding past the length first, then the
+ * valid prefix backwards in blocks of 8 positions, a block whose 8 positions are valid as
+ * G_j = fma(gamma^(8-j), G_8, a_j) with a_j its own suffix returns, the others and the row's
+ * first positions by the plain recursion. Operation for operation the twin's (the same bits).
+ * has_mask is a constant in each of the two calls below, so that each gets its own loop. */
+PPO_INLINE void PPO_ROW(ppo_returns_cases)(
+    int has_mask, const ppo_real* rewards, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length,
+    const uint8_t* mask, double gamma, double running, double baseline, ppo_real* advantages,
+    ppo_real* returns) {
+    ptrdiff_t valid_end = ppo_valid_end(span, length), t, j;
+    for (t = start + valid_end; t < start + span; t++) {
+        returns[t] = 0;
+        if (advantages) advantages[t] = 0;
+    }
+    double powers[9];
+    powers[0] = 1.0;
+    for (j = 1; j <= 8; j++) powers[j] = gamma * powers[j - 1];
+    t = valid_end;
+    if (gamma == 0.0 || powers[8] != 0.0) {
+        for (; t >= 8; t -= 8) {
+            ptrdiff_t i = start + t - 8;
+            if (!has_mask || ppo_all_valid8(mask + i)) {
+                double suffix[8], block[8];
+                suffix[7] = (double)rewards[i + 7];
+                for (j = 6; j >= 0; j--) suffix[j] = fma(gamma, suffix[j + 1], (double)rewards[i + j]);
+                for (j = 0; j < 8; j++) block[j] = fma(powers[8 - j], running, suffix[j]);
+                for (j = 0; j < 8; j++) returns[i + j] = (ppo_real)block[j];
+                if (advantages)
+                    for (j = 0; j < 8; j++) advantages[i + j] = (ppo_real)(block[j] - baseline);
+                running = block[0];
+            } else {
+                for (j = 7; j >= 0; j--)
+                    running = PPO_ROW(ppo_returns_step)(
+                        rewards, 1, mask, i + j, gamma, running, baseline, advantages, returns);
+            }
+        }
+    }
+    for (t = t - 1; t >= 0; t--)
+        running = PPO_ROW(ppo_returns_step)(
+            rewards, has_mask, mask, start + t, gamma, running, baseline, advantages, returns);
+}
+
+PPO_INLINE void PPO_ROW(ppo_returns_row)(
+    const ppo_real* rewards, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length,
+    const uint8_t* mask, int has_mask, double gamma, double running, double baseline,
+    ppo_real* advantages, ppo_real* returns) {
+    if (has_mask)
+        PPO_ROW(ppo_returns_cases)(
+            1, rewards, start, span, length, mask, gamma, running, baseline, advantages, returns);
+    else
+        PPO_ROW(ppo_returns_cases)(
+            0, rewards, start, span, length, mask, gamma, running, baseline, advantages, returns);
+}
+
 static void PPO_ROW(ppo_discounted_returns_row)(
     const ppo_real* rewards, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length,
     const uint8_t* mask, int has_mask, double gamma, double running, ppo_real* returns) {
-    ptrdiff_t valid_end = ppo_valid_end(span, length), t;
-    for (t = valid_end; t < span; t++) returns[start + t] = 0;
-    if (has_mask) {
-        for (t = valid_end - 1; t >= 0; t--) {
-            ptrdiff_t i = start + t;
-            if (mask[i] != 0) {
-                running = fma(gamma, running, (double)rewards[i]);
-                returns[i] = (ppo_real)running;
-            } else {
-                returns[i] = 0;
-            }
-        }
-    } else {
-        for (t = valid_end - 1; t >= 0; t--) {
-            running = fma(gamma, running, (double)rewards[start + t]);
-            returns[start + t] = (ppo_real)running;
-        }
-    }
+    PPO_ROW(ppo_returns_row)(
+        rewards, start, span, length, mask, has_mask, gamma, running, 0.0, NULL, returns);
 }
 
 static void PPO_ROW(ppo_remax_row)(
     const ppo_real* rewards, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length,
     const uint8_t* mask, int has_mask, double gamma, double running, double baseline,
     ppo_real* advantages, ppo_real* returns) {
-    ptrdiff_t valid_end = ppo_valid_end(span, length), t;
-    for (t = valid_end; t < span; t++) advantages[start + t] = returns[start + t] = 0;
-    for (t = valid_end - 1; t >= 0; t--) {
-        ptrdiff_t i = start + t;
-        if (!has_mask || mask[i] != 0) {
-            running = fma(gamma, running, (double)rewards[i]);
-            advantages[i] = (ppo_real)(running - baseline);
-            returns[i] = (ppo_real)running;
-        } else {
-            advantages[i] = 0;
-            returns[i] = 0;
-        }
-    }
+    PPO_ROW(ppo_returns_row)(
+        rewards, start, span, length, mask, has_mask, gamma, running, baseline, advantages,
+        returns);
 }
 
 /* One group: its rows are rows[0 .. n_rows-1] (in row order). The scratch holds, by valid-token
