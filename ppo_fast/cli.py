@@ -2,6 +2,7 @@
 
     ppo-fast trace                 the worked example of shared/seeds/000 (score 0.7, beta 0.2)
     ppo-fast trace --json FILE     a small batch given as JSON ('-' reads standard input)
+    ppo-fast trace --groups        the group estimators (GRPO and relatives) on a small batch
     ppo-fast bench                 time the kernels against the peers (ppo_fast.bench)
 
 The JSON object holds ``logprobs``, ``ref_logprobs`` and ``values`` as lists of rows (rows may
@@ -9,6 +10,11 @@ have different lengths), ``scores`` (one per row), and optionally ``kl_coef``, `
 ``lam``, ``estimator``, ``clamp``, ``bootstrap``, and ``new_logprobs`` (the policy after an
 update: adds the clipped-surrogate table per token, with ``clip_low``, ``clip_high`` and
 ``dual_clip``). Both forms also print the clipped surrogate on the cases of shared/seeds/003.
+
+``--groups`` traces the critic-free outcome estimators instead: a batch of ``scores`` (one per
+row) and ``groups`` (one label per row, a string or an integer), the built-in one (three prompts,
+uneven, interleaved, one of them sampled once) or ``--json FILE`` with those two keys: each
+group's statistics, then every row's advantage under each estimator.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _backend
+from . import _backend, outcome
+from ._groups import factorize
 from .gae import gae
 from .loss import clipped_surrogate
 from .rewards import ESTIMATORS, kl_penalty, shape_rewards
@@ -40,6 +47,26 @@ SEED_BATCH = {
     "gamma": 1.0,
     "lam": 0.95,
 }
+
+# Three prompts sampled 4, 3 and 1 times, their rows interleaved as a shuffled batch leaves them;
+# the scores are pass/fail rewards plus one partial credit.
+GROUP_BATCH = {
+    "groups": ["q-17", "q-4", "q-17", "q-4", "q-17", "q-9", "q-4", "q-17"],
+    "scores": [1.0, 0.0, 0.0, 0.5, 1.0, 1.0, 1.0, 1.0],
+}
+GROUP_COLUMNS = ("group", "label", "rows", "n", "mean", "std", "max", "second max")
+GROUP_ROW_COLUMNS = (
+    "row",
+    "label",
+    "group",
+    "score",
+    "GRPO",
+    "Dr.GRPO",
+    "GRPO batch std",
+    "RLOO",
+    "GPG",
+    "pass@k",
+)
 
 # shared/seeds/003_548ffc3288f9bb9e.txt (epsilon 0.2), and step 7 of seeds/000.
 LOSS_CASES = [
@@ -180,6 +207,59 @@ def trace_pipeline(batch: dict, backend: str | None = None) -> str:
     if "new_logprobs" in batch:
         out += "\n\n" + trace_policy(batch, normalised, lengths, backend)
     return out
+
+
+def trace_groups(batch: dict) -> str:
+    """Each group's statistics and each row's advantage under the outcome estimators."""
+    scores = np.asarray(batch["scores"], dtype=np.float64)
+    labels = batch["groups"]
+    if len(labels) != scores.shape[0]:
+        raise ValueError(
+            f"groups has {len(labels)} labels and scores {scores.shape[0]} scores: "
+            "give one group label per score"
+        )
+    groups = factorize(labels, scores.shape[0])
+    ids = groups.ids
+    stats = []
+    for g in range(groups.n_groups):
+        members = np.flatnonzero(ids == g)
+        group_scores = np.sort(scores[members])[::-1]
+        stats.append(
+            [
+                g,
+                str(groups.labels[g]),
+                ",".join(map(str, members)),
+                len(members),
+                float(group_scores.mean()),
+                float(group_scores.std(ddof=1)) if len(members) > 1 else "-",
+                float(group_scores[0]),
+                float(group_scores[1]) if len(members) > 1 else "-",
+            ]
+        )
+    estimates = {
+        "GRPO": outcome.grpo(scores, groups),
+        "Dr.GRPO": outcome.grpo(scores, groups, std=None),
+        "GRPO batch std": outcome.grpo(scores, groups, std="batch"),
+        "RLOO": outcome.rloo(scores, groups),
+        "GPG": outcome.gpg(scores, groups),
+        "pass@k": outcome.pass_at_k(scores, groups, singleton="zero"),
+    }
+    rows = [
+        [b, str(labels[b]), int(ids[b]), float(scores[b])]
+        + [float(advantages[b]) for advantages in estimates.values()]
+        for b in range(scores.shape[0])
+    ]
+    return (
+        "Groups: labels numbered in first-seen order; std with ddof=1\n"
+        + _table(GROUP_COLUMNS, stats)
+        + "\n\nAdvantages per row, float64 (a group of one: baseline 0 and std 1; pass@k 0)\n"
+        "  GRPO = (score - mean) / (std + 1e-6); Dr.GRPO = score - mean; batch std: over all "
+        "scores\n"
+        "  RLOO = score - mean of the group's other scores; GPG = alpha (score - mean), "
+        "alpha = B / #nonzero\n"
+        "  pass@k: the group's best row gets (max - second max) / (std + 1e-6)\n"
+        + _table(GROUP_ROW_COLUMNS, rows)
+    )
 
 
 def _branch(clipped: bool, dual: bool) -> str:
@@ -356,13 +436,48 @@ def check_batch(batch: Any) -> dict:
     return batch
 
 
+GROUP_KEYS = ("scores", "groups")
+
+
+def check_group_batch(batch: Any) -> dict:
+    """``batch`` (parsed JSON) if it is a batch ``trace_groups`` takes, else an InputError."""
+    if not isinstance(batch, dict):
+        raise InputError(
+            f"the top level is {_describe(batch)}; it must be an object such as "
+            '{"scores": [1.0, 0.0, ...], "groups": ["q-1", "q-1", ...]}'
+        )
+    for key in batch:
+        if key not in GROUP_KEYS:
+            close = difflib.get_close_matches(key, GROUP_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "the keys are scores and groups"
+            raise InputError(f"unknown key {key!r} ({hint})")
+    missing = [key for key in GROUP_KEYS if key not in batch]
+    if missing:
+        raise InputError(f"the JSON batch lacks {', '.join(missing)}")
+    _check_numbers(batch["scores"], "scores", "a list of numbers, one per row")
+    labels = batch["groups"]
+    if not isinstance(labels, list):
+        raise InputError(f"groups is {_describe(labels)}; it must be a list of labels, one per row")
+    for index, label in enumerate(labels):
+        if isinstance(label, bool) or not isinstance(label, str | int):
+            raise InputError(
+                f"groups[{index}] is {_describe(label)}; a group label is a string or an integer"
+            )
+    if len(labels) != len(batch["scores"]):
+        raise InputError(
+            f"groups has {len(labels)} labels and scores {len(batch['scores'])}: "
+            "give one group label per score"
+        )
+    return batch
+
+
 def _not_json(constant: str) -> float:
     raise InputError(f"{constant} is not JSON; give a finite number")
 
 
-def _load_batch(path: str | None) -> dict:
+def _load_batch(path: str | None, groups: bool = False) -> dict:
     if path is None:
-        return SEED_BATCH
+        return GROUP_BATCH if groups else SEED_BATCH
     try:
         if path == "-":
             text = sys.stdin.read()
@@ -379,7 +494,7 @@ def _load_batch(path: str | None) -> dict:
         raise InputError(f"not valid JSON: {error}") from None
     except RecursionError:
         raise InputError("nested too deeply; a batch is an object of lists of rows") from None
-    return check_batch(batch)
+    return check_group_batch(batch) if groups else check_batch(batch)
 
 
 class Terminated(BaseException):
@@ -429,6 +544,11 @@ def _parser() -> argparse.ArgumentParser:
     trace = commands.add_parser("trace", help="print every intermediate quantity of PPO")
     trace.add_argument("--json", metavar="FILE", help="a batch as JSON ('-' for stdin)")
     trace.add_argument("--estimator", choices=ESTIMATORS, help="override the KL estimator")
+    trace.add_argument(
+        "--groups",
+        action="store_true",
+        help="trace the group estimators (GRPO, RLOO, ...) on scores and group labels",
+    )
     trace.add_argument("--backend", choices=("auto", *_backend.BACKENDS), default=None)
     # numpy only: torch, scipy and matplotlib load when a row or the plot needs them.
     from . import bench as benchmark
@@ -448,6 +568,13 @@ def _trace(args: argparse.Namespace) -> int:
         print(f"ppo-fast trace: --backend {args.backend}: {one_line(error)}", file=sys.stderr)
         return 2
     where = "" if args.json is None else f"--json {args.json}: "
+    if args.groups:
+        try:
+            print(trace_groups(_load_batch(args.json, groups=True)))
+        except (ValueError, TypeError) as error:
+            print(f"ppo-fast trace: {where}{one_line(error)}", file=sys.stderr)
+            return 2
+        return 0
     try:
         batch = dict(_load_batch(args.json))
         if args.estimator:

@@ -491,3 +491,37 @@ def test_the_plot_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
         plot(PLOT_ROWS, str(tmp_path / "plot.png"))
     assert os.listdir(tmp_path) == ["plot.png"]
     assert (tmp_path / "plot.png").stat().st_size > 100  # the earlier plot, untouched
+
+
+def test_trace_groups_prints_each_groups_statistics_and_advantages(capsys):
+    assert cli.main(["trace", "--groups"]) == 0
+    out = capsys.readouterr().out
+    groups = [line.split() for line in out.splitlines()[3:6]]
+    # q-17: rows 0, 2, 4, 7 with scores 1, 0, 1, 1: mean 0.75, std (ddof 1) 0.5
+    assert groups[0] == ["0", "q-17", "0,2,4,7", "4", "0.7500", "0.5000", "1.0000", "1.0000"]
+    assert groups[2][:4] == ["2", "q-9", "5", "1"] and groups[2][5] == "-"
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[-8:]}
+    # row 6 (q-4, scores 0, 0.5, 1): GRPO (1 - 0.5) / (0.5 + 1e-6), Dr.GRPO 0.5, RLOO 1 - 0.25,
+    # GPG alpha = 8 / 6 nonzero scores times 0.5, and it is q-4's best row: pass@k 0.5 / 0.5
+    assert rows["6"][3:] == ["1.0000", "1.0000", "0.5000", "1.0916", "0.7500", "0.6667", "1.0000"]
+    # row 5 is alone in q-9: baseline 0 and std 1, pass@k 0
+    assert rows["5"][3:] == ["1.0000", "1.0000", "1.0000", "1.0000", "1.0000", "1.3333", "0.0000"]
+
+
+def test_trace_groups_reads_json_and_names_bad_input(tmp_path, capsys):
+    path = tmp_path / "groups.json"
+    path.write_text(json.dumps({"scores": [1, 2, 3], "groups": ["a", "a", 7]}))
+    assert cli.main(["trace", "--groups", "--json", str(path)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[-3:]]
+    assert [row[4] for row in rows] == ["-0.7071", "0.7071", "3.0000"]
+    for batch, message in [
+        ({"scores": [1, 2], "groups": ["a"]}, "groups has 1 labels and scores 2"),
+        ({"scores": [1], "groups": [None]}, "groups[0] is null; a group label is a string"),
+        ({"scores": [1], "group": ["a"]}, "unknown key 'group' (did you mean 'groups'?)"),
+        ({"scores": ["x"], "groups": ["a"]}, "scores[0]"),
+    ]:
+        path.write_text(json.dumps(batch))
+        error = one_error_line(
+            capsys, cli.main(["trace", "--groups", "--json", str(path)]), "ppo-fast trace: "
+        )
+        assert message in error
