@@ -374,6 +374,10 @@ def _option_cases(target: Target) -> Iterator[Case]:
             ("float", 0.5),
             ("bytes", b"raw"),
             ("list", ["raw"]),
+        ):
+            yield Case(f"{name}={description}", name, _set(name, value))
+
+
 def _flag_cases(target: Target) -> Iterator[Case]:
     for name in target.flags:
         for description, value in (
