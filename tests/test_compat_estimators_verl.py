@@ -17,7 +17,7 @@ import numpy as np
 import peers
 import pytest
 import torch
-from peers.cases import GROUPINGS, assert_parity, group_batch
+from peers.cases import GROUPINGS, MASKS, assert_parity, group_batch
 
 from ppo_fast.compat import verl as compat
 
@@ -26,6 +26,7 @@ BY_PEER = pytest.mark.parametrize("peer", PEERS, ids=[p.label for p in PEERS])
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 GROUPED = pytest.mark.parametrize("grouping", list(GROUPINGS))
 MASK_KINDS = pytest.mark.parametrize("kind", ["right-padded", "holes", "with-empty-row"])
+ALL_MASKS = pytest.mark.parametrize("kind", MASKS)
 
 # The estimators of one score per row, called (token_level_rewards, response_mask, index,
 # **options), with the options each is run with.
@@ -300,6 +301,94 @@ def test_gpg_scales_by_verls_float32_alpha():
     index = np.array([0, 0, 0, 1, 1, 1])
     advantages = compat.compute_gpg_outcome_advantage(rewards, mask, index, alpha=3.0)[0]
     assert advantages[0, 0].item() == float(np.float32(6 / 5)) * (1.0 - 2.0)
+
+
+@BY_PEER
+@ALL_MASKS
+@DTYPES
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_reinforce_plus_plus(peer, kind, dtype, gamma):
+    b = group_batch("uneven", kind, dtype, seed=7)
+    config = peer.make_algo_config(gamma=gamma)
+    before = _snapshot(b.rewards, b.mask)
+    expected = peer.api.compute_reinforce_plus_plus_outcome_advantage(b.rewards, b.mask, config)
+    actual = compat.compute_reinforce_plus_plus_outcome_advantage(b.rewards, b.mask, config)
+    _assert_same_pair(actual, expected, dtype, f"{peer.label} REINFORCE++ gamma={gamma}")
+    _assert_unchanged(before, (b.rewards, b.mask), "REINFORCE++")
+    with pytest.raises(AssertionError):
+        compat.compute_reinforce_plus_plus_outcome_advantage(b.rewards, b.mask)
+
+
+@BY_PEER
+@ALL_MASKS
+@DTYPES
+def test_remax_leaves_returns_at_masked_positions_as_verl(peer, kind, dtype):
+    b = group_batch("uneven", kind, dtype, seed=8)
+    before = _snapshot(b.rewards, b.baselines, b.mask)
+    expected = peer.api.compute_remax_outcome_advantage(b.rewards, b.baselines, b.mask)
+    actual = compat.compute_remax_outcome_advantage(b.rewards, b.baselines, b.mask)
+    _assert_same_pair(actual, expected, dtype, f"{peer.label} ReMax")
+    _assert_unchanged(before, (b.rewards, b.baselines, b.mask), "ReMax")
+    if kind in ("left-padded", "holes"):
+        masked = b.mask == 0
+        assert actual[1][masked].abs().sum() > 0, "verl's returns are not zeroed where masked"
+
+
+OTB = [
+    "compute_optimal_token_baseline_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
+]
+OTB_OPTIONS = [{}, {"handle_zero_tail": False}, {"epsilon": 1e-3}]
+
+
+def _otb_arguments(b, with_is_weights):
+    weights = b.is_weights if with_is_weights else None
+    return (b.rewards, b.mask, b.index, b.old_log_probs, b.sum_pi_squared, weights)
+
+
+@BY_PEER
+@pytest.mark.parametrize("name", OTB)
+@GROUPED
+@ALL_MASKS
+@DTYPES
+@pytest.mark.parametrize("with_is_weights", [False, True])
+def test_optimal_token_baseline(peer, name, grouping, kind, dtype, with_is_weights):
+    b = group_batch(grouping, kind, dtype, seed=9)
+    arguments = _otb_arguments(b, with_is_weights)
+    before = _snapshot(*(a for a in arguments if torch.is_tensor(a)))
+    for options in OTB_OPTIONS:
+        expected = getattr(peer.api, name)(*arguments, **options)
+        actual = getattr(compat, name)(*arguments, **options)
+        _assert_same_pair(actual, expected, dtype, f"{peer.label} {name} {options}")
+    _assert_unchanged(before, [a for a in arguments if torch.is_tensor(a)], name)
+
+
+@BY_PEER
+@pytest.mark.parametrize("handle_zero_tail", [True, False])
+def test_plain_otb_counts_empty_rows_as_group_members(peer, handle_zero_tail):
+    """A group of one row with valid tokens and three without, under a right-padded mask: verl's
+    plain OTB counts the empty rows, so without the zero tail that row gets a baseline."""
+    b = group_batch("adjacent", "right-padded", torch.float64)
+    mask = b.mask.clone()
+    mask[1:4] = 0
+    arguments = (b.rewards, mask, b.index, b.old_log_probs, b.sum_pi_squared)
+    name = "compute_optimal_token_baseline_advantage"
+    options = {"handle_zero_tail": handle_zero_tail}
+    expected = getattr(peer.api, name)(*arguments, **options)
+    actual = getattr(compat, name)(*arguments, **options)
+    _assert_same_pair(actual, expected, torch.float64, f"{peer.label} {options}")
+
+
+def test_plain_otb_runs_on_the_kernel_where_the_alignments_agree(monkeypatch):
+    def refuse(*arguments):
+        raise AssertionError("a right-padded mask must run on the kernel")
+
+    monkeypatch.setattr(compat, "_position_aligned_otb", refuse)
+    b = group_batch("uneven", "right-padded", torch.float64)
+    compat.compute_optimal_token_baseline_advantage(*_otb_arguments(b, True))
+    with pytest.raises(AssertionError, match="must run on the kernel"):
+        holes = group_batch("uneven", "holes", torch.float64)
+        compat.compute_optimal_token_baseline_advantage(*_otb_arguments(holes, True))
 
 
 def test_bad_inputs_get_errors_that_name_them():

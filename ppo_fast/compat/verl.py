@@ -26,11 +26,11 @@ What runs where:
   the statistics); the kernel returns the masked token sum (or sum of per-sequence means) and
   verl's ``agg_loss`` normalisation is applied to it in torch, with its global-count arguments
   (``dp_size``, ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``).
-- The critic-free advantage estimators of one score per row (``compute_grpo_outcome_advantage``
-  and the others of ``__all__`` named ``*_outcome_advantage``): the rows are grouped by their
-  ``index`` uids with ppo_fast's factorisation (O(B), where verl loops over the rows in Python,
-  and never sized by a uid's value), the group statistics run on ``ppo_fast.outcome``
-  (float64); verl's own torch expressions stay around them (the
+- The critic-free advantage estimators (``compute_grpo_outcome_advantage`` and the twelve
+  others of ``__all__``): the rows are grouped by their ``index`` uids with ppo_fast's
+  factorisation (O(B), where verl loops over the rows in Python, and never sized by a uid's
+  value), the group statistics run on ``ppo_fast.outcome`` and the returns and the optimal token
+  baseline on ``ppo_fast.returns`` (float64); verl's own torch expressions stay around them (the
   row sums of ``token_level_rewards``, ``* response_mask``, ``masked_whiten``), so the dtypes
   are verl's. Each verl quirk is reproduced and named in the function's docstring (verl issue
   7793, PRs 7150 and 7893 among them); where the kernels' semantics differ from verl's, verl's
@@ -49,6 +49,7 @@ advantages, returns or old values require grad (verl's trainers detach them).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -56,6 +57,7 @@ import numpy as np
 import torch
 
 from .. import outcome as _outcome
+from .. import returns as _returns
 from .. import torch as ppo_torch
 from .._groups import Groups, factorize
 from .._peers import verl_0_9_1 as _verl
@@ -86,10 +88,14 @@ __all__ = [
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_grpo_vectorized_outcome_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
     "compute_opo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
     "compute_policy_loss",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
     "compute_rewards",
     "compute_rloo_outcome_advantage",
     "compute_rloo_vectorized_outcome_advantage",
@@ -783,3 +789,252 @@ def compute_rloo_vectorized_outcome_advantage(
         advantages = outcome_rows(_REWARDS, _outcome.rloo, scores, groups, singleton="zero")
         advantages = _broadcast(advantages, response_mask)
     return advantages, advantages
+
+
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl.trainer.ppo.core_algos.compute_reinforce_plus_plus_outcome_advantage (arXiv
+    2501.03262): ``(advantages, returns)``.
+
+    The returns are the discounted sums ``G_t = r_t + gamma * G_next`` over each row's valid
+    tokens (``config.gamma``; masked tokens are skipped, the return carries across them), 0 at
+    masked positions: ``ppo_fast.returns.discounted_returns``, in float64. The advantages are the
+    returns whitened over the batch's valid tokens by verl's ``masked_whiten`` (unbiased; fewer
+    than two valid tokens raise ValueError), times ``response_mask``. ``config`` is required (an
+    AssertionError without it, as verl).
+    """
+    assert config is not None
+    gamma = config.gamma
+    with torch.no_grad():
+        returns = _returns.discounted_returns(
+            ppo_torch.to_numpy(token_level_rewards, "token_level_rewards"),
+            gamma=gamma,
+            mask=ppo_torch.to_numpy(response_mask, "response_mask"),
+        )
+        returns = ppo_torch.from_numpy(returns, token_level_rewards)
+        advantages = masked_whiten(returns, response_mask) * response_mask
+    return advantages, returns
+
+
+def _returns_to_go(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """verl's ``(rewards * response_mask).flip(-1).cumsum(-1).flip(-1)``: at a valid position the
+    sum of the row's valid rewards from there on (``ppo_fast.returns.discounted_returns`` with
+    gamma 1, float64), and at a masked one the return of the row's next valid position, 0 after
+    the last (verl's cumulative sum runs through masked positions and stores its running total
+    there: left padding and holes get nonzero returns)."""
+    returns = _returns.discounted_returns(
+        ppo_torch.to_numpy(rewards, "token_level_rewards"),
+        gamma=1.0,
+        mask=ppo_torch.to_numpy(response_mask, "response_mask"),
+    )
+    return _carry_into_masked(ppo_torch.from_numpy(returns, rewards), response_mask)
+
+
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    reward_baselines: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl.trainer.ppo.core_algos.compute_remax_outcome_advantage (arXiv 2310.10505):
+    ``(advantages, returns)``.
+
+    The returns are each valid token's reward-to-go over the row's valid rewards; verl does not
+    zero them at masked positions, where they hold the return of the row's next valid token
+    (left padding gets the whole row's), and the advantages are ``returns - reward_baselines *
+    response_mask``, so at a masked position they are that return too: both reproduced. Note
+    verl's argument order: the baselines (bs,) come before the mask. ``config`` is not read.
+    """
+    with torch.no_grad():
+        dtype = torch.promote_types(token_level_rewards.dtype, response_mask.dtype)
+        returns = _returns_to_go(token_level_rewards.to(dtype), response_mask)
+        advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
+    return advantages, returns
+
+
+def _kernel_otb(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    groups: Groups,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None,
+    handle_zero_tail: bool,
+    epsilon: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ppo_fast.returns.optimal_token_baseline`` (rows aligned by valid-token index) on verl's
+    tensors: ``(advantages, returns)`` in the dtype of ``rewards * response_mask``, the returns
+    carried into masked positions as verl's cumulative sum leaves them."""
+    result_dtype = torch.promote_types(token_level_rewards.dtype, response_mask.dtype)
+    tokens = [token_level_rewards, old_log_probs, sum_pi_squared]
+    if rollout_is_weights is not None:
+        tokens.append(rollout_is_weights)
+    # The kernel takes one dtype: the widest of verl's operands, as its arithmetic promotes them.
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in tokens], result_dtype)
+    names = ("token_level_rewards", "old_log_probs", "sum_pi_squared", "rollout_is_weights")
+    arrays = [ppo_torch.to_numpy(t.to(dtype), n) for t, n in zip(tokens, names, strict=False)]
+    result = _returns.optimal_token_baseline(
+        *arrays[:3],
+        groups,
+        is_weights=arrays[3] if rollout_is_weights is not None else None,
+        mask=ppo_torch.to_numpy(response_mask, "response_mask"),
+        eps=epsilon,
+        zero_tail=bool(handle_zero_tail),
+    )
+    device = token_level_rewards.device
+    advantages = torch.from_numpy(result.advantages).to(device=device, dtype=result_dtype)
+    returns = torch.from_numpy(result.returns).to(device=device, dtype=result_dtype)
+    return advantages, _carry_into_masked(returns, response_mask)
+
+
+def _position_aligned_otb(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    groups: Groups,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None,
+    handle_zero_tail: bool,
+    epsilon: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's plain OTB where its alignment by position differs from the kernel's by valid-token
+    index: verl's torch expressions, with its loop over the groups replaced by sums over the
+    dense group ids (``index_add_``) and its zero-tail bookkeeping by per-group maxima."""
+    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    w_per_timestep = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+    if rollout_is_weights is not None:
+        w_per_timestep = w_per_timestep * (rollout_is_weights**2)
+    w_cumulative = (w_per_timestep * response_mask).cumsum(dim=-1)
+    device = returns.device
+    group_ids = torch.tensor(groups.ids, device=device)
+    per_group = (groups.n_groups, returns.shape[-1])
+    weighted = returns * w_cumulative * response_mask
+    numerator = weighted.new_zeros(per_group).index_add_(0, group_ids, weighted)
+    weights = w_cumulative * response_mask
+    denominator = weights.new_zeros(per_group).index_add_(0, group_ids, weights) + epsilon
+    baselines = (numerator / denominator)[group_ids].to(returns.dtype)
+    # A group of one row has no baseline.
+    sizes = torch.tensor(groups.sizes, device=device)[group_ids]
+    baselines[sizes == 1] = 0.0
+    if handle_zero_tail:
+        lengths = response_mask.sum(dim=-1).long()
+        longest = torch.full((groups.n_groups,), -1, device=device)
+        longest = longest.scatter_reduce(0, group_ids, lengths, "amax")[group_ids]
+        at_longest = lengths == longest
+        n_longest = torch.zeros(groups.n_groups, dtype=torch.long, device=device)
+        n_longest = n_longest.index_add_(0, group_ids, at_longest.long())[group_ids]
+        others = torch.where(at_longest, -1, lengths)
+        second = torch.full((groups.n_groups,), -1, device=device)
+        second = second.scatter_reduce(0, group_ids, others, "amax")[group_ids]
+        # verl zeroes the unique longest row's baseline from the second-longest length on.
+        alone_longest = at_longest & (n_longest == 1) & (sizes > 1)
+        positions = torch.arange(returns.shape[-1], device=device)
+        baselines[alone_longest[:, None] & (positions >= second[:, None])] = 0.0
+    advantages = (returns - baselines) * response_mask
+    return advantages, returns
+
+
+def _kernel_aligns_as_verl(
+    response_mask: torch.Tensor, groups: Groups, handle_zero_tail: bool
+) -> bool:
+    """Whether verl's plain OTB (rows aligned by position) equals the kernel's (by valid-token
+    index): when every row's valid tokens start its row with no hole, and no group holds a
+    single row with valid tokens among empty ones without the zero tail (verl counts the empty
+    rows as members: that row gets a baseline G W / (W + eps), the kernel's none)."""
+    valid = response_mask.bool()
+    lengths = valid.sum(dim=-1)
+    positions = torch.arange(valid.shape[-1], device=valid.device)
+    if not torch.equal(valid, positions < lengths[:, None]):
+        return False
+    if handle_zero_tail:
+        return True
+    non_empty = np.bincount(
+        groups.ids, weights=(lengths > 0).cpu().numpy(), minlength=groups.n_groups
+    )
+    return not np.any((non_empty == 1) & (groups.sizes > 1))
+
+
+def compute_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl.trainer.ppo.core_algos.compute_optimal_token_baseline_advantage:
+    ``(advantages, returns)``, the optimal token baseline (OTB) of each group of ``index``.
+
+    Returns ``G_t``: the reward-to-go over the row's valid rewards. Baseline at position t:
+    ``sum(G_t W_t) / (sum(W_t) + epsilon)`` over the group's rows valid at t, with
+    ``W_t = cumsum((1 - 2 exp(old_log_probs) + sum_pi_squared) * rollout_is_weights**2)`` over
+    the valid positions; none for a group of one row, and with ``handle_zero_tail`` none for the
+    group's unique longest row from the second-longest row's length on. Advantages ``(G - B)``
+    times ``response_mask``.
+
+    verl's quirks, reproduced: the rows are aligned by position t, not by the index of the
+    valid token (``compute_multi_turn_optimal_token_baseline_advantage`` aligns by index), and
+    the zero tail starts at the position equal to the second-longest number of valid tokens;
+    the returns are not zeroed at masked positions (they hold the next valid token's return);
+    a row without valid tokens is a member of its group. Where the mask is right-padded (every
+    row's valid tokens first, no hole) the two alignments agree and ``ppo_fast.returns.
+    optimal_token_baseline`` runs; otherwise verl's torch expressions, vectorised over the
+    groups.
+    """
+    with torch.no_grad():
+        groups = _loop_groups(index, token_level_rewards.shape[0])
+        arguments = (
+            token_level_rewards,
+            response_mask,
+            groups,
+            old_log_probs,
+            sum_pi_squared,
+            rollout_is_weights,
+            handle_zero_tail,
+            epsilon,
+        )
+        if _kernel_aligns_as_verl(response_mask, groups, handle_zero_tail):
+            return _kernel_otb(*arguments)
+        return _position_aligned_otb(*arguments)
+
+
+def compute_multi_turn_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl.trainer.ppo.core_algos.compute_multi_turn_optimal_token_baseline_advantage (the
+    "tir" OTB) on ``ppo_fast.returns.optimal_token_baseline``: ``(advantages, returns)``.
+
+    As ``compute_optimal_token_baseline_advantage``, but the rows of a group are compared token
+    by token in the order of their valid tokens, whatever their positions (tool and observation
+    tokens masked out of a turn do not shift them), and rows without valid tokens belong to no
+    group; verl's per-row Python loops are the kernel's pass over the rows. The returns are not
+    zeroed at masked positions (they hold the next valid token's return), as verl leaves them.
+    """
+    with torch.no_grad():
+        groups = _loop_groups(index, token_level_rewards.shape[0])
+        return _kernel_otb(
+            token_level_rewards,
+            response_mask,
+            groups,
+            old_log_probs,
+            sum_pi_squared,
+            rollout_is_weights,
+            handle_zero_tail,
+            epsilon,
+        )
