@@ -1081,8 +1081,9 @@ def _outcome_targets() -> list[Target]:
 
 def _compat_estimator_targets() -> list[Target]:
     """The compat modules' advantage estimators: verl's (token-level rewards summed into one
-    score per row, grouped by an ``index`` of uids), TRL's GRPO and RLOO blocks."""
-    from ppo_fast.compat import trl, verl
+    score per row, grouped by an ``index`` of uids; the token-level ones), OpenRLHF's returns,
+    TRL's GRPO and RLOO blocks."""
+    from ppo_fast.compat import openrlhf, trl, verl
 
     peer = (RuntimeError, AssertionError, AttributeError, IndexError, OverflowError)
 
@@ -1093,6 +1094,30 @@ def _compat_estimator_targets() -> list[Target]:
             "index": _objects(["p", "q", "p"]),  # q is a group of one
             "epsilon": 1e-6,
         }
+
+    def verl_tokens(rng):
+        return {
+            **_tokens(rng, "token_level_rewards"),
+            "response_mask": MASK.astype(np.int64),
+            "config": VerlConfig(gamma=0.9),
+        }
+
+    def verl_remax(rng):
+        return {**verl_tokens(rng), "reward_baselines": rng.normal(size=B)}
+
+    def verl_otb(rng):
+        probabilities = rng.uniform(0.05, 0.95, size=(B, T))
+        return {
+            **_tokens(rng, "token_level_rewards"),
+            "response_mask": MASK.astype(np.int64),
+            "index": _objects(["p", "q", "p"]),
+            "old_log_probs": np.log(probabilities),
+            "sum_pi_squared": probabilities**2 + 0.1,
+            "epsilon": 1e-8,
+        }
+
+    def orl_returns(rng):
+        return {**_tokens(rng, "rewards"), "action_mask": MASK.copy(), "gamma": 0.9}
 
     def trl_rows(rng):
         return {
@@ -1141,6 +1166,60 @@ def _compat_estimator_targets() -> list[Target]:
             verl_rows,
             ("token_level_rewards",),
             **verl_options,
+        ),
+        Target(
+            "verl.compute_reinforce_plus_plus_outcome_advantage",
+            verl.compute_reinforce_plus_plus_outcome_advantage,
+            verl_tokens,
+            ("token_level_rewards",),
+            "response_mask",
+            aliases={"token_level_rewards": ("rewards",), "response_mask": ("mask",)},
+            torch=True,
+            peer_errors=peer,
+        ),
+        Target(
+            "verl.compute_remax_outcome_advantage",
+            verl.compute_remax_outcome_advantage,
+            verl_remax,
+            ("token_level_rewards",),
+            "response_mask",
+            per_row=("reward_baselines",),
+            aliases={"token_level_rewards": ("rewards",), "response_mask": ("mask",)},
+            torch=True,
+            peer_errors=peer,
+        ),
+        *(
+            Target(
+                f"verl.{function.__name__}",
+                function,
+                verl_otb,
+                ("token_level_rewards", "old_log_probs", "sum_pi_squared"),
+                **{
+                    **verl_options,
+                    "aliases": {
+                        "token_level_rewards": ("rewards",),
+                        "old_log_probs": ("old_logprobs",),
+                        "epsilon": ("eps",),
+                        "response_mask": ("mask",),
+                    },
+                    "scalars": {"epsilon": 1e-8},
+                },
+            )
+            for function in (
+                verl.compute_optimal_token_baseline_advantage,
+                verl.compute_multi_turn_optimal_token_baseline_advantage,
+            )
+        ),
+        Target(
+            "openrlhf.get_cumulative_returns",
+            openrlhf.get_cumulative_returns,
+            orl_returns,
+            ("rewards",),
+            "action_mask",
+            scalars={"gamma": 0.9},
+            aliases={"action_mask": ("mask",)},
+            torch=True,
+            peer_errors=peer,
         ),
         Target(
             "trl.grpo_advantages",
