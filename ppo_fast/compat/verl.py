@@ -451,9 +451,11 @@ def _as_torch_index_groups(index: Any, n_rows: int) -> Groups:
     if labels.dtype.kind in "fb":
         return _factorize_index(_verl.as_torch_index(labels, device="cpu").numpy(), n_rows)
     try:
-        return _factorize_index(labels.astype(np.int64), n_rows)
+        parsed = labels.astype(np.int64)
     except Exception:  # as verl's: any label that int() refuses leaves the labels as they are
-        pass
+        parsed = None
+    if parsed is not None:
+        return _factorize_index(parsed, n_rows)
     if labels.dtype == object and len(set(map(type, labels))) > 1:
         # np.unique cannot sort labels of several types: verl's fallback numbers their str().
         return _factorize_index(_verl.as_torch_index(labels, device="cpu").numpy(), n_rows)
