@@ -4,14 +4,15 @@ Each loader returns a ``Peer``: the real package's functions where it imports at
 compat module cites, else the verbatim copy shipped in ppo_fast._peers (the copies the
 benchmark times). ``Peer.label`` says which
 (``verl-0.9.1-real``, ``verl-0.9.1-copy``) and goes into every parity test's id, so a run shows
-what it compared against; nothing is skipped for a missing package.
+what it compared against; nothing is skipped for a missing package. The advantage estimators
+are held to both where verl imports (``verl_real_and_copy``).
 
 - verl 0.9.1 imports with ``pip install --no-deps verl==0.9.1`` plus omegaconf, codetiming,
   transformers and ray (the ``compat-test`` extra).
 - OpenRLHF 0.11.2 and TRL 0.29.1 always run as copies: OpenRLHF's package imports deepspeed,
-  peft and flash-attn (a CUDA build); TRL's trainer code is inline in PPOTrainer.train. Their
-  copies are checked against the installed wheels' source where present
-  (tests/test_compat_peer_copies.py).
+  peft and flash-attn (a CUDA build); TRL's trainer code is inline in PPOTrainer.train and in the
+  GRPO and RLOO trainers' _generate_and_score_completions. Their copies are checked against the
+  installed wheels' source where present (tests/test_compat_peer_copies.py).
 """
 
 from __future__ import annotations
