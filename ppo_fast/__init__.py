@@ -1,6 +1,7 @@
 """ppo_fast: the numeric core of PPO for language models, exact and compiled.
 
-KL-shaped rewards, GAE, masked whitening and fused clipped losses over ragged batches (padded
+KL-shaped rewards, GAE, the critic-free estimators (discounted returns for REINFORCE++, ReMax, the
+optimal token baseline), masked whitening and fused clipped losses over ragged batches (padded
 with a mask or lengths, or packed with cu_seqlens), on numba, Cython or the pure-Python oracle.
 """
 
@@ -19,12 +20,20 @@ from .outcome import (
     reinforce_plus_plus_baseline,
     rloo,
 )
+from .returns import (
+    AdvantagesResult,
+    discounted_returns,
+    optimal_token_baseline,
+    reinforce_plus_plus,
+    remax,
+)
 from .rewards import kl_penalty, shape_rewards
 from .whiten import Moments, masked_moments, whiten
 
 __version__ = "0.2.0"
 
 __all__ = [
+    "AdvantagesResult",
     "BackendUnavailableError",
     "GAEResult",
     "Moments",
@@ -33,6 +42,7 @@ __all__ = [
     "available_backends",
     "broadcast_to_tokens",
     "clipped_surrogate",
+    "discounted_returns",
     "gae",
     "gdpo",
     "get_backend",
@@ -42,8 +52,11 @@ __all__ = [
     "kl_penalty",
     "masked_moments",
     "opo",
+    "optimal_token_baseline",
     "pass_at_k",
+    "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
+    "remax",
     "rloo",
     "set_backend",
     "set_num_threads",

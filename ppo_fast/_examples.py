@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ._spec import CODE, FLOAT64, ROWS, TOKEN, Kernel
+from . import _groups
+from ._spec import CODE, ELEMENTWISE, FLOAT64, GROUPS, TOKEN, Kernel
 from ._validate import Rows
 
 
@@ -42,7 +43,8 @@ def arguments(
 
     Inputs and row inputs are drawn uniformly in their table ranges; scalars are the table's first
     example (code 0) unless given; optional inputs are present when ``optional``, else empty.
-    Outputs are fresh ``np.empty`` arrays, so that a kernel must write every position.
+    A kernel over groups takes the groups the rows carry, or pairs of adjacent rows when they
+    carry none. Outputs are fresh ``np.empty`` arrays, so that a kernel must write every position.
     """
     token_dtype = np.dtype(dtype)
     n_positions = rows.n_positions
@@ -51,8 +53,12 @@ def arguments(
         size = n_positions if optional or not array.optional else 0
         named[array.name] = rng.uniform(array.low, array.high, size).astype(token_dtype)
     named["starts"], named["spans"] = rows.starts, rows.spans
-    if kernel.layout == ROWS:
+    if kernel.layout != ELEMENTWISE:
         named["lengths"], named["mask"] = rows.lengths, rows.mask
+    if kernel.layout == GROUPS:
+        if rows.groups is None:
+            rows = _groups.with_groups(rows, np.arange(rows.n_rows) // 2)
+        named.update(rows.group_arguments)
     for array in kernel.row_inputs:
         values = rng.uniform(array.low, array.high, rows.n_rows)
         named[array.name] = values.astype(argument_dtype(array.dtype, token_dtype))

@@ -8,7 +8,8 @@ Cython twin in ``src/``. Conventions that keep them fast and exact:
   arithmetic per row and reduce per row, so results are identical bit for bit on any number of
   threads. Numba's default threading layer must not be entered from two Python threads at once
   (it aborts the process), so the parallel build runs under a lock and a call that finds the
-  lock taken runs the serial build on its own thread instead.
+  lock taken runs the serial build on its own thread instead. A kernel of the "groups" layout
+  runs its prange over groups, each reduced on its own in row order: the same guarantee.
 - Validity is tested inline with `has_mask` hoisted: through a helper function the
   short-circuit control flow stops LLVM from vectorizing the loss kernels (9x slower).
 - Positions are indexed with unsigned integers, which removes numba's negative-index
@@ -284,6 +285,277 @@ def gae(
             else:
                 advantages[i] = 0.0
                 returns[i] = 0.0
+
+
+@intrinsic
+def _mask_word(typingctx, mask, index):
+    """The 8 bytes of a uint8 array from ``index`` on, as one uint64 (an unaligned load)."""
+    if not (isinstance(mask, types.Array) and mask.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        array = context.make_array(sig.args[0])(context, builder, args[0])
+        address = builder.gep(array.data, [args[1]])
+        return builder.load(builder.bitcast(address, ir.IntType(64).as_pointer()), align=1)
+
+    return types.uint64(mask, index), codegen
+
+
+_U8 = np.uint64(8)
+_BYTE_ONES = np.uint64(0x0101010101010101)
+_BYTE_HIGHS = np.uint64(0x8080808080808080)
+
+
+@_jit
+def _all_valid(mask, i):
+    """Whether the 8 mask bytes from position i on are all nonzero: a word has a zero byte
+    exactly when (word - 0x01..01) & ~word & 0x80..80 is nonzero (Hacker's Delight 6-1)."""
+    word = _mask_word(mask, i)
+    return ((word - _BYTE_ONES) & ~word & _BYTE_HIGHS) == 0
+
+
+@_jit
+def _returns_row(
+    rewards, start, span, length, mask, has_mask, gamma, running, baseline, advantages, returns
+):
+    """Twin: src/rows_returns.h ppo_returns_row. One row of discounted returns (and, when
+    ``advantages`` is not empty, returns - baseline), float64 state.
+
+    The recursion G = fma(gamma, G_next, r) is a chain of dependent fma, 4 cycles each: alone it
+    holds a row to about 2.5 times the memory floor. So the valid prefix runs backwards in blocks
+    of 8 positions: a block whose 8 positions are valid gets its own suffix returns a_j (a chain
+    within the block, independent of the other blocks) and then G_j = fma(gamma^(8-j), G_8,
+    a_j), which moves the row's chain 8 positions per fma. Other blocks (a masked position
+    among the 8) and the row's first positions (fewer than 8) take the plain recursion. The
+    float64 sums are thus associated per block: a few ulp from the oracle's recursion (a sum
+    beyond float64's range may overflow in one order and not in the other). Blocks are not used
+    when gamma^8 underflows to 0 for a gamma > 0: gamma^8 * inf would then be NaN where the
+    recursion gives inf.
+    """
+    valid_end = min(length, span)
+    for i in range(start + valid_end, start + span):
+        returns[i] = 0.0
+        if advantages.shape[0] > 0:
+            advantages[i] = 0.0
+    power_1 = gamma
+    power_2 = gamma * power_1
+    power_3 = gamma * power_2
+    power_4 = gamma * power_3
+    power_5 = gamma * power_4
+    power_6 = gamma * power_5
+    power_7 = gamma * power_6
+    power_8 = gamma * power_7
+    t = valid_end
+    if gamma == 0.0 or power_8 != 0.0:
+        while t >= _U8:
+            i = start + t - _U8
+            if not has_mask or _all_valid(mask, i):
+                a_7 = np.float64(rewards[i + np.uint64(7)])
+                a_6 = fma(gamma, a_7, np.float64(rewards[i + np.uint64(6)]))
+                a_5 = fma(gamma, a_6, np.float64(rewards[i + np.uint64(5)]))
+                a_4 = fma(gamma, a_5, np.float64(rewards[i + np.uint64(4)]))
+                a_3 = fma(gamma, a_4, np.float64(rewards[i + np.uint64(3)]))
+                a_2 = fma(gamma, a_3, np.float64(rewards[i + np.uint64(2)]))
+                a_1 = fma(gamma, a_2, np.float64(rewards[i + _U1]))
+                a_0 = fma(gamma, a_1, np.float64(rewards[i]))
+                g_7 = fma(power_1, running, a_7)
+                g_6 = fma(power_2, running, a_6)
+                g_5 = fma(power_3, running, a_5)
+                g_4 = fma(power_4, running, a_4)
+                g_3 = fma(power_5, running, a_3)
+                g_2 = fma(power_6, running, a_2)
+                g_1 = fma(power_7, running, a_1)
+                running = fma(power_8, running, a_0)
+                returns[i + np.uint64(7)] = g_7
+                returns[i + np.uint64(6)] = g_6
+                returns[i + np.uint64(5)] = g_5
+                returns[i + np.uint64(4)] = g_4
+                returns[i + np.uint64(3)] = g_3
+                returns[i + np.uint64(2)] = g_2
+                returns[i + _U1] = g_1
+                returns[i] = running
+                if advantages.shape[0] > 0:
+                    advantages[i + np.uint64(7)] = g_7 - baseline
+                    advantages[i + np.uint64(6)] = g_6 - baseline
+                    advantages[i + np.uint64(5)] = g_5 - baseline
+                    advantages[i + np.uint64(4)] = g_4 - baseline
+                    advantages[i + np.uint64(3)] = g_3 - baseline
+                    advantages[i + np.uint64(2)] = g_2 - baseline
+                    advantages[i + _U1] = g_1 - baseline
+                    advantages[i] = running - baseline
+            else:
+                for k in range(_U8):
+                    j = i + _U8 - _U1 - k
+                    if mask[j] != 0:
+                        running = fma(gamma, running, np.float64(rewards[j]))
+                        returns[j] = running
+                        if advantages.shape[0] > 0:
+                            advantages[j] = running - baseline
+                    else:
+                        returns[j] = 0.0
+                        if advantages.shape[0] > 0:
+                            advantages[j] = 0.0
+            t -= _U8
+    for k in range(t):
+        i = start + t - _U1 - k
+        if not has_mask or mask[i] != 0:
+            running = fma(gamma, running, np.float64(rewards[i]))
+            returns[i] = running
+            if advantages.shape[0] > 0:
+                advantages[i] = running - baseline
+        else:
+            returns[i] = 0.0
+            if advantages.shape[0] > 0:
+                advantages[i] = 0.0
+
+
+def discounted_returns(rewards, starts, spans, lengths, mask, gammas, bootstrap, returns):
+    """Twin: src/rows_returns.h ppo_discounted_returns_row (see _returns_row)."""
+    has_mask = mask.shape[0] > 0
+    no_advantages = returns[:0]
+    for b in prange(starts.shape[0]):
+        _returns_row(
+            rewards, np.uint64(starts[b]), np.uint64(spans[b]), np.uint64(lengths[b]), mask,
+            has_mask, gammas[b], bootstrap[b], 0.0, no_advantages, returns,
+        )  # fmt: skip
+
+
+def remax(rewards, starts, spans, lengths, mask, gammas, bootstrap, baselines, advantages, returns):
+    """Twin: src/rows_returns.h ppo_remax_row: discounted_returns' rows, and the advantages."""
+    has_mask = mask.shape[0] > 0
+    for b in prange(starts.shape[0]):
+        _returns_row(
+            rewards, np.uint64(starts[b]), np.uint64(spans[b]), np.uint64(lengths[b]), mask,
+            has_mask, gammas[b], bootstrap[b], baselines[b], advantages, returns,
+        )  # fmt: skip
+
+
+@_jit
+def _valid_count(start, span, length, mask, has_mask):
+    """The number of valid positions of a row."""
+    valid_end = min(length, span)
+    if not has_mask:
+        return valid_end
+    count = np.uint64(0)
+    for i in range(start, start + valid_end):
+        count += np.uint64(mask[i] != 0)
+    return count
+
+
+def optimal_token_baseline(
+    rewards,
+    old_logprobs,
+    sum_pi_squared,
+    is_weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    group_rows,
+    group_starts,
+    gammas,
+    bootstrap,
+    eps,
+    zero_tail,
+    advantages,
+    returns,
+):
+    """Twin: src/rows_returns.h ppo_optimal_token_baseline_group. prange over groups; a group's
+    sums run over its rows in order, in a float64 scratch of 3 x its longest row's valid tokens
+    (the baseline's numerators and denominators by valid-token index, and one row's returns)."""
+    has_mask = mask.shape[0] > 0
+    has_is_weights = is_weights.shape[0] > 0
+    for g in prange(group_starts.shape[0] - 1):
+        first = group_starts[g]
+        end = group_starts[g + 1]
+        # The longest and second-longest rows (by valid tokens) and how many are that long.
+        longest = np.uint64(0)
+        second = np.uint64(0)
+        n_longest = 0
+        n_reaching = 0
+        for j in range(first, end):
+            b = group_rows[j]
+            count = _valid_count(
+                np.uint64(starts[b]), np.uint64(spans[b]), np.uint64(lengths[b]), mask, has_mask
+            )
+            if count == 0:
+                continue
+            n_reaching += 1
+            if count > longest:
+                second = longest
+                longest = count
+                n_longest = 1
+            elif count == longest:
+                n_longest += 1
+            elif count > second:
+                second = count
+        if n_reaching < 2:
+            baseline_end = np.uint64(0)
+        elif zero_tail != 0 and n_longest == 1:
+            baseline_end = second
+        else:
+            baseline_end = longest
+        scratch = np.empty(np.uint64(3) * longest)
+        numerators = scratch[:baseline_end]
+        denominators = scratch[longest : longest + baseline_end]
+        row_returns = scratch[np.uint64(2) * longest :]
+        numerators[:] = 0.0
+        denominators[:] = 0.0
+        for j in range(first, end):
+            b = group_rows[j]
+            start = np.uint64(starts[b])
+            valid_end = min(np.uint64(lengths[b]), np.uint64(spans[b]))
+            gamma = gammas[b]
+            running = bootstrap[b]
+            # The row's returns by valid-token index, from the end of the scratch row back.
+            slot = longest
+            for k in range(valid_end):
+                i = start + valid_end - _U1 - k
+                if not has_mask or mask[i] != 0:
+                    running = fma(gamma, running, np.float64(rewards[i]))
+                    slot -= _U1
+                    row_returns[slot] = running
+            cumulative = 0.0
+            index = np.uint64(0)
+            for i in range(start, start + valid_end):
+                if index == baseline_end:
+                    break
+                if not has_mask or mask[i] != 0:
+                    weight = 1.0 - 2.0 * math.exp(np.float64(old_logprobs[i]))
+                    weight = weight + np.float64(sum_pi_squared[i])
+                    if has_is_weights:
+                        is_weight = np.float64(is_weights[i])
+                        weight = weight * (is_weight * is_weight)
+                    cumulative = cumulative + weight
+                    numerators[index] = numerators[index] + row_returns[slot + index] * cumulative
+                    denominators[index] = denominators[index] + cumulative
+                    index += _U1
+        for k in range(baseline_end):
+            numerators[k] = numerators[k] / (denominators[k] + eps)
+        baselines = numerators
+        for j in range(first, end):
+            b = group_rows[j]
+            start = np.uint64(starts[b])
+            span = np.uint64(spans[b])
+            length = np.uint64(lengths[b])
+            valid_end = min(length, span)
+            gamma = gammas[b]
+            running = bootstrap[b]
+            index = _valid_count(start, span, length, mask, has_mask)
+            for i in range(start + valid_end, start + span):
+                advantages[i] = 0.0
+                returns[i] = 0.0
+            for k in range(valid_end):
+                i = start + valid_end - _U1 - k
+                if not has_mask or mask[i] != 0:
+                    running = fma(gamma, running, np.float64(rewards[i]))
+                    index -= _U1
+                    baseline = baselines[index] if index < baseline_end else 0.0
+                    advantages[i] = running - baseline
+                    returns[i] = running
+                else:
+                    advantages[i] = 0.0
+                    returns[i] = 0.0
 
 
 def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
@@ -621,6 +893,9 @@ class _Specialised:
 kl_penalty = _Specialised(_kl_penalty_rows, KERNELS["kl_penalty"])
 shape_rewards = _Specialised(_shape_rewards_rows, KERNELS["shape_rewards"])
 gae = _Kernel(gae)
+discounted_returns = _Kernel(discounted_returns)
+remax = _Kernel(remax)
+optimal_token_baseline = _Kernel(optimal_token_baseline)
 moments = _Kernel(moments, fastmath={"reassoc"})
 whiten = _Kernel(whiten)
 clipped_surrogate = _Kernel(clipped_surrogate, fastmath={"reassoc"})

@@ -7,7 +7,9 @@ C-contiguous token arrays, per-row ``starts``, ``spans`` and ``lengths`` (int64)
 ``mask`` that is empty when every position within ``lengths`` is valid, per-row values, scalars,
 and preallocated outputs that every position of every row is written to. Position
 ``i = starts[b] + t`` of row ``b`` is valid when ``t < lengths[b]`` and (no mask or
-``mask[i] != 0``). ``n_threads`` is accepted and ignored: the oracle is serial.
+``mask[i] != 0``). A kernel of the "groups" layout also takes ``group_rows`` and
+``group_starts`` (``_spec``) and reduces over the rows of each group in row order. ``n_threads``
+is accepted and ignored: the oracle is serial.
 """
 
 from __future__ import annotations
@@ -131,6 +133,125 @@ def gae(
             else:
                 advantages[i] = 0.0
                 returns[i] = 0.0
+
+
+def discounted_returns(
+    rewards, starts, spans, lengths, mask, gammas, bootstrap, returns, n_threads
+):
+    """G_k = r_k + gamma * G_{k+1} over a row's valid positions, G_{n+1} = bootstrap[b]."""
+    for b in range(starts.shape[0]):
+        gamma = float(gammas[b])
+        running = float(bootstrap[b])
+        for t in range(spans[b] - 1, -1, -1):
+            i = starts[b] + t
+            if _valid(mask, i, t, lengths[b]):
+                running = float(rewards[i]) + gamma * running
+                returns[i] = running
+            else:
+                returns[i] = 0.0
+
+
+def remax(
+    rewards,
+    starts,
+    spans,
+    lengths,
+    mask,
+    gammas,
+    bootstrap,
+    baselines,
+    advantages,
+    returns,
+    n_threads,
+):
+    """The returns of ``discounted_returns``, and advantages = returns - baselines[b]."""
+    for b in range(starts.shape[0]):
+        gamma = float(gammas[b])
+        baseline = float(baselines[b])
+        running = float(bootstrap[b])
+        for t in range(spans[b] - 1, -1, -1):
+            i = starts[b] + t
+            if _valid(mask, i, t, lengths[b]):
+                running = float(rewards[i]) + gamma * running
+                advantages[i] = running - baseline
+                returns[i] = running
+            else:
+                advantages[i] = 0.0
+                returns[i] = 0.0
+
+
+def _row_positions(starts, spans, lengths, mask, b) -> list[int]:
+    """The valid positions of row b, in order."""
+    return [starts[b] + t for t in range(spans[b]) if _valid(mask, starts[b] + t, t, lengths[b])]
+
+
+def optimal_token_baseline(
+    rewards,
+    old_logprobs,
+    sum_pi_squared,
+    is_weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    group_rows,
+    group_starts,
+    gammas,
+    bootstrap,
+    eps,
+    zero_tail,
+    advantages,
+    returns,
+    n_threads,
+):
+    """Per group, at each index k of the rows' valid tokens (k = 0, 1, ...):
+
+        w_k = (1 - 2 exp(old_logprobs_k) + sum_pi_squared_k) * is_weights_k^2
+        W_k = w_0 + ... + w_k,    G_k = the return of ``discounted_returns``
+        B_k = sum(G_k W_k) / (sum(W_k) + eps)
+
+    summed in row order over the group's rows that have a k-th valid token. B = 0 when fewer
+    than two of the group's rows have a valid token, and, with ``zero_tail`` (code 1), at
+    k >= the second-longest row's length when the longest row is the only one that long.
+    Writes advantages = G_k - B_k and returns = G_k at the valid positions, 0 elsewhere.
+    """
+    for g in range(group_starts.shape[0] - 1):
+        rows = [int(b) for b in group_rows[group_starts[g] : group_starts[g + 1]]]
+        positions = {b: _row_positions(starts, spans, lengths, mask, b) for b in rows}
+        row_returns = {}
+        for b in rows:
+            gamma, running = float(gammas[b]), float(bootstrap[b])
+            backwards = []
+            for i in reversed(positions[b]):
+                running = float(rewards[i]) + gamma * running
+                backwards.append(running)
+            row_returns[b] = backwards[::-1]
+        counts = sorted((len(positions[b]) for b in rows if positions[b]), reverse=True)
+        if len(counts) < 2:
+            baseline_end = 0
+        elif zero_tail and counts[0] > counts[1]:
+            baseline_end = counts[1]
+        else:
+            baseline_end = counts[0]
+        numerators = [0.0] * baseline_end
+        denominators = [0.0] * baseline_end
+        for b in rows:
+            cumulative = 0.0
+            for k, i in enumerate(positions[b][:baseline_end]):
+                weight = 1.0 - 2.0 * safe_exp(float(old_logprobs[i])) + float(sum_pi_squared[i])
+                if is_weights.shape[0]:
+                    weight *= float(is_weights[i]) * float(is_weights[i])
+                cumulative += weight
+                numerators[k] += row_returns[b][k] * cumulative
+                denominators[k] += cumulative
+        baselines = [n / (d + eps) for n, d in zip(numerators, denominators, strict=True)]
+        for b in rows:
+            for t in range(spans[b]):
+                advantages[starts[b] + t] = returns[starts[b] + t] = 0.0
+            for k, i in enumerate(positions[b]):
+                baseline = baselines[k] if k < baseline_end else 0.0
+                advantages[i] = row_returns[b][k] - baseline
+                returns[i] = row_returns[b][k]
 
 
 def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq, n_threads):

@@ -9,7 +9,12 @@ arguments ``Kernel.arguments`` lists, in that order:
     layout          "rows": starts, spans, lengths (int64 (B,)) and mask (uint8 (N,), or (0,)
                     when every position within lengths is valid): see ``_validate.Rows``;
                     "elementwise": starts and spans only (the positions are cut into rows only so
-                    that threads can share them)
+                    that threads can share them);
+                    "groups": the rows' four, then group_rows (int64 (B,): every row once,
+                    ordered by group and, within a group, by row number) and group_starts (int64
+                    (n_groups + 1,): group g is group_rows[group_starts[g]:group_starts[g + 1]]),
+                    for a kernel that reduces across the rows of a group (``_validate.Rows``'
+                    ``group_arguments``): it runs in parallel over groups, not rows
     row inputs      (B,) arrays, one value per row, float64 or in the token dtype
     scalars         float64, the token dtype (a NumPy scalar of it), or an integer code
     outputs         token arrays written at every position of every row (0 where not valid)
@@ -37,7 +42,9 @@ from typing import Any
 ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
 
 FLOAT64, TOKEN, CODE = "float64", "token", "code"
-ROWS, ELEMENTWISE = "rows", "elementwise"
+ROWS, ELEMENTWISE, GROUPS = "rows", "elementwise", "groups"
+ROW_LAYOUT = ("starts", "spans", "lengths", "mask")
+GROUP_LAYOUT = (*ROW_LAYOUT, "group_rows", "group_starts")
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,9 @@ class Kernel:
     @property
     def layout_arguments(self) -> tuple[str, ...]:
         if self.layout == ROWS:
-            return ("starts", "spans", "lengths", "mask")
+            return ROW_LAYOUT
+        if self.layout == GROUPS:
+            return GROUP_LAYOUT
         return ("starts", "spans")
 
     @property
@@ -116,6 +125,11 @@ class Kernel:
 
 _CLAMPS = (math.inf, 10.0, 0.3)
 _LOG_RATIOS = Array("logprobs"), Array("ref_logprobs")
+_GAMMAS = Array("gammas", FLOAT64, low=0.0, high=1.0)
+_BOOTSTRAP = Array("bootstrap", FLOAT64)
+# zero_tail's codes: whether the unique longest row of a group gets no baseline past the
+# second-longest row's length.
+ZERO_TAIL = ("off", "on")
 
 KERNELS: dict[str, Kernel] = {
     kernel.name: kernel
@@ -149,10 +163,37 @@ KERNELS: dict[str, Kernel] = {
             "gae",
             "GAE advantages and returns, float64 state",
             inputs=(Array("rewards"), Array("values")),
-            row_inputs=(
-                Array("gammas", FLOAT64, low=0.0, high=1.0),
-                Array("lams", FLOAT64, low=0.0, high=1.0),
-                Array("bootstrap", FLOAT64),
+            row_inputs=(_GAMMAS, Array("lams", FLOAT64, low=0.0, high=1.0), _BOOTSTRAP),
+            outputs=(Array("advantages"), Array("returns")),
+        ),
+        Kernel(
+            "discounted_returns",
+            "discounted returns (reward-to-go), float64 state",
+            inputs=(Array("rewards"),),
+            row_inputs=(_GAMMAS, _BOOTSTRAP),
+            outputs=(Array("returns"),),
+        ),
+        Kernel(
+            "remax",
+            "discounted returns, and returns minus each row's baseline (ReMax)",
+            inputs=(Array("rewards"),),
+            row_inputs=(_GAMMAS, _BOOTSTRAP, Array("baselines", FLOAT64)),
+            outputs=(Array("advantages"), Array("returns")),
+        ),
+        Kernel(
+            "optimal_token_baseline",
+            "returns minus the group's optimal baseline at each valid-token index (OTB)",
+            inputs=(
+                Array("rewards"),
+                Array("old_logprobs", low=-3.0, high=0.0),
+                Array("sum_pi_squared", low=0.0, high=1.0),
+                Array("is_weights", optional=True, low=0.0, high=2.0),
+            ),
+            layout=GROUPS,
+            row_inputs=(_GAMMAS, _BOOTSTRAP),
+            scalars=(
+                Scalar("eps", examples=(1e-8, 0.0, 0.5, 1.0)),
+                Scalar("zero_tail", CODE, choices=ZERO_TAIL),
             ),
             outputs=(Array("advantages"), Array("returns")),
         ),

@@ -101,6 +101,22 @@ class Rows(NamedTuple):
             "mask": self.mask,
         }
 
+    @property
+    def group_arguments(self) -> dict[str, np.ndarray]:
+        """The group layout arguments of a kernel that reduces per group (``_spec.GROUPS``):
+        ``group_rows``, every row once, ordered by group and within a group by row number (a
+        stable sort of the group ids, so that each group's sums run in row order), and
+        ``group_starts``, where each group's rows begin in it (and the end)."""
+        if self.groups is None:
+            raise ValueError("these rows carry no groups: attach them with _groups.with_groups")
+        ids = self.groups.ids
+        group_starts = np.zeros(self.groups.n_groups + 1, dtype=np.int64)
+        np.cumsum(np.bincount(ids, minlength=self.groups.n_groups), out=group_starts[1:])
+        return {
+            "group_rows": np.argsort(ids, kind="stable").astype(np.int64, copy=False),
+            "group_starts": group_starts,
+        }
+
 
 def _describe(x: Any) -> str:
     return f"{type(x).__module__}.{type(x).__qualname__}"

@@ -7,6 +7,8 @@
  *
  *   rows_kl.h       kl_penalty, shape_rewards (the KL estimators, specialised per estimator)
  *   rows_gae.h      gae
+ *   rows_returns.h  discounted_returns, remax, optimal_token_baseline (this one per group of rows:
+ *                   ppo_<kernel>_group, with the layout of the whole batch and the group's rows)
  *   rows_moments.h  moments, whiten
  *   rows_loss.h     clipped_surrogate, value_loss
  *
@@ -87,6 +89,7 @@ PPO_INLINE void PPO_ROW(ppo_tail_fill)(
 
 #include "rows_kl.h"
 #include "rows_gae.h"
+#include "rows_returns.h"
 #include "rows_moments.h"
 #include "rows_loss.h"
 

@@ -15,10 +15,12 @@ description, the argument it attacks and a mutation of the call's keyword argume
 - lengths and cu_seqlens: out of range, non-monotone, wrong dtype, uint64 above 2**63;
 - values: NaN, inf and huge numbers at valid positions and at masked ones;
 - hyperparameters: NaN, inf, bool, str, bytes, complex, None, huge and negative numbers, arrays;
-- group labels (the outcome estimators): too few or too many, 2-D, None, NaN, non-integral floats,
-  bool, unhashable, complex, a single string, a factorised ``Groups`` of another batch, and the
-  legal ones a caller may send (mixed types, UUIDs, 10**12 and -1, beyond 64 bits, all alone);
-- options that are not numbers (strings, flags, ddof): unknown strings, None, numbers, bytes.
+- group labels (the outcome estimators; the optimal token baseline's as a per-row argument): too
+  few or too many, 2-D, None, NaN, non-integral floats, bool, unhashable, complex, a single
+  string, a factorised ``Groups`` of another batch, and the legal ones a caller may send (mixed
+  types, UUIDs, 10**12 and -1, beyond 64 bits, all alone);
+- options that are not numbers (strings, flags, ddof): unknown strings, None, numbers, bytes;
+- flags (True or False) of the token-level estimators: numbers, None, strings, arrays.
 
 What a case must give (``check``): exactly one of the oracle's result (the same call on
 backend="python", NaN and inf pattern included; for a case that only changes the memory layout or
@@ -73,6 +75,7 @@ class Target:
     padded_length: bool = False  # lengths= comes with padded_length=T (no token array gives T)
     groups: bool = False  # takes one group label per row (groups=)
     options: tuple[str, ...] = ()  # options that are not numbers (strings, flags, ddof)
+    flags: tuple[str, ...] = ()  # arguments that are True or False
 
     def names(self, argument: str) -> tuple[str, ...]:
         """What an error about ``argument`` may call it: its name, its name in ppo_fast, and for
@@ -373,6 +376,20 @@ def _option_cases(target: Target) -> Iterator[Case]:
             yield Case(f"{name}={description}", name, _set(name, value))
 
 
+def _flag_cases(target: Target) -> Iterator[Case]:
+    for name in target.flags:
+        for description, value in (
+            ("1", 1),
+            ("0.0", 0.0),
+            ("None", None),
+            ("str", "yes"),
+            ("np.bool_", np.False_),
+            ("0-d-array", np.array(True)),
+            ("list", [True]),
+        ):
+            yield Case(f"{name}={description}", name, _set(name, value))
+
+
 def cases(target: Target) -> list[Case]:
     """Every hostile case of ``target``."""
     out: list[Case] = []
@@ -387,6 +404,7 @@ def cases(target: Target) -> list[Case]:
     if target.groups:
         out.extend(_group_cases(target))
     out.extend(_option_cases(target))
+    out.extend(_flag_cases(target))
     return [
         c
         for c in out
@@ -599,6 +617,21 @@ def _numpy_targets() -> list[Target]:
             "mask": MASK.copy(),
         }
 
+    def returns(rng, **extra):
+        return {
+            **_tokens(rng, "rewards"),
+            "gamma": 0.99,
+            "bootstrap": rng.normal(size=B),
+            "mask": MASK.copy(),
+            **extra,
+        }
+
+    def optimal_token_baseline(rng):
+        arrays = _tokens(rng, "rewards", "sum_pi_squared", "is_weights")
+        arrays.update(_tokens(rng, "old_logprobs", logp=True))
+        # Rows 0 and 2 are one group (row 2 is shorter: the zero tail), row 1 is alone.
+        return {**arrays, "groups": np.array([7, 3, 7]), "eps": 1e-8, "mask": MASK.copy()}
+
     def moments(rng):
         return {**_tokens(rng, "x"), "shift": 0.5, "mask": MASK.copy()}
 
@@ -645,6 +678,44 @@ def _numpy_targets() -> list[Target]:
             **rows,
         ),
         Target(
+            "discounted_returns",
+            ppo_fast.discounted_returns,
+            returns,
+            ("rewards",),
+            scalars={"gamma": 0.99},
+            per_row=("gamma", "bootstrap"),
+            **rows,
+        ),
+        Target(
+            "reinforce_plus_plus",
+            ppo_fast.reinforce_plus_plus,
+            lambda rng: returns(rng, eps=1e-8, unbiased=True),
+            ("rewards",),
+            scalars={"gamma": 0.99, "eps": 1e-8},
+            per_row=("gamma", "bootstrap"),
+            flags=("whiten", "unbiased"),
+            **rows,
+        ),
+        Target(
+            "remax",
+            ppo_fast.remax,
+            lambda rng: returns(rng, baselines=rng.normal(size=B)),
+            ("rewards",),
+            scalars={"gamma": 0.99},
+            per_row=("baselines", "gamma", "bootstrap"),
+            **rows,
+        ),
+        Target(
+            "optimal_token_baseline",
+            ppo_fast.optimal_token_baseline,
+            optimal_token_baseline,
+            ("rewards", "old_logprobs", "sum_pi_squared", "is_weights"),
+            scalars={"eps": 1e-8, "gamma": 1.0},
+            per_row=("groups", "gamma", "bootstrap"),
+            flags=("zero_tail",),
+            **rows,
+        ),
+        Target(
             "masked_moments",
             ppo_fast.masked_moments,
             moments,
@@ -688,11 +759,17 @@ def _numpy_targets() -> list[Target]:
     ]
 
 
+# The public stages that ppo_fast.torch has no twin of yet: no torch target for them.
+NUMPY_ONLY = ("discounted_returns", "reinforce_plus_plus", "remax", "optimal_token_baseline")
+
+
 def _torch_targets(numpy_targets: list[Target]) -> list[Target]:
     import ppo_fast.torch as pt
 
     out = []
     for target in numpy_targets:
+        if target.name in NUMPY_ONLY:
+            continue
         function = getattr(pt, target.call.__name__)
         out.append(
             Target(

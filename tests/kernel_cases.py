@@ -1,9 +1,10 @@
 """Every kernel of the table on a generated batch: the cases the generic tests run.
 
 A case is one kernel with one choice of its scalars (each scalar walks through the table's
-examples, every code of a specialised kernel gets its own case), its optional inputs present or
-absent, on one ragged batch whose invalid positions hold NaN or inf. Nothing here names a kernel:
-a kernel added to ``_spec.KERNELS`` is in every case list.
+examples or codes, every code of a specialised kernel gets its own case), its optional inputs
+present or absent, on one ragged batch whose invalid positions hold NaN or inf; a kernel over
+groups sees the batch's rows in random groups (uneven, not adjacent, some of one row). Nothing
+here names a kernel: a kernel added to ``_spec.KERNELS`` is in every case list.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 import numpy as np
 from batches import Batch
 
-from ppo_fast import _examples, _validate
-from ppo_fast._spec import CODE, ELEMENTWISE, KERNELS, Kernel
+from ppo_fast import _examples, _groups, _validate
+from ppo_fast._spec import CODE, ELEMENTWISE, GROUPS, KERNELS, Kernel
 
 
 @dataclass
@@ -51,22 +52,26 @@ def _rows_of(batch: Batch, kernel: Kernel) -> _validate.Rows:
         # Elementwise kernels see the positions cut into rows: the batch's rows serve.
         rows = _validate.rows(batch.shape, **batch.layout_kwargs)
         return _validate.Rows(rows.shape, rows.starts, rows.spans, rows.spans, rows.mask, False)
-    return _validate.rows(batch.shape, **batch.layout_kwargs)
+    rows = _validate.rows(batch.shape, **batch.layout_kwargs)
+    if kernel.layout == GROUPS:
+        labels = batch.rng.integers(0, max(1, (batch.n_rows + 1) // 2), batch.n_rows)
+        rows = _groups.with_groups(rows, labels)
+    return rows
 
 
 def _scalar_choices(kernel: Kernel) -> list[dict[str, Any]]:
-    """Each scalar walks through its examples (every code of a specialised kernel)."""
+    """Each scalar walks through its examples, and each code through its codes (every code of
+    a specialised kernel gets its own cases)."""
     codes = _examples.codes(kernel)
-    longest = max((len(s.examples) for s in kernel.scalars if s.dtype != CODE), default=1)
+    walking = [s for s in kernel.scalars if s.name != kernel.specialise]
+    values = {s.name: range(len(s.choices)) if s.dtype == CODE else s.examples for s in walking}
+    longest = max((len(v) for v in values.values()), default=1)
     choices = []
     for code in codes:
         for k in range(longest):
             choice = dict(code)
-            for scalar in kernel.scalars:
-                if scalar.dtype != CODE:
-                    choice[scalar.name] = scalar.examples[k % len(scalar.examples)]
-                else:
-                    choice.setdefault(scalar.name, 0)
+            for name, walk in values.items():
+                choice[name] = walk[k % len(walk)]
             choices.append(choice)
     return choices
 

@@ -21,6 +21,7 @@ from .batch import Batch
 
 # Hyperparameters of every row: verl's defaults for language models.
 GAMMA, LAM = 1.0, 0.95
+GROUP_SIZE = 8  # responses per prompt, adjacent rows, for the estimators over groups
 KL_COEF, KL_CLAMP = 0.05, 10.0
 CLIP, DUAL_CLIP, LOG_RATIO_CLAMP, VALUE_CLIP = 0.2, 3.0, 20.0, 0.2
 
@@ -286,6 +287,97 @@ def trl_gae_whiten(batch: Batch, threads: int):
     trl = peer_copy("trl_0_29_1")
     args = types.SimpleNamespace(gamma=GAMMA, lam=LAM)
     return lambda: trl.ppo_trainer_gae(args, responses, rewards, values, padding_mask)
+
+
+# discounted_returns, reinforce++, remax, optimal_token_baseline ------------------------------
+
+
+def ours_discounted_returns(batch: Batch, backend: str):
+    from ..returns import discounted_returns
+
+    rewards, mask = batch.rewards, batch.mask
+    return lambda: discounted_returns(rewards, gamma=GAMMA, mask=mask, backend=backend)
+
+
+def returns_outputs(returns) -> dict[str, np.ndarray]:
+    return {"returns": numpy(returns)}
+
+
+def verl_returns_loop(batch: Batch, threads: int):
+    # verl's response_mask is a slice of the int64 attention mask.
+    rewards, response_mask = tensor(batch.rewards), tensor(batch.mask.astype(np.int64))
+    verl = peer_copy("verl_0_9_1")
+    return lambda: verl.reinforce_plus_plus_returns(rewards, response_mask, GAMMA)
+
+
+def ours_reinforce_plus_plus(batch: Batch, backend: str):
+    from ..returns import reinforce_plus_plus
+
+    rewards, mask = batch.rewards, batch.mask
+    return lambda: reinforce_plus_plus(
+        rewards, gamma=GAMMA, mask=mask, unbiased=True, backend=backend
+    )
+
+
+def verl_reinforce_plus_plus(batch: Batch, threads: int):
+    rewards, response_mask = tensor(batch.rewards), tensor(batch.mask.astype(np.int64))
+    verl = peer_copy("verl_0_9_1")
+    config = types.SimpleNamespace(gamma=GAMMA)
+    return lambda: verl.compute_reinforce_plus_plus_outcome_advantage(
+        rewards, response_mask, config
+    )
+
+
+def ours_remax(batch: Batch, backend: str):
+    from ..returns import remax
+
+    rewards, baselines, mask = batch.rewards, batch.scores, batch.mask
+    return lambda: remax(rewards, baselines, mask=mask, backend=backend)
+
+
+def verl_remax(batch: Batch, threads: int):
+    rewards, baselines = tensor(batch.rewards), tensor(batch.scores)
+    response_mask = tensor(batch.mask.astype(np.int64))
+    verl = peer_copy("verl_0_9_1")
+    return lambda: verl.compute_remax_outcome_advantage(rewards, baselines, response_mask)
+
+
+def group_ids(batch: Batch) -> np.ndarray:
+    """The prompt of each row: ``GROUP_SIZE`` adjacent responses per prompt."""
+    return np.arange(batch.shape[0]) // GROUP_SIZE
+
+
+def sum_pi_squared(batch: Batch) -> np.ndarray:
+    """A stand-in for the sum over the vocabulary of the squared probabilities: pi^2 + 0.1 (at
+    least pi^2, as a softmax's), 0 past a row's end as every array of the batch."""
+    pi_squared = np.exp(2 * batch.old_logprobs)
+    return (pi_squared + batch.dtype.type(0.1)) * batch.mask
+
+
+def ours_optimal_token_baseline(batch: Batch, backend: str):
+    from ..returns import optimal_token_baseline
+
+    rewards, old_logprobs, mask = batch.rewards, batch.old_logprobs, batch.mask
+    squares, groups = sum_pi_squared(batch), group_ids(batch)
+    return lambda: optimal_token_baseline(
+        rewards, old_logprobs, squares, groups, mask=mask, backend=backend
+    )
+
+
+def verl_optimal_token_baseline(multi_turn: bool):
+    def prepare(batch: Batch, threads: int):
+        verl = peer_copy("verl_0_9_1")
+        estimate = (
+            verl.compute_multi_turn_optimal_token_baseline_advantage
+            if multi_turn
+            else verl.compute_optimal_token_baseline_advantage
+        )
+        rewards, old_logprobs = tensor(batch.rewards), tensor(batch.old_logprobs)
+        response_mask = tensor(batch.mask.astype(np.int64))
+        squares, index = tensor(sum_pi_squared(batch)), group_ids(batch)
+        return lambda: estimate(rewards, response_mask, index, old_logprobs, squares)
+
+    return prepare
 
 
 # whiten, masked_moments ---------------------------------------------------------------------

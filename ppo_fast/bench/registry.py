@@ -302,6 +302,119 @@ KERNELS: dict[str, Kernel] = {
             ),
         ),
         Kernel(
+            "discounted_returns",
+            f"discounted returns (gamma={GAMMA:g}) over right-padded rows",
+            reads=("rewards", "mask"),
+            writes=1,
+            compare=("returns",),
+            valid_only=False,
+            table_kernels=("discounted_returns",),
+            implementations=(
+                *_ours(
+                    adapters.ours_discounted_returns,
+                    adapters.returns_outputs,
+                    "discounted_returns(rewards, mask=mask)",
+                ),
+                Implementation(
+                    "verl",
+                    PEER,
+                    adapters.verl_returns_loop,
+                    adapters.returns_outputs,
+                    f"{VERL} compute_reinforce_plus_plus_outcome_advantage's loop over T (torch)",
+                    requires=("torch",),
+                    convention="the running return is in the batch's dtype (float32: it drifts "
+                    "by about T * 6e-8 relative)",
+                ),
+            ),
+        ),
+        Kernel(
+            "reinforce++",
+            "REINFORCE++: discounted returns whitened over the mask (unbiased variance)",
+            reads=("rewards", "mask"),
+            writes=2,
+            compare=("advantages", "returns"),
+            valid_only=False,
+            table_kernels=("discounted_returns", "moments", "whiten"),
+            implementations=(
+                *_ours(
+                    adapters.ours_reinforce_plus_plus,
+                    adapters.pair,
+                    "reinforce_plus_plus(rewards, mask=mask, unbiased=True)",
+                ),
+                Implementation(
+                    "verl",
+                    PEER,
+                    adapters.verl_reinforce_plus_plus,
+                    adapters.pair,
+                    f"{VERL} compute_reinforce_plus_plus_outcome_advantage (the loop over T, "
+                    "then masked_whiten)",
+                    requires=("torch",),
+                    convention=_BESSEL,
+                    check_dtype=np.float32,
+                ),
+            ),
+        ),
+        Kernel(
+            "remax",
+            "ReMax: discounted returns minus each row's baseline (gamma=1)",
+            reads=("rewards", "scores", "mask"),
+            writes=2,
+            compare=("advantages", "returns"),
+            valid_only=True,
+            table_kernels=("remax",),
+            implementations=(
+                *_ours(
+                    adapters.ours_remax,
+                    adapters.pair,
+                    "remax(rewards, baselines, mask=mask)",
+                ),
+                Implementation(
+                    "verl",
+                    PEER,
+                    adapters.verl_remax,
+                    adapters.pair,
+                    f"{VERL} compute_remax_outcome_advantage (reverse cumulative sum in torch)",
+                    requires=("torch",),
+                ),
+            ),
+        ),
+        Kernel(
+            "optimal_token_baseline",
+            f"the optimal token baseline over groups of {adapters.GROUP_SIZE} adjacent rows "
+            "(zero tail, eps 1e-8)",
+            reads=("rewards", "old_logprobs", "sum_pi_squared", "mask"),
+            writes=2,
+            compare=("advantages", "returns"),
+            valid_only=True,
+            table_kernels=("optimal_token_baseline",),
+            implementations=(
+                *_ours(
+                    adapters.ours_optimal_token_baseline,
+                    adapters.pair,
+                    "optimal_token_baseline(rewards, old_logprobs, sum_pi_squared, groups, "
+                    "mask=mask)",
+                ),
+                Implementation(
+                    "verl",
+                    PEER,
+                    adapters.verl_optimal_token_baseline(multi_turn=False),
+                    adapters.pair,
+                    f"{VERL} compute_optimal_token_baseline_advantage (a Python loop over "
+                    "groups, torch within)",
+                    requires=("torch",),
+                ),
+                Implementation(
+                    "verl tir",
+                    PEER,
+                    adapters.verl_optimal_token_baseline(multi_turn=True),
+                    adapters.pair,
+                    f"{VERL} compute_multi_turn_optimal_token_baseline_advantage (Python loops "
+                    "over rows and groups)",
+                    requires=("torch",),
+                ),
+            ),
+        ),
+        Kernel(
             "whiten",
             "(x - mean) / sqrt(var + 1e-8) over the mask (population variance)",
             reads=("advantages", "mask"),
