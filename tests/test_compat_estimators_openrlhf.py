@@ -131,7 +131,7 @@ def _copy_maker(args):
 
 
 # OpenRLHF's own info["group_reward_std"] of one sample per prompt is torch.std of one value.
-@pytest.mark.filterwarnings("ignore:std\\(\\): degrees of freedom is <= 0:UserWarning")
+@pytest.mark.filterwarnings("ignore:std\\(\\). degrees of freedom is <= 0:UserWarning")
 @LABEL
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 @pytest.mark.parametrize("n_samples_per_prompt", [1, 4])
