@@ -73,7 +73,8 @@ class Target:
     aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # other names in errors
     peer_errors: tuple[type[BaseException], ...] = ()
     padded_length: bool = False  # lengths= comes with padded_length=T (no token array gives T)
-    groups: bool = False  # takes one group label per row (groups=)
+    groups: bool = False  # takes one group label per row (groups=, or ``group_argument``)
+    group_argument: str = "groups"  # its name: the compat functions take verl's ``index``
     options: tuple[str, ...] = ()  # options that are not numbers (strings, flags, ddof)
     flags: tuple[str, ...] = ()  # arguments that are True or False
 
@@ -360,7 +361,8 @@ def _group_cases(target: Target) -> Iterator[Case]:
         ("scalar", 7),
         ("none", None),
     ):
-        yield Case(f"groups-{description}", "groups", _set("groups", labels))
+        argument = target.group_argument
+        yield Case(f"{argument}-{description}", argument, _set(argument, labels))
 
 
 def _option_cases(target: Target) -> Iterator[Case]:
@@ -1077,13 +1079,179 @@ def _outcome_targets() -> list[Target]:
     ]
 
 
+def _compat_estimator_targets() -> list[Target]:
+    """The compat modules' advantage estimators: verl's (token-level rewards summed into one
+    score per row, grouped by an ``index`` of uids; the token-level ones), OpenRLHF's returns,
+    TRL's GRPO and RLOO blocks."""
+    from ppo_fast.compat import openrlhf, trl, verl
+
+    peer = (RuntimeError, AssertionError, AttributeError, IndexError, OverflowError)
+
+    def verl_rows(rng):
+        return {
+            **_tokens(rng, "token_level_rewards", junk=False),
+            "response_mask": MASK.astype(np.int64),
+            "index": _objects(["p", "q", "p"]),  # q is a group of one
+            "epsilon": 1e-6,
+        }
+
+    def verl_tokens(rng):
+        return {
+            **_tokens(rng, "token_level_rewards"),
+            "response_mask": MASK.astype(np.int64),
+            "config": VerlConfig(gamma=0.9),
+        }
+
+    def verl_remax(rng):
+        return {**verl_tokens(rng), "reward_baselines": rng.normal(size=B)}
+
+    def verl_otb(rng):
+        probabilities = rng.uniform(0.05, 0.95, size=(B, T))
+        return {
+            **_tokens(rng, "token_level_rewards"),
+            "response_mask": MASK.astype(np.int64),
+            "index": _objects(["p", "q", "p"]),
+            "old_log_probs": np.log(probabilities),
+            "sum_pi_squared": probabilities**2 + 0.1,
+            "epsilon": 1e-8,
+        }
+
+    def orl_returns(rng):
+        return {**_tokens(rng, "rewards"), "action_mask": MASK.copy(), "gamma": 0.9}
+
+    def trl_rows(rng):
+        return {
+            **_tokens(rng, "rewards_per_func", junk=False),  # five reward functions
+            "num_generations": 3,
+            "scale_rewards": "group",
+            "multi_objective_aggregation": "sum_then_normalize",
+        }
+
+    def trl_rloo(rng):
+        return {
+            **_tokens(rng, "rewards_per_func", junk=False),
+            **_tokens(rng, "old_per_token_logps", "ref_per_token_logps", logp=True),
+            "completion_mask": MASK.astype(np.int64),
+            "num_generations": 3,
+            "beta": 0.05,
+        }
+
+    verl_options = {
+        "mask": "response_mask",
+        "groups": True,
+        "group_argument": "index",
+        "scalars": {"epsilon": 1e-6},
+        "aliases": {"epsilon": ("eps",), "response_mask": ("mask",)},
+        "torch": True,
+        "peer_errors": peer,
+    }
+    return [
+        Target(
+            "verl.compute_grpo_outcome_advantage",
+            verl.compute_grpo_outcome_advantage,
+            verl_rows,
+            ("token_level_rewards",),
+            **verl_options,
+        ),
+        Target(
+            "verl.compute_grpo_vectorized_outcome_advantage",
+            verl.compute_grpo_vectorized_outcome_advantage,
+            verl_rows,
+            ("token_level_rewards",),
+            **verl_options,
+        ),
+        Target(
+            "verl.compute_rloo_vectorized_outcome_advantage",
+            verl.compute_rloo_vectorized_outcome_advantage,
+            verl_rows,
+            ("token_level_rewards",),
+            **verl_options,
+        ),
+        Target(
+            "verl.compute_reinforce_plus_plus_outcome_advantage",
+            verl.compute_reinforce_plus_plus_outcome_advantage,
+            verl_tokens,
+            ("token_level_rewards",),
+            "response_mask",
+            aliases={"token_level_rewards": ("rewards",), "response_mask": ("mask",)},
+            torch=True,
+            peer_errors=peer,
+        ),
+        Target(
+            "verl.compute_remax_outcome_advantage",
+            verl.compute_remax_outcome_advantage,
+            verl_remax,
+            ("token_level_rewards",),
+            "response_mask",
+            per_row=("reward_baselines",),
+            aliases={"token_level_rewards": ("rewards",), "response_mask": ("mask",)},
+            torch=True,
+            peer_errors=peer,
+        ),
+        *(
+            Target(
+                f"verl.{function.__name__}",
+                function,
+                verl_otb,
+                ("token_level_rewards", "old_log_probs", "sum_pi_squared"),
+                **{
+                    **verl_options,
+                    "aliases": {
+                        "token_level_rewards": ("rewards",),
+                        "old_log_probs": ("old_logprobs",),
+                        "epsilon": ("eps",),
+                        "response_mask": ("mask",),
+                    },
+                    "scalars": {"epsilon": 1e-8},
+                },
+            )
+            for function in (
+                verl.compute_optimal_token_baseline_advantage,
+                verl.compute_multi_turn_optimal_token_baseline_advantage,
+            )
+        ),
+        Target(
+            "openrlhf.get_cumulative_returns",
+            openrlhf.get_cumulative_returns,
+            orl_returns,
+            ("rewards",),
+            "action_mask",
+            scalars={"gamma": 0.9},
+            aliases={"action_mask": ("mask",)},
+            torch=True,
+            peer_errors=peer,
+        ),
+        Target(
+            "trl.grpo_advantages",
+            trl.grpo_advantages,
+            trl_rows,
+            ("rewards_per_func",),
+            scalars={"num_generations": 3},
+            options=("scale_rewards", "multi_objective_aggregation"),
+            torch=True,
+            peer_errors=peer,
+        ),
+        Target(
+            "trl.rloo_advantages",
+            trl.rloo_advantages,
+            trl_rloo,
+            ("rewards_per_func", "old_per_token_logps", "ref_per_token_logps"),
+            "completion_mask",
+            scalars={"num_generations": 3, "beta": 0.05},
+            torch=True,
+            peer_errors=peer,
+        ),
+    ]
+
+
 def targets() -> list[Target]:
-    """Every target: the NumPy API, ppo_fast.torch, the compat modules' main functions and the
-    outcome estimators."""
+    """Every target: the NumPy API, ppo_fast.torch, the compat modules' main functions and
+    advantage estimators, and the outcome estimators."""
     numpy_targets = _numpy_targets()
     return [
         *numpy_targets,
         *_torch_targets(numpy_targets),
         *_compat_targets(),
+        *_compat_estimator_targets(),
         *_outcome_targets(),
     ]

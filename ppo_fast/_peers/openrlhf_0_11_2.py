@@ -20,11 +20,19 @@ Source: https://github.com/OpenRLHF/OpenRLHF, release v0.11.2 (PyPI openrlhf==0.
   openrlhf/models/loss.py                        aggregate_loss, PolicyLoss, ValueLoss
   openrlhf/trainer/ppo_utils/experience_maker.py RemoteExperienceMaker.get_advantages_and_returns
                                                  (a method that never reads self; here a
-                                                 function that takes self), and the last block
+                                                 function that takes self),
+                                                 compute_advantages_and_returns and
+                                                 get_cumulative_returns (methods; here functions
+                                                 that take self, bound to the stand-in class
+                                                 ``RemoteExperienceMaker``), and the last block
                                                  of compute_advantages_and_returns (the
                                                  normalisation of the advantages across all
                                                  experiences), here the body of
                                                  ``normalize_advantages``
+  openrlhf/trainer/ppo_utils/length_penalty.py   apply_overlong_penalty,
+                                                 apply_stop_properly_penalty,
+                                                 apply_length_penalties (what
+                                                 compute_advantages_and_returns calls first)
 
 OpenRLHF cannot be imported here: its package imports deepspeed, ray, peft and flash-attn (a CUDA
 build) at the top. So the parity tests always run against this copy; its bodies are OpenRLHF's,
@@ -37,10 +45,15 @@ openrlhf==0.11.2), against its source. Apache License 2.0.
 # ruff: noqa
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+import itertools
+import logging
+from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
+
+# Stand-in for openrlhf.utils.logging_utils.init_logger(__name__).
+logger = logging.getLogger(__name__)
 
 
 # openrlhf/models/utils.py
@@ -437,6 +450,155 @@ def get_advantages_and_returns(
 
 
 @torch.no_grad()
+def compute_advantages_and_returns(self, experiences: List[Experience]) -> List[Experience]:
+    """Compute shaped rewards, advantages, and returns for a batch of experiences."""
+    args = self.strategy.args
+
+    # Use at least FP32 for reward penalties and group statistics.
+    for experience in experiences:
+        experience.rewards = experience.rewards.to(
+            torch.promote_types(experience.rewards.dtype, torch.float32)
+        )
+
+    # ── Length penalties (DAPO overlong / ProRL stop properly) ──
+    apply_length_penalties(experiences, args)
+
+    # ── Reward shaping (baseline subtraction) ──
+    exp_len = [len(experience.index) for experience in experiences]
+    indices = torch.tensor(
+        list(itertools.chain.from_iterable(experience.index for experience in experiences))
+    )
+    raw_rewards = torch.cat([experience.rewards for experience in experiences], dim=0)
+    rewards = torch.empty_like(raw_rewards)
+    rewards[indices] = raw_rewards  # sorted by original prompt order
+
+    rewards = rewards.reshape(-1, args.rollout.n_samples_per_prompt)
+
+    if args.rollout.n_samples_per_prompt > 1:
+        group_reward_stds = (
+            rewards.std(-1, keepdim=True)
+            .repeat(1, args.rollout.n_samples_per_prompt)
+            .reshape(-1)[indices]
+            .split(exp_len)
+        )
+        for experience, group_reward_std in zip(experiences, group_reward_stds):
+            experience.info["group_reward_std"] = group_reward_std
+
+    if args.algo.advantage.estimator == "rloo":
+        baseline = (rewards.sum(-1, keepdim=True) - rewards) / (
+            args.rollout.n_samples_per_prompt - 1
+        )
+        rewards = rewards - baseline
+    elif args.algo.advantage.estimator in ["reinforce_baseline", "dr_grpo"]:
+        rewards = rewards - rewards.mean(-1, keepdim=True)
+    elif args.algo.advantage.estimator == "group_norm":
+        rewards = (rewards - rewards.mean(-1, keepdim=True)) / (
+            rewards.std(-1, keepdim=True) + 1e-9
+        )
+    elif args.algo.advantage.estimator == "flash_reinforce":
+        # FlashREINFORCE: baseline = mean over the whole rollout batch (the single-rollout
+        # regime has no prompt group), no whitening below.
+        rewards = rewards - rewards.mean()
+
+    rewards = rewards.reshape(-1)[indices].split(exp_len)
+
+    # ── Per-token advantages and returns ──
+    for experience, reward in zip(experiences, rewards):
+        reward = compute_reward(
+            reward,
+            self.kl_ctl.value,
+            experience.kl,
+            action_mask=experience.action_mask,
+            reward_clip_range=args.reward.clip_range,
+        )
+
+        if self.advantage_estimator == "gae":
+            experience.advantages, experience.returns = self.get_advantages_and_returns(
+                experience.values,
+                reward,
+                experience.action_mask,
+                args.algo.advantage.gamma,
+                args.algo.advantage.lambd,
+            )
+        elif self.advantage_estimator in [
+            "reinforce",
+            "rloo",
+            "reinforce_baseline",
+            "group_norm",
+            "dr_grpo",
+            "flash_reinforce",
+        ]:
+            if args.algo.advantage.gamma != 1.0 and self.advantage_estimator != "reinforce":
+                logger.warning(f"gamma is set to 1.0 for {self.advantage_estimator}")
+                args.algo.advantage.gamma = 1.0
+
+            experience.returns = self.get_cumulative_returns(
+                reward,
+                experience.action_mask,
+                args.algo.advantage.gamma,
+            )
+            experience.advantages = experience.returns.clone()
+        else:
+            raise Exception(f"Unkown advantage_estimator {self.advantage_estimator}")
+
+        experience.info["return"] = reward.sum(dim=-1)
+        experience.kl = None
+
+    # ── Normalize advantages across all experiences ──
+    if args.algo.advantage.estimator in ["gae", "reinforce", "reinforce_baseline"]:
+        all_advantages = torch.cat([exp.advantages.flatten() for exp in experiences], dim=0).float()
+        all_action_masks = torch.cat([exp.action_mask.flatten() for exp in experiences], dim=0)
+        num_actions = all_action_masks.sum()
+
+        mean = (all_advantages * all_action_masks).sum() / num_actions
+        if not args.algo.advantage.no_std_norm:
+            var = ((all_advantages - mean).pow(2) * all_action_masks).sum() / num_actions
+            rstd = var.clamp(min=1e-8).rsqrt()
+        else:
+            rstd = 1
+
+        for exp in experiences:
+            exp.advantages = (exp.advantages - mean) * rstd
+
+    return experiences
+
+
+@torch.no_grad()
+def get_cumulative_returns(
+    self,
+    rewards: torch.Tensor,
+    action_mask: torch.Tensor,
+    gamma: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """
+    Function that computes advantages and returns from rewards using REINFORCE.
+    REINFORCE uses cumulative returns without the GAE (Generalized Advantage Estimation).
+
+    Input:
+    - rewards: Tensor of shape (batch_size, response_size)
+    - action_mask: Tensor of shape (batch_size, response_size), binary mask
+    - gamma: discount factor
+
+    Output:
+    - returns: Tensor of shape (batch_size, response_size)
+    """
+    response_length = rewards.size(1)
+    returns = torch.zeros_like(rewards)
+    cumulative_return = torch.zeros(rewards.size(0), device=rewards.device)
+
+    # Mask invalid responses if action_mask is provided
+    if action_mask is not None:
+        rewards = action_mask * rewards
+
+    # Calculate returns by accumulating discounted rewards
+    for t in reversed(range(response_length)):
+        cumulative_return = rewards[:, t] + gamma * cumulative_return
+        returns[:, t] = cumulative_return
+
+    return returns
+
+
+@torch.no_grad()
 def normalize_advantages(args, experiences):
     """RemoteExperienceMaker.compute_advantages_and_returns's last block, verbatim: ``args``
     carries algo.advantage.estimator and algo.advantage.no_std_norm, each experience its
@@ -460,6 +622,164 @@ def normalize_advantages(args, experiences):
     return experiences
 
 
+class RemoteExperienceMaker:
+    """Stand-in for RemoteExperienceMaker: what the copied methods read of ``self`` (the
+    strategy's args, the KL controller, the estimator read at construction) and the copied
+    methods, bound as OpenRLHF binds them. OpenRLHF's constructor also takes the Ray actor
+    groups and the tokenizer, which these methods never touch."""
+
+    def __init__(self, kl_controller, strategy):
+        self.strategy = strategy
+        self.args = strategy.args
+        self.advantage_estimator = strategy.args.algo.advantage.estimator
+        self.kl_ctl = kl_controller
+
+    compute_advantages_and_returns = compute_advantages_and_returns
+    get_advantages_and_returns = get_advantages_and_returns
+    get_cumulative_returns = get_cumulative_returns
+
+
+# openrlhf/trainer/ppo_utils/length_penalty.py
+def apply_overlong_penalty(
+    experiences: List,
+    max_new_tokens: int,
+    overlong_buffer_len: float,
+    overlong_penalty_factor: float = 1.0,
+) -> int:
+    """
+    DAPO-style overlong penalty based on response length.
+
+    Penalizes responses that exceed (max_new_tokens - overlong_buffer_len).
+    Formula: penalty = -min(exceed_len, buffer_len) / buffer_len * penalty_factor
+
+    Args:
+        experiences: List of Experience objects with rewards and info
+        max_new_tokens: Maximum generation length
+        overlong_buffer_len: Buffer length before max_new_tokens
+        overlong_penalty_factor: Maximum penalty factor
+
+    Returns:
+        Number of samples that received penalty
+    """
+    assert max_new_tokens >= overlong_buffer_len, (
+        f"max_new_tokens ({max_new_tokens}) must be >= overlong_buffer_len ({overlong_buffer_len})"
+    )
+
+    expected_len = max_new_tokens - overlong_buffer_len
+    total_penalized = 0
+
+    for experience in experiences:
+        response_lengths = experience.response_length
+        batch_size = len(response_lengths)
+
+        for j in range(batch_size):
+            valid_response_length = response_lengths[j].item()
+            # Cap the exceed_len to overlong_buffer_len to prevent excessive penalty
+            exceed_len = min(valid_response_length - expected_len, overlong_buffer_len)
+
+            if exceed_len > 0:
+                overlong_penalty = -exceed_len / overlong_buffer_len * overlong_penalty_factor
+                experience.rewards[j] += overlong_penalty
+                total_penalized += 1
+
+    return total_penalized
+
+
+def apply_stop_properly_penalty(
+    experiences: List,
+    stop_properly_penalty_coef: float,
+) -> int:
+    """
+    ProRL-style stop properly penalty based on vLLM finish_reason.
+
+    Penalizes samples that were truncated (finish_reason == "length").
+
+    When stop_properly_penalty_coef >= 0: scale truncated rewards by this coefficient.
+    When stop_properly_penalty_coef < 0: set truncated rewards to this value directly
+        (e.g., -0.5 gives truncated samples a fixed negative reward).
+
+    Args:
+        experiences: List of Experience objects with rewards and info
+        stop_properly_penalty_coef: Coefficient to penalize truncated samples.
+            If >= 0: multiplicative scaling [0, 1].
+            If < 0: fixed reward override for truncated samples.
+
+    Returns:
+        Number of truncated samples
+    """
+    if stop_properly_penalty_coef >= 0:
+        assert 0 <= stop_properly_penalty_coef <= 1, (
+            f"stop_properly_penalty_coef must be in [0, 1] or negative, got {stop_properly_penalty_coef}"
+        )
+
+    total_truncated = 0
+
+    for experience in experiences:
+        truncated_flags = experience.truncated
+        if truncated_flags is None:
+            continue
+
+        batch_size = len(truncated_flags)
+        for j in range(batch_size):
+            if truncated_flags[j].item():
+                if stop_properly_penalty_coef < 0:
+                    # Fixed negative reward for truncated samples
+                    experience.rewards[j] = stop_properly_penalty_coef
+                else:
+                    # Scale truncated sample rewards by the penalty coefficient
+                    experience.rewards[j] = experience.rewards[j] * stop_properly_penalty_coef
+                total_truncated += 1
+
+    return total_truncated
+
+
+def apply_length_penalties(experiences: List, args) -> None:
+    """
+    Apply length penalties to experiences based on configuration.
+
+    Supports two types of penalties:
+    1. DAPO Overlong Penalty (--overlong_buffer_len, --overlong_penalty_factor)
+    2. ProRL Stop Properly Penalty (--stop_properly_penalty_coef)
+
+    Both can be enabled simultaneously.
+
+    Args:
+        experiences: List of Experience objects
+        args: Training arguments containing penalty configuration
+    """
+    total_samples = sum(len(exp.rewards) for exp in experiences)
+
+    # DAPO-style overlong penalty based on response length
+    if getattr(args.reward, "overlong_buffer_len", None) is not None:
+        max_new_tokens = getattr(args.rollout, "max_new_tokens", None) or args.data.max_len
+        num_penalized = apply_overlong_penalty(
+            experiences=experiences,
+            max_new_tokens=max_new_tokens,
+            overlong_buffer_len=args.reward.overlong_buffer_len,
+            overlong_penalty_factor=getattr(args.reward, "overlong_penalty_factor", 1.0),
+        )
+        logger.info(
+            f"[DAPO Overlong Penalty] {num_penalized}/{total_samples} samples penalized, "
+            f"buffer_len={args.reward.overlong_buffer_len}, factor={args.reward.overlong_penalty_factor}"
+        )
+
+    # ProRL-style stop properly penalty based on finish_reason
+    if getattr(args.reward, "stop_properly_penalty_coef", None) is not None:
+        num_truncated = apply_stop_properly_penalty(
+            experiences=experiences,
+            stop_properly_penalty_coef=args.reward.stop_properly_penalty_coef,
+        )
+        logger.info(
+            f"[ProRL Stop Properly Penalty] {num_truncated}/{total_samples} samples truncated, "
+            f"coef={args.reward.stop_properly_penalty_coef}"
+        )
+
+    # Sync info["reward"] with the modified rewards so logged metrics reflect penalties
+    for experience in experiences:
+        if "reward" in experience.info:
+            experience.info["reward"] = experience.rewards.clone()
+
+
 # Fingerprints of OpenRLHF 0.11.2's definitions (ppo_fast._peers.fingerprint), taken from its wheel.
 DISTRIBUTION = ("openrlhf", "0.11.2")
 FINGERPRINTS = {
@@ -475,6 +795,13 @@ FINGERPRINTS = {
     },
     "openrlhf/trainer/ppo_utils/experience_maker.py": {
         "RemoteExperienceMaker.get_advantages_and_returns": "e2b86877f07b76e9",
+        "RemoteExperienceMaker.compute_advantages_and_returns": "df0a7d7743a1b5cf",
+        "RemoteExperienceMaker.get_cumulative_returns": "6ea388d4467a275a",
+    },
+    "openrlhf/trainer/ppo_utils/length_penalty.py": {
+        "apply_overlong_penalty": "bedf4399515ea9c7",
+        "apply_stop_properly_penalty": "2347e34989b2e858",
+        "apply_length_penalties": "bc9a3aa73d34d8ae",
     },
 }
 BLOCKS = {

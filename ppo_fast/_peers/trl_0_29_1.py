@@ -11,7 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""A verbatim copy of the TRL 0.29.1 PPO trainer code that ppo_fast.compat.trl reproduces.
+"""A verbatim copy of the TRL 0.29.1 trainer code (PPO, GRPO, RLOO) that ppo_fast.compat.trl
+reproduces.
 
 Source: https://github.com/huggingface/trl, release v0.29.1 (PyPI trl==0.29.1), the last release
 with a PPO trainer (TRL 1.x removed it):
@@ -29,6 +30,18 @@ with a PPO trainer (TRL 1.x removed it):
                                        ``ppo_trainer_gae`` (what the benchmark times;
                                        ppo_fast.compat.trl runs ``ppo_trainer_rewards``)
   trl/experimental/utils.py            first_true_indices
+  trl/trainer/utils.py                 nanstd
+  trl/trainer/grpo_trainer.py          in GRPOTrainer._generate_and_score_completions, the
+                                       advantage block (the ``multi_objective_aggregation``
+                                       if-statement: the weighted sum or the per-function
+                                       normalisation of the rewards, the group mean and the
+                                       ``scale_rewards`` options), here ``grpo_trainer_advantages``
+  trl/trainer/rloo_trainer.py          in RLOOTrainer._generate_and_score_completions, the block
+                                       from the weighted sum of the rewards to ``is_std_zero``
+                                       (clipping, the sequence-level KL penalty, the leave-one-out
+                                       baseline, ``normalize_advantages``), here
+                                       ``rloo_trainer_advantages``; ``gather`` is a one-process
+                                       stand-in for accelerate's
 
 The trainer's blocks are inline code in a method that needs models and a dataloader, so the tests
 always run this copy; tests/test_compat_peer_copies.py checks its statements against the
@@ -253,6 +266,171 @@ def ppo_trainer_policy_loss(
     return pg_loss
 
 
+# trl/trainer/utils.py
+def nanstd(
+    tensor: torch.Tensor, dim: int | tuple[int, ...] | None = None, keepdim: bool = False
+) -> torch.Tensor:
+    """
+    Compute the standard deviation of a tensor, ignoring NaNs.
+
+    Args:
+        tensor (`torch.Tensor`):
+            Input tensor.
+        dim (`int` or `tuple[int, ...]`, *optional*):
+            Dimension(s) to reduce. Defaults to all dimensions.
+        keepdim (`bool`, *optional*, defaults to `False`):
+            Whether to keep reduced dimensions.
+
+    Returns:
+        `torch.Tensor`:
+            Standard deviation of the tensor, ignoring NaNs.
+    """
+    # Compute variance ignoring NaNs
+    mean = torch.nanmean(tensor, dim=dim, keepdim=True)
+    variance = torch.nanmean((tensor - mean) ** 2, dim=dim, keepdim=True)
+    count = torch.sum(~torch.isnan(tensor), dim=dim, keepdim=True)  # count of non-NaN values
+    correction = count / (count - 1)
+    correction = torch.where(count > 1, correction, torch.full_like(correction, float("nan")))
+    variance *= correction  # Bessel's correction
+    std = torch.sqrt(variance)
+    if keepdim:
+        return std
+    if dim is None:
+        return std.squeeze()
+    if isinstance(dim, int):
+        return std.squeeze(dim)
+    dims = [(d if d >= 0 else d + std.ndim) for d in dim]
+    for d in sorted(dims, reverse=True):
+        std = std.squeeze(d)
+    return std
+
+
+def gather(tensor):
+    """Stand-in for accelerate.utils.gather on one process: the tensor itself (on several, every
+    process's rows, concatenated: the whole generation batch)."""
+    return tensor
+
+
+# trl/trainer/grpo_trainer.py
+def grpo_trainer_advantages(self, rewards_per_func, num_generations, device):
+    """GRPOTrainer._generate_and_score_completions's advantage block (the
+    ``multi_objective_aggregation`` if-statement, with the ``scale_rewards`` options), verbatim;
+    ``self`` carries multi_objective_aggregation, reward_weights, scale_rewards and reward_funcs
+    (of which it reads the number) as the trainer does. Returns what the block leaves for the rest
+    of the method."""
+    if self.multi_objective_aggregation == "sum_then_normalize":
+        # Apply weights to each reward function's output and sum
+        rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
+        mean_grouped_rewards = rewards.view(-1, num_generations).mean(dim=1)
+        mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
+        if self.scale_rewards in ["group", "none"]:
+            # If self.scale_rewards = "none", we'll only use std_rewards to check for zero std for logging
+            if num_generations > 1:
+                std_rewards = rewards.view(-1, num_generations).std(dim=1)
+                std_rewards = std_rewards.repeat_interleave(num_generations, dim=0)
+            else:  # doesn't occur during training, but could occur in eval when num_generations_eval=1
+                std_rewards = torch.zeros_like(rewards)
+        elif self.scale_rewards == "batch":
+            # Compute global std
+            if rewards.numel() > 1:
+                std_rewards = rewards.std().expand_as(rewards)
+            else:  # doesn't occur during training, but could occur in eval when num_generations_eval=batch_size=1
+                std_rewards = torch.zeros_like(rewards)
+        else:
+            raise ValueError(
+                f"Invalid value for scale_rewards: {self.scale_rewards}. Must be one of 'batch', 'group', or 'none'."
+            )
+
+        advantages = rewards - mean_grouped_rewards
+        if self.scale_rewards != "none":
+            advantages = advantages / (std_rewards + 1e-4)
+        is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))  # for logging
+
+    elif self.multi_objective_aggregation == "normalize_then_sum":
+        grouped = rewards_per_func.view(-1, num_generations, len(self.reward_funcs))
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = (
+            nanstd(grouped, dim=1, keepdim=True)
+            if num_generations > 1
+            else torch.zeros_like(mean_k)
+        )
+        reward_k = (grouped - mean_k) / (std_k + 1e-4)
+        reward_k = reward_k.view(-1, len(self.reward_funcs))
+        rewards = (reward_k * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
+        std_rewards = (
+            rewards.std().expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+        )
+        advantages = (rewards - rewards.mean()) / (std_rewards + 1e-4)
+        is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))  # for logging
+
+    else:
+        raise ValueError(
+            f"Invalid multi_objective_aggregation: {self.multi_objective_aggregation}. Must be "
+            "'sum_then_normalize' or 'normalize_then_sum'."
+        )
+
+    return types.SimpleNamespace(
+        advantages=advantages, rewards=rewards, std_rewards=std_rewards, is_std_zero=is_std_zero
+    )
+
+
+# trl/trainer/rloo_trainer.py
+def rloo_trainer_advantages(
+    self,
+    rewards_per_func,
+    num_generations,
+    device,
+    old_per_token_logps,
+    ref_per_token_logps,
+    completion_mask,
+):
+    """RLOOTrainer._generate_and_score_completions's advantage block (from the weighted sum of
+    the reward functions to ``is_std_zero``: clipping, the sequence-level KL penalty, the
+    leave-one-out baseline and ``normalize_advantages``), verbatim; ``self`` carries
+    reward_weights, reward_clip_range, beta and normalize_advantages as the trainer does."""
+    rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
+
+    # Apply reward clipping if specified
+    if self.reward_clip_range:
+        rewards = rewards.clamp(min=self.reward_clip_range[0], max=self.reward_clip_range[1])
+
+    # Include the KL penalty in the reward
+    if self.beta != 0.0:
+        per_token_kl = old_per_token_logps - ref_per_token_logps
+        # Apply sequence-level KL penalty to rewards (sum KL across tokens first, then apply to each sequence)
+        kl = (per_token_kl * completion_mask).sum(-1)
+        kl = gather(kl)  # rewards are gathered, so kl must be too
+        rewards = rewards - self.beta * kl
+
+    grouped_rewards = rewards.view(-1, num_generations)
+    mean_grouped_rewards = grouped_rewards.mean(dim=1)
+    if num_generations > 1:
+        std_rewards = grouped_rewards.std(dim=1)
+    else:  # doesn't occur during training, but could occur in eval when num_generations_eval=1
+        std_rewards = torch.zeros_like(mean_grouped_rewards)
+
+    # RLOO advantages computation
+    grouped_sum = grouped_rewards.sum(dim=1, keepdim=True)  # (num_prompts, 1)
+    if num_generations > 1:
+        baselines = (grouped_sum - grouped_rewards) / (
+            num_generations - 1
+        )  # (num_prompts, num_generations)
+        baselines = baselines.view(-1)  # Flatten back to match rewards shape
+        advantages = rewards - baselines
+    else:  # this case doesn't occur during training, but could in eval when num_generations_eval=1
+        advantages = torch.zeros_like(rewards)
+
+    # Normalize advantages
+    if self.normalize_advantages:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-4)
+
+    is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))  # for logging
+
+    return types.SimpleNamespace(
+        advantages=advantages, rewards=rewards, std_rewards=std_rewards, is_std_zero=is_std_zero
+    )
+
+
 # Fingerprints of TRL 0.29.1's definitions (ppo_fast._peers.fingerprint), taken from its
 # wheel; each trainer block is the run of statements of PPOTrainer.train between two statements,
 # copied as the body of a function (BLOCKS: function -> path, method, first, last, fingerprint).
@@ -293,6 +471,20 @@ BLOCKS = {
         "pg_loss = masked_mean",
         "42fc9ba2f5ffd310",
     ),
+    "grpo_trainer_advantages": (
+        "trl/trainer/grpo_trainer.py",
+        "GRPOTrainer._generate_and_score_completions",
+        "if self.multi_objective_aggregation == 'sum_then_normalize'",
+        "if self.multi_objective_aggregation == 'sum_then_normalize'",
+        "c192d365907c38c8",
+    ),
+    "rloo_trainer_advantages": (
+        "trl/trainer/rloo_trainer.py",
+        "RLOOTrainer._generate_and_score_completions",
+        "rewards = (rewards_per_func * self.reward_weights",
+        "is_std_zero = ",
+        "34713493b3c5e45a",
+    ),
 }
 FINGERPRINTS = {
     "trl/experimental/ppo/ppo_trainer.py": {
@@ -302,5 +494,8 @@ FINGERPRINTS = {
     },
     "trl/experimental/utils.py": {
         "first_true_indices": "35df1fd142571690",
+    },
+    "trl/trainer/utils.py": {
+        "nanstd": "71362360ac395594",
     },
 }

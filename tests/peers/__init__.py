@@ -4,14 +4,15 @@ Each loader returns a ``Peer``: the real package's functions where it imports at
 compat module cites, else the verbatim copy shipped in ppo_fast._peers (the copies the
 benchmark times). ``Peer.label`` says which
 (``verl-0.9.1-real``, ``verl-0.9.1-copy``) and goes into every parity test's id, so a run shows
-what it compared against; nothing is skipped for a missing package.
+what it compared against; nothing is skipped for a missing package. The advantage estimators
+are held to both where verl imports (``verl_real_and_copy``).
 
 - verl 0.9.1 imports with ``pip install --no-deps verl==0.9.1`` plus omegaconf, codetiming,
   transformers and ray (the ``compat-test`` extra).
 - OpenRLHF 0.11.2 and TRL 0.29.1 always run as copies: OpenRLHF's package imports deepspeed,
-  peft and flash-attn (a CUDA build); TRL's trainer code is inline in PPOTrainer.train. Their
-  copies are checked against the installed wheels' source where present
-  (tests/test_compat_peer_copies.py).
+  peft and flash-attn (a CUDA build); TRL's trainer code is inline in PPOTrainer.train and in the
+  GRPO and RLOO trainers' _generate_and_score_completions. Their copies are checked against the
+  installed wheels' source where present (tests/test_compat_peer_copies.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Peer:
     label: str
     api: Any  # the functions, as attributes
     make_config: Callable[..., Any] | None = None
+    # verl's AlgoConfig (the estimators' config): gamma, norm_adv_by_std_in_grpo, gdpo_*.
+    make_algo_config: Callable[..., Any] | None = None
 
 
 def _installed(distribution: str) -> str | None:
@@ -43,12 +46,21 @@ def _installed(distribution: str) -> str | None:
         return None
 
 
+_VERL_ESTIMATORS = (
+    "compute_grpo_outcome_advantage compute_grpo_vectorized_outcome_advantage "
+    "compute_gdpo_outcome_advantage compute_grpo_passk_outcome_advantage "
+    "compute_reinforce_plus_plus_baseline_outcome_advantage compute_rloo_outcome_advantage "
+    "compute_opo_outcome_advantage compute_reinforce_plus_plus_outcome_advantage "
+    "compute_remax_outcome_advantage compute_gpg_outcome_advantage "
+    "compute_rloo_vectorized_outcome_advantage compute_optimal_token_baseline_advantage "
+    "compute_multi_turn_optimal_token_baseline_advantage"
+).split()
 _VERL_NAMES = (
     "masked_sum masked_mean masked_var masked_whiten clip_by_value AdaptiveKLController "
     "FixedKLController get_kl_controller compute_gae_advantage_return compute_rewards agg_loss "
     "compute_policy_loss compute_policy_loss_vanilla compute_value_loss kl_penalty "
     "kl_penalty_forward"
-).split()
+).split() + _VERL_ESTIMATORS
 
 
 def _real_verl() -> Peer | str:
@@ -58,6 +70,7 @@ def _real_verl() -> Peer | str:
     try:
         import verl.trainer.ppo.core_algos as core_algos
         import verl.utils.torch_functional as verl_F
+        from verl.trainer.config import AlgoConfig
         from verl.workers.config import ActorConfig
     except ImportError as error:
         return f"verl 0.9.1 does not import ({error})"
@@ -69,15 +82,24 @@ def _real_verl() -> Peer | str:
     api = types.SimpleNamespace(
         **{n: getattr(verl_F if hasattr(verl_F, n) else core_algos, n) for n in _VERL_NAMES}
     )
-    return Peer("verl-0.9.1-real", api, make_config)
+    return Peer("verl-0.9.1-real", api, make_config, AlgoConfig)
+
+
+def _verl_copy() -> Peer:
+    api = types.SimpleNamespace(**{n: getattr(verl_0_9_1, n) for n in _VERL_NAMES})
+    return Peer("verl-0.9.1-copy", api, verl_0_9_1.ActorConfig, verl_0_9_1.AlgoConfig)
 
 
 def verl() -> Peer:
     real = _real_verl()
-    if isinstance(real, Peer):
-        return real
-    api = types.SimpleNamespace(**{n: getattr(verl_0_9_1, n) for n in _VERL_NAMES})
-    return Peer("verl-0.9.1-copy", api, verl_0_9_1.ActorConfig)
+    return real if isinstance(real, Peer) else _verl_copy()
+
+
+def verl_real_and_copy() -> list[Peer]:
+    """verl itself where 0.9.1 imports, and always the verbatim copy: the estimators' parity
+    tests hold ppo_fast.compat.verl to both."""
+    real = _real_verl()
+    return [real, _verl_copy()] if isinstance(real, Peer) else [_verl_copy()]
 
 
 def openrlhf() -> Peer:

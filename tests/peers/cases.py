@@ -83,14 +83,17 @@ def batch(kind: str, dtype=torch.float32, rows: int = 6, width: int = 17, seed: 
     )
 
 
-def assert_parity(actual, expected, what: str = "", dtype: torch.dtype | None = None) -> None:
-    """Same type, shape and dtype, and equal to RTOL of the dtype, judged on the scale of the
-    whole array for entries that come out of cancellation (as tests/conftest.py does). A Python
-    number (a metric) is judged at RTOL of ``dtype``, the dtype it was computed in."""
+def assert_parity(
+    actual, expected, what: str = "", dtype: torch.dtype | None = None, rtol: float | None = None
+) -> None:
+    """Same type, shape and dtype, and equal to RTOL of the dtype (or ``rtol``), judged on the
+    scale of the whole array for entries that come out of cancellation (as tests/conftest.py
+    does). A Python number (a metric) is judged at RTOL of ``dtype``, the dtype it was computed
+    in."""
     if isinstance(expected, float | int):
         assert isinstance(actual, float | int), f"{what}: {type(actual)} is not a number"
         assert dtype is not None, f"{what}: pass the dtype the number was computed in"
-        rtol = RTOL[dtype]
+        rtol = RTOL[dtype] if rtol is None else rtol
         np.testing.assert_allclose(
             actual, expected, rtol=rtol, atol=rtol * max(1.0, abs(expected)), err_msg=what
         )
@@ -98,7 +101,7 @@ def assert_parity(actual, expected, what: str = "", dtype: torch.dtype | None = 
     assert isinstance(actual, torch.Tensor), f"{what}: {type(actual)} is not a tensor"
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    rtol = RTOL.get(expected.dtype, 1e-6)
+    rtol = RTOL.get(expected.dtype, 1e-6) if rtol is None else rtol
     expected_np = expected.detach().double().numpy()
     finite = np.abs(expected_np[np.isfinite(expected_np)])
     scale = max(1.0, float(finite.max())) if finite.size else 1.0
@@ -133,3 +136,86 @@ def assert_same_arguments(ours, theirs, what: str = "") -> None:
 
     for mine, peer in signatures(ours, theirs):
         assert parameters(mine) == parameters(peer), f"{what}: {mine} != {peer}"
+
+
+# ---- batches of grouped rows, for the critic-free estimators ------------------------------------
+
+# How the rows of a batch fall into groups (the samples of one prompt): each is a list of group
+# sizes and whether the rows of a group are adjacent.
+GROUPINGS = {
+    "adjacent": ([4, 4, 4], False),
+    "shuffled": ([4, 4, 4], True),
+    "uneven": ([5, 3, 2, 2, 1], True),
+    "with-singletons": ([3, 1, 4, 1, 2], False),
+    "all-singletons": ([1, 1, 1, 1, 1], False),
+}
+# How the groups are labelled: verl's trainer uses uuid strings (an object array); integers are
+# the other common choice, and huge integers are what verl's vectorised GRPO must not allocate by.
+UIDS = ("str", "int", "huge-int")
+
+
+@dataclass
+class GroupBatch:
+    mask: torch.Tensor  # int64 0/1 (B, T)
+    rewards: torch.Tensor  # (B, T): a score on each row's last valid token, noise everywhere
+    index: np.ndarray  # (B,) the rows' group uids
+    groups: np.ndarray  # int64 (B,): the group of each row, 0 .. G-1 in first-seen order
+    old_log_probs: torch.Tensor  # (B, T)
+    sum_pi_squared: torch.Tensor  # (B, T), at least exp(old_log_probs)**2
+    is_weights: torch.Tensor  # (B, T)
+    baselines: torch.Tensor  # (B,)
+
+
+def uids_of(kind: str, groups: np.ndarray) -> np.ndarray:
+    if kind == "str":
+        return np.array([f"prompt-{g:03d}-{(g * 7919) % 1000:03x}" for g in groups], dtype=object)
+    if kind == "int":
+        return (groups * 7 + 3).astype(np.int64)
+    if kind == "huge-int":
+        return (groups * 10**9 + 10**12).astype(np.int64)
+    raise ValueError(kind)
+
+
+def group_batch(
+    grouping: str,
+    kind: str,
+    dtype=torch.float64,
+    uids: str = "str",
+    width: int = 9,
+    seed: int = 0,
+) -> GroupBatch:
+    """Rows in groups (``GROUPINGS``) with a ``kind`` of mask (``MASKS``). The rows of the first
+    group of two or more share one reward row, so that their scores are equal (a std of 0); the
+    rewards at masked positions are nonzero too (verl sums every position into a score)."""
+    rng = np.random.default_rng(seed)
+    sizes, shuffled = GROUPINGS[grouping]
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    if shuffled:
+        groups = groups[rng.permutation(groups.size)]
+        # Renumber in first-seen order, as factorisation numbers them.
+        first_seen = {g: i for i, g in enumerate(dict.fromkeys(groups.tolist()))}
+        groups = np.array([first_seen[g] for g in groups.tolist()], dtype=np.int64)
+    rows = groups.size
+    mask = mask_of(kind, rows, width, rng)
+    rewards = rng.normal(0.0, 0.3, (rows, width))
+    last_valid = width - 1 - np.argmax(mask[:, ::-1], axis=1)
+    rewards[np.arange(rows), last_valid] += rng.choice([0.0, 1.0, 0.11, 0.7], rows)
+    tied = [g for g, size in enumerate(np.bincount(groups)) if size > 1]
+    if tied:
+        members = np.flatnonzero(groups == tied[0])
+        rewards[members] = rewards[members[0]]
+    pi = rng.uniform(0.05, 0.95, (rows, width))
+
+    def tensor(array):
+        return torch.tensor(array, dtype=dtype)
+
+    return GroupBatch(
+        mask=torch.tensor(mask.astype(np.int64)),
+        rewards=tensor(rewards),
+        index=uids_of(uids, groups),
+        groups=groups,
+        old_log_probs=tensor(np.log(pi)),
+        sum_pi_squared=tensor(pi**2 + rng.uniform(0.0, 0.3, (rows, width))),
+        is_weights=tensor(rng.uniform(0.5, 1.5, (rows, width))),
+        baselines=tensor(rng.normal(0.0, 0.5, rows)),
+    )
