@@ -1270,3 +1270,28 @@ def test_options_are_keyword_only():
             estimator([1.0, 2.0], [0, 0], "group")
     with pytest.raises(TypeError, match="positional"):
         ppo_fast.broadcast_to_tokens([1.0], [[1]])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("width", [1, 7, ppo_fast.outcome.NARROW_ROWS - 1, 200])
+def test_broadcast_paths_give_the_same_bits(dtype, width, monkeypatch):
+    """Narrow rows take repeat-and-AND, wide ones a masked copy: both give +0.0 at every masked
+    position whatever the row's value (NaN, inf, -0.0, negative), and the value at valid ones;
+    masks whose bool bytes are not 0/1 count as valid."""
+    rng = np.random.default_rng(width)
+    n_rows = 40
+    per_row = rng.standard_normal(n_rows).astype(dtype)
+    per_row[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    mask = rng.integers(0, 3, (n_rows, width)).astype(np.uint8).view(bool)
+    lengths = rng.integers(0, width + 1, n_rows)
+    expected = {
+        "mask": np.where(mask.view(np.uint8) != 0, per_row[:, None], dtype(0)),
+        "lengths": np.where(np.arange(width) < lengths[:, None], per_row[:, None], dtype(0)),
+    }
+    for narrow in (0, 10**9):
+        monkeypatch.setattr(ppo_fast.outcome, "NARROW_ROWS", narrow)
+        for name, layout in (("mask", {"mask": mask}), ("lengths", {"lengths": lengths})):
+            extra = {"padded_length": width} if name == "lengths" else {}
+            tokens = ppo_fast.broadcast_to_tokens(per_row, **layout, **extra)
+            bits = np.int32 if dtype == np.float32 else np.int64
+            assert np.array_equal(tokens.view(bits), expected[name].view(bits)), (name, narrow)

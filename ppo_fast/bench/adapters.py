@@ -17,11 +17,10 @@ from collections.abc import Callable
 import numpy as np
 
 from .._peers import copy as peer_copy
-from .batch import Batch
+from .batch import GROUP_SIZE, Batch
 
 # Hyperparameters of every row: verl's defaults for language models.
 GAMMA, LAM = 1.0, 0.95
-GROUP_SIZE = 8  # responses per prompt, adjacent rows, for the estimators over groups
 KL_COEF, KL_CLAMP = 0.05, 10.0
 CLIP, DUAL_CLIP, LOG_RATIO_CLAMP, VALUE_CLIP = 0.2, 3.0, 20.0, 0.2
 
@@ -342,11 +341,6 @@ def verl_remax(batch: Batch, threads: int):
     return lambda: verl.compute_remax_outcome_advantage(rewards, baselines, response_mask)
 
 
-def group_ids(batch: Batch) -> np.ndarray:
-    """The prompt of each row: ``GROUP_SIZE`` adjacent responses per prompt."""
-    return np.arange(batch.shape[0]) // GROUP_SIZE
-
-
 def sum_pi_squared(batch: Batch) -> np.ndarray:
     """A stand-in for the sum over the vocabulary of the squared probabilities: pi^2 + 0.1 (at
     least pi^2, as a softmax's), 0 past a row's end as every array of the batch."""
@@ -358,7 +352,7 @@ def ours_optimal_token_baseline(batch: Batch, backend: str):
     from ..returns import optimal_token_baseline
 
     rewards, old_logprobs, mask = batch.rewards, batch.old_logprobs, batch.mask
-    squares, groups = sum_pi_squared(batch), group_ids(batch)
+    squares, groups = sum_pi_squared(batch), batch.group_ids
     return lambda: optimal_token_baseline(
         rewards, old_logprobs, squares, groups, mask=mask, backend=backend
     )
@@ -374,10 +368,100 @@ def verl_optimal_token_baseline(multi_turn: bool):
         )
         rewards, old_logprobs = tensor(batch.rewards), tensor(batch.old_logprobs)
         response_mask = tensor(batch.mask.astype(np.int64))
-        squares, index = tensor(sum_pi_squared(batch)), group_ids(batch)
+        squares, index = tensor(sum_pi_squared(batch)), batch.group_ids
         return lambda: estimate(rewards, response_mask, index, old_logprobs, squares)
 
     return prepare
+
+
+# grpo, rloo: outcome estimators over groups ---------------------------------------------------
+
+
+def ours_outcome(estimator: str, labels: str):
+    def prepare(batch: Batch, threads: int):
+        from .. import outcome
+
+        estimate = getattr(outcome, estimator)
+        scores, groups, mask = batch.scores, getattr(batch, labels), batch.mask
+        return lambda: estimate(scores, groups, mask=mask)
+
+    return prepare
+
+
+def advantages_output(advantages) -> dict[str, np.ndarray]:
+    return {"advantages": numpy(advantages)}
+
+
+def first_of_pair(result) -> dict[str, np.ndarray]:
+    return {"advantages": numpy(result[0])}
+
+
+def token_level_scores(batch: Batch) -> np.ndarray:
+    """Each row's score on its last valid token, 0 elsewhere: verl's token_level_rewards of an
+    outcome reward (its estimators sum them back over T)."""
+    rewards = np.zeros(batch.shape, dtype=batch.dtype)
+    rewards[np.arange(batch.shape[0]), batch.lengths - 1] = batch.scores
+    return rewards
+
+
+def verl_outcome(function: str, labels: str):
+    def prepare(batch: Batch, threads: int):
+        estimate = getattr(peer_copy("verl_0_9_1"), function)
+        rewards = tensor(token_level_scores(batch))
+        # verl's response_mask is a slice of the int64 attention mask.
+        response_mask, index = tensor(batch.mask.astype(np.int64)), getattr(batch, labels)
+        return lambda: estimate(rewards, response_mask, index)
+
+    return prepare
+
+
+def trl_outcome(estimator: str):
+    """TRL's GRPO (scale_rewards="group") or RLOO advantage block: one reward function, groups
+    of ``GROUP_SIZE`` consecutive rows (TRL's only grouping), per-row advantages."""
+
+    def prepare(batch: Batch, threads: int):
+        torch = torch_module()
+        trl = peer_copy("trl_0_29_1")
+        mask = batch.mask  # returned beside the result, for the check on the tokens
+        # TRL's groups are consecutive blocks of num_generations rows; a batch smaller than one
+        # group is one group, as batch.group_ids has it.
+        n = min(GROUP_SIZE, batch.shape[0])
+        if batch.shape[0] % n:
+            raise ValueError(
+                f"TRL groups rows in blocks of num_generations={n}: B={batch.shape[0]} is not a "
+                "multiple of it"
+            )
+        rewards_per_func = tensor(batch.scores.reshape(-1, 1))
+        weights = torch.ones(1, dtype=rewards_per_func.dtype)
+        if estimator == "grpo":
+            trainer = types.SimpleNamespace(
+                multi_objective_aggregation="sum_then_normalize",
+                reward_weights=weights,
+                scale_rewards="group",
+                reward_funcs=[None],
+            )
+            return lambda: (
+                trl.grpo_trainer_advantages(trainer, rewards_per_func, n, "cpu").advantages,
+                mask,
+            )
+        trainer = types.SimpleNamespace(
+            reward_weights=weights, reward_clip_range=None, beta=0.0, normalize_advantages=False
+        )
+        empty = tensor(np.zeros((batch.shape[0], 1), dtype=batch.dtype))
+        return lambda: (
+            trl.rloo_trainer_advantages(
+                trainer, rewards_per_func, n, "cpu", empty, empty, empty
+            ).advantages,
+            mask,
+        )
+
+    return prepare
+
+
+def per_row_advantages(result) -> dict[str, np.ndarray]:
+    """TRL's (B,) advantages put on the tokens for the check, as its loss broadcasts them."""
+    advantages, mask = result
+    return {"advantages": numpy(advantages)[:, None] * mask}
 
 
 # whiten, masked_moments ---------------------------------------------------------------------

@@ -8,6 +8,7 @@ masked_fill put 0).
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 DEFAULT_SHAPES = ((8, 128), (256, 1024), (1024, 4096))
 ALL_SHAPES = ((8, 128), (256, 1024), (1024, 4096), (64, 32768), (4, 131072))
 SCALING_WIDTH = 1000  # scaling batches are (tokens / 1000, 1000)
+GROUP_SIZE = 8  # responses per prompt, adjacent rows, for the estimators over groups
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -77,6 +79,20 @@ class Batch:
         return np.arange(self.shape[1]) < self.lengths[:, None]
 
     @functools.cached_property
+    def uids(self) -> np.ndarray:
+        """The prompt of each row as verl names it: a uuid4 string per prompt, in an object array,
+        ``GROUP_SIZE`` adjacent rows per prompt (``n`` samples repeated in place)."""
+        n_prompts = -(-self.shape[0] // GROUP_SIZE)
+        random = self._rng(10).integers(0, 256, (n_prompts, 16), dtype=np.uint8)
+        prompts = [str(uuid.UUID(bytes=bytes(row), version=4)) for row in random]
+        return np.repeat(np.array(prompts, dtype=object), GROUP_SIZE)[: self.shape[0]]
+
+    @functools.cached_property
+    def group_ids(self) -> np.ndarray:
+        """The prompt of each row as an int64 id: ``GROUP_SIZE`` adjacent rows per prompt."""
+        return np.arange(self.shape[0], dtype=np.int64) // GROUP_SIZE
+
+    @functools.cached_property
     def scores(self) -> np.ndarray:
         return self._rng(1).standard_normal(self.shape[0]).astype(self.dtype)
 
@@ -117,7 +133,7 @@ class Batch:
 
     def nbytes(self, name: str) -> int:
         """The bytes of array ``name``, computed from the shape: nothing is allocated."""
-        if name in ("scores", "lengths"):
+        if name in ("scores", "lengths", "group_ids"):
             count, itemsize = self.shape[0], self.dtype.itemsize if name == "scores" else 8
         else:
             count, itemsize = self.tokens, 1 if name == "mask" else self.dtype.itemsize

@@ -32,7 +32,7 @@ import numpy as np
 from .. import _backend, _spec
 from . import adapters
 from .adapters import CLIP, DUAL_CLIP, GAMMA, KL_CLAMP, KL_COEF, LAM, LOG_RATIO_CLAMP, VALUE_CLIP
-from .batch import Batch
+from .batch import GROUP_SIZE, Batch
 from .roofline import COPY_BYTES, COPY_REPEATS, Copy
 
 OURS, PEER, FLOOR = "ours", "peer", "floor"
@@ -114,6 +114,18 @@ def _ours(
     ]
 
 
+def _outcome(estimator: str, labels: str, call: str) -> Implementation:
+    """ppo_fast's outcome estimator: NumPy over the rows (groups numbered by a hash table), with
+    no compiled backend of its own to choose."""
+    return Implementation(
+        name="ppo_fast",
+        kind=OURS,
+        prepare=adapters.ours_outcome(estimator, labels),
+        outputs=adapters.advantages_output,
+        source=call,
+    )
+
+
 def _floor_implementation(kernel: Kernel) -> Implementation:
     read = ", ".join(kernel.reads)
     return Implementation(
@@ -134,6 +146,16 @@ def _kernel(kernel: Kernel) -> Kernel:
 VERL = "verl 0.9.1 (_peers.verl_0_9_1)"
 OPENRLHF = "OpenRLHF 0.11.2 (_peers.openrlhf_0_11_2)"
 TRL_PPO = "TRL 0.29.1 (_peers.trl_0_29_1) PPOTrainer.train"
+TRL_GRPO = "TRL 0.29.1 (_peers.trl_0_29_1) GRPOTrainer._generate_and_score_completions's"
+TRL_RLOO = "TRL 0.29.1 (_peers.trl_0_29_1) RLOOTrainer._generate_and_score_completions's"
+_TOKEN_SCORES = (
+    "verl reads the scores as token_level_rewards (each score on its row's last valid token) "
+    "and sums them back over T, inside the timed call"
+)
+_FLOAT32_GROUPS = (
+    _TOKEN_SCORES + "; its group_mean_std is float32 whatever the scores' dtype, so float64 "
+    "results agree to float32 precision"
+)
 _BESSEL = (
     "masked_var's Bessel factor mask_sum / (mask_sum - 1) divides two integer tensors, which "
     "torch returns in float32, so float64 results agree to float32 precision"
@@ -380,7 +402,7 @@ KERNELS: dict[str, Kernel] = {
         ),
         Kernel(
             "optimal_token_baseline",
-            f"the optimal token baseline over groups of {adapters.GROUP_SIZE} adjacent rows "
+            f"the optimal token baseline over groups of {GROUP_SIZE} adjacent rows "
             "(zero tail, eps 1e-8)",
             reads=("rewards", "old_logprobs", "sum_pi_squared", "mask"),
             writes=2,
@@ -411,6 +433,113 @@ KERNELS: dict[str, Kernel] = {
                     f"{VERL} compute_multi_turn_optimal_token_baseline_advantage (Python loops "
                     "over rows and groups)",
                     requires=("torch",),
+                ),
+            ),
+        ),
+        Kernel(
+            "grpo",
+            f"GRPO over groups of {GROUP_SIZE} adjacent rows named by uuid strings (std + 1e-6, "
+            "unbiased), on each row's valid tokens",
+            reads=("scores", "mask"),
+            writes=1,
+            compare=("advantages",),
+            valid_only=False,
+            table_kernels=(),
+            implementations=(
+                _outcome("grpo", "uids", "grpo(scores, uids, mask=mask)"),
+                Implementation(
+                    "verl loop",
+                    PEER,
+                    adapters.verl_outcome("compute_grpo_outcome_advantage", "uids"),
+                    adapters.first_of_pair,
+                    f"{VERL} compute_grpo_outcome_advantage (a Python loop over rows)",
+                    requires=("torch",),
+                    convention=_TOKEN_SCORES,
+                ),
+                Implementation(
+                    "verl vectorized",
+                    PEER,
+                    adapters.verl_outcome("compute_grpo_vectorized_outcome_advantage", "uids"),
+                    adapters.first_of_pair,
+                    f"{VERL} compute_grpo_vectorized_outcome_advantage (np.unique of the uids, "
+                    "then torch)",
+                    requires=("torch",),
+                    convention=_FLOAT32_GROUPS,
+                    check_dtype=np.float32,
+                ),
+                Implementation(
+                    "trl",
+                    PEER,
+                    adapters.trl_outcome("grpo"),
+                    adapters.per_row_advantages,
+                    f"{TRL_GRPO} advantages (scale_rewards='group'), per row",
+                    requires=("torch",),
+                    convention=f"groups are {GROUP_SIZE} consecutive rows (TRL's only grouping) "
+                    "and std + 1e-4: it agrees to about 1e-4 relative",
+                    check_dtype=np.float32,
+                ),
+            ),
+        ),
+        Kernel(
+            "grpo int ids",
+            f"GRPO over groups of {GROUP_SIZE} adjacent rows named by int64 ids, on each row's "
+            "valid tokens",
+            reads=("scores", "group_ids", "mask"),
+            writes=1,
+            compare=("advantages",),
+            valid_only=False,
+            table_kernels=(),
+            implementations=(
+                _outcome("grpo", "group_ids", "grpo(scores, ids, mask=mask)"),
+                Implementation(
+                    "verl vectorized",
+                    PEER,
+                    adapters.verl_outcome("compute_grpo_vectorized_outcome_advantage", "group_ids"),
+                    adapters.first_of_pair,
+                    f"{VERL} compute_grpo_vectorized_outcome_advantage (int ids)",
+                    requires=("torch",),
+                    convention=_FLOAT32_GROUPS,
+                    check_dtype=np.float32,
+                ),
+            ),
+        ),
+        Kernel(
+            "rloo",
+            f"RLOO (leave-one-out baseline) over groups of {GROUP_SIZE} adjacent rows named by "
+            "uuid strings, on each row's valid tokens",
+            reads=("scores", "mask"),
+            writes=1,
+            compare=("advantages",),
+            valid_only=False,
+            table_kernels=(),
+            implementations=(
+                _outcome("rloo", "uids", "rloo(scores, uids, mask=mask)"),
+                Implementation(
+                    "verl loop",
+                    PEER,
+                    adapters.verl_outcome("compute_rloo_outcome_advantage", "uids"),
+                    adapters.first_of_pair,
+                    f"{VERL} compute_rloo_outcome_advantage (a Python loop over rows)",
+                    requires=("torch",),
+                    convention=_TOKEN_SCORES,
+                ),
+                Implementation(
+                    "verl vectorized",
+                    PEER,
+                    adapters.verl_outcome("compute_rloo_vectorized_outcome_advantage", "uids"),
+                    adapters.first_of_pair,
+                    f"{VERL} compute_rloo_vectorized_outcome_advantage (np.unique, bincount)",
+                    requires=("torch",),
+                    convention=_TOKEN_SCORES,
+                ),
+                Implementation(
+                    "trl",
+                    PEER,
+                    adapters.trl_outcome("rloo"),
+                    adapters.per_row_advantages,
+                    f"{TRL_RLOO} advantages (no KL penalty, no clipping), per row",
+                    requires=("torch",),
+                    convention=f"groups are {GROUP_SIZE} consecutive rows (TRL's only grouping)",
                 ),
             ),
         ),

@@ -16,11 +16,11 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .. import _backend, _threads
+from .. import _threads
 from .._atomic import atomic_write
 from .batch import shape_name
 from .probes import FIRST_CALL_KERNELS
-from .registry import BENCH_EXTRA, FLOOR, KERNELS, PEER, PYTHON_MAX_TOKENS
+from .registry import BENCH_EXTRA, FLOOR, KERNELS, OURS, PEER, PYTHON_MAX_TOKENS
 from .timing import exponents
 
 
@@ -170,12 +170,14 @@ def report_items(
         )
         lines.append(f"  copy bandwidth (2 x bytes / best time, this run): {measured}")
     lines.append("")
-    # The speed-up columns: our compiled backends (the oracle is there to be checked, not raced).
+    # The speed-up columns: our compiled backends, then our implementations that run no kernel
+    # of the table (the outcome estimators); the oracle is there to be checked, not raced.
     ours = [
-        f"ppo_fast[{backend}]"
-        for backend in _backend.BACKENDS
-        if backend != "python"
-        and any(r["implementation"] == f"ppo_fast[{backend}]" and r["status"] == "ok" for r in rows)
+        name
+        for name in dict.fromkeys(
+            row["implementation"] for row in rows if row["kind"] == OURS and row["status"] == "ok"
+        )
+        if name != "ppo_fast[python]"
     ]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
@@ -191,8 +193,9 @@ def report_items(
             f"{kernel}  {shape_name(shape)} {dtype}, {threads} thread{'s' * (threads > 1)}"
             f"  ({KERNELS[kernel].summary}; {(read + written) / 1e6:.3g} MB moved)"
         )
+        here = [name for name in ours if any(row["implementation"] == name for row in timed)]
         header = ["implementation", "median", "min", "max", "n", "x floor"]
-        header += [f"{name} speed-up" for name in ours]
+        header += [f"{name} speed-up" for name in here]
         table = []
         for row in timed:
             cells = [
@@ -203,7 +206,7 @@ def report_items(
                 str(len(row["times"])),
                 format_ratio(row.get("x_floor")),
             ]
-            cells += [format_ratio(row.get("speedup", {}).get(name)) for name in ours]
+            cells += [format_ratio(row.get("speedup", {}).get(name)) for name in here]
             table.append(cells)
         lines += [_table(header, table), ""]
     lines += _format_summary(rows, ours)
@@ -236,38 +239,41 @@ def report_items(
 
 
 def _format_summary(rows: list[dict[str, Any]], ours: list[str]) -> list:
-    """One table: our first backend's speed-up over every peer, by shape (and threads)."""
+    """One table: for each kernel, the speed-up of our first implementation that ran it (our
+    first compiled backend) over every peer, by shape (and threads)."""
     if not ours:
         return []
-    mine = ours[0]
+    shapes = [row for row in rows if row["sweep"] == "shapes" and row["status"] == "ok"]
+    mine = {}
+    for name in reversed(ours):  # the first of ours that ran a kernel wins
+        mine.update({row["kernel"]: name for row in shapes if row["implementation"] == name})
     columns = sorted(
         {(tuple(r["shape"]), r["dtype"], r["threads"]) for r in rows if r["sweep"] == "shapes"},
         key=lambda c: (c[1], c[0][0] * c[0][1], c[2]),
     )
     entries: dict[tuple[str, str], dict[tuple, str]] = {}
-    for row in rows:
-        if row["sweep"] != "shapes" or row["status"] != "ok":
-            continue
+    for row in shapes:
         column = (tuple(row["shape"]), row["dtype"], row["threads"])
+        name = mine.get(row["kernel"])
+        if name is None:
+            continue
         if row["kind"] == FLOOR:
             mine_row = next(
                 (
                     r
-                    for r in rows
-                    if r["implementation"] == mine
-                    and r["status"] == "ok"
-                    and r["sweep"] == "shapes"
+                    for r in shapes
+                    if r["implementation"] == name
                     and r["kernel"] == row["kernel"]
                     and (tuple(r["shape"]), r["dtype"], r["threads"]) == column
                 ),
                 None,
             )
             if mine_row is not None:
-                key = (row["kernel"], f"{mine} x floor")
+                key = (row["kernel"], f"{name} x floor")
                 entries.setdefault(key, {})[column] = format_ratio(mine_row["x_floor"])
-        elif row["kind"] == PEER and mine in row.get("speedup", {}):
+        elif row["kind"] == PEER and name in row.get("speedup", {}):
             key = (row["kernel"], row["implementation"])
-            entries.setdefault(key, {})[column] = format_ratio(row["speedup"][mine])
+            entries.setdefault(key, {})[column] = format_ratio(row["speedup"][name])
     if not entries:
         return []
     header = ["kernel", "compared with"] + [
@@ -276,9 +282,10 @@ def _format_summary(rows: list[dict[str, Any]], ours: list[str]) -> list:
     table = [
         [k, name] + [cells.get(c, "") for c in columns] for (k, name), cells in entries.items()
     ]
+    first = ", ".join(name for name in ours if name in mine.values())
     return [
-        f"summary: speed-up of {mine} over each implementation (its median / ours), and ours over",
-        "the memory floor (its median / the floor's); columns: shape, dtype, threads",
+        f"summary: speed-up of ours ({first}) over each implementation (its median / ours), and",
+        "ours over the memory floor (its median / the floor's); columns: shape, dtype, threads",
         _table(header, table),
         "",
     ]
