@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import math
+import pathlib
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
@@ -530,8 +531,14 @@ def _raised_by_ppo_fast(error: BaseException) -> bool:
     """Whether ``error`` comes from ppo_fast itself, not from a peer's torch code in a compat
     module or the peer's own copied code that it runs (ppo_fast/_peers): those raise what the
     peer raises."""
-    filename = traceback.extract_tb(error.__traceback__)[-1].filename
-    return "ppo_fast" in filename and "compat" not in filename and "_peers" not in filename
+    filename = pathlib.Path(traceback.extract_tb(error.__traceback__)[-1].filename).resolve()
+    package = pathlib.Path(ppo_fast.__file__).resolve().parent
+    # Parts below the package, not the whole path: a checkout in a folder named like "compat"
+    # would otherwise pass every error as the peer's.
+    if not filename.is_relative_to(package):
+        return False
+    parts = filename.relative_to(package).parts
+    return "compat" not in parts and "_peers" not in parts
 
 
 def expected_names(target: Target, kwargs: dict[str, Any]) -> list[tuple[str, ...]]:

@@ -416,6 +416,19 @@ def _factorize_index(labels: Any, n_rows: int) -> Groups:
         raise type(error)(f"index (the rows' group uids): {error}") from None
 
 
+def _row_scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
+    """Each row's score, its token-level rewards summed over the positions, as verl takes it;
+    anything but (bs, response_length) is refused here, naming verl's argument (verl would sum
+    a 3-D tensor over its last axis and go on with (bs, T) "scores")."""
+    if not isinstance(token_level_rewards, torch.Tensor) or token_level_rewards.ndim != 2:
+        shape = tuple(getattr(token_level_rewards, "shape", ()))
+        raise ValueError(
+            f"token_level_rewards must be a 2-D tensor (bs, response_length), got shape {shape}: "
+            "pass the per-token rewards with each response's score on its last valid token"
+        )
+    return token_level_rewards.sum(dim=-1)
+
+
 def _loop_groups(index: Any, n_rows: int) -> Groups:
     """The groups of verl's loop estimators, which key a dict by ``index[i]``."""
     if isinstance(index, torch.Tensor):
@@ -507,7 +520,7 @@ def compute_grpo_outcome_advantage(
     float32 result is verl's computed in float64 and rounded once.
     """
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
+        scores = _row_scores(token_level_rewards)
         groups = _loop_groups(index, scores.shape[0])
         advantages = _loop_grpo(scores, groups, epsilon, norm_adv_by_std_in_grpo)
         advantages = _broadcast(advantages, response_mask)
@@ -539,7 +552,7 @@ def compute_grpo_vectorized_outcome_advantage(
       there ``grpo_vectorized`` always divides by the std (PR 7893). ``config`` is not read.
     """
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
+        scores = _row_scores(token_level_rewards)
         groups = _as_torch_index_groups(index, scores.shape[0])
         group_ids = torch.tensor(groups.ids, device=scores.device)
         mean_g, std_g, _ = _verl.group_mean_std(scores, group_ids, eps=0.0, device=scores.device)
@@ -600,7 +613,7 @@ def compute_gdpo_outcome_advantage(
             reward_weights = list(gdpo_weights)
     with torch.no_grad():
         if dimensions is None:
-            dimensions = [token_level_rewards.sum(dim=-1)]
+            dimensions = [_row_scores(token_level_rewards)]
         if reward_weights is None:
             reward_weights = [1.0] * len(dimensions)
         if len(reward_weights) < len(dimensions):
@@ -642,7 +655,7 @@ def compute_grpo_passk_outcome_advantage(
     # if True, normalize advantage by std within group
     norm_adv_by_std_in_grpo = config.get("norm_adv_by_std_in_grpo", True)
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
+        scores = _row_scores(token_level_rewards)
         groups = _loop_groups(index, scores.shape[0])
         sizes = groups.sizes
         if np.any(sizes < 2):
@@ -681,7 +694,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     annotates ``index`` as a tensor, but its loop fails on one (a KeyError): pass the uids.
     """
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
+        scores = _row_scores(token_level_rewards)
         groups = _loop_groups(index, scores.shape[0])
         centred = outcome_rows(_REWARDS, _outcome.grpo, scores, groups, std=None)
         advantages = _broadcast(centred, response_mask)
@@ -706,7 +719,7 @@ def compute_rloo_outcome_advantage(
     7793). ``epsilon`` and ``config`` are not read.
     """
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
+        scores = _row_scores(token_level_rewards)
         groups = _loop_groups(index, scores.shape[0])
         advantages = outcome_rows(_REWARDS, _outcome.rloo, scores, groups, singleton="raw")
         advantages = _broadcast(advantages, response_mask)
@@ -730,7 +743,7 @@ def compute_opo_outcome_advantage(
     token has a 0 / 0 baseline (NaN), as in verl. ``epsilon`` and ``config`` are not read.
     """
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
+        scores = _row_scores(token_level_rewards)
         groups = _loop_groups(index, scores.shape[0])
         token_counts = ppo_torch.to_numpy(response_mask.sum(dim=-1), "response_mask")
         advantages = outcome_rows(_REWARDS, _outcome.opo, scores, groups, token_counts=token_counts)
@@ -758,7 +771,7 @@ def compute_gpg_outcome_advantage(
     ``epsilon`` and ``config`` are not read.
     """
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
+        scores = _row_scores(token_level_rewards)
         groups = _loop_groups(index, scores.shape[0])
         batch_alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
         advantages = outcome_rows(
@@ -786,7 +799,7 @@ def compute_rloo_vectorized_outcome_advantage(
     are grouped by equality here. ``epsilon`` and ``config`` are not read.
     """
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
+        scores = _row_scores(token_level_rewards)
         groups = _factorize_index(_uid_labels(index), scores.shape[0])
         advantages = outcome_rows(_REWARDS, _outcome.rloo, scores, groups, singleton="zero")
         advantages = _broadcast(advantages, response_mask)
