@@ -45,6 +45,12 @@ def pytest_addoption(parser):
         help="the scaling sweep times our kernels at 1e3, 1e4, ... up to this (%(default)s)",
     )
     group.addoption(
+        "--memory-kernels",
+        default="",
+        help="comma-separated kernels of the peak-memory rows, one fresh process each "
+        "(default: every kernel)",
+    )
+    group.addoption(
         "--memory-shape",
         default="1024x4096",
         help="the batch of the peak-memory rows (default: %(default)s)",
@@ -96,9 +102,17 @@ def pytest_generate_tests(metafunc):
             ids=[f"{k.name}-{i.name}-{t:.0e}-{n}T".replace(" ", "_") for k, i, t, n in cases],
         )
     if "memory_case" in metafunc.fixturenames:
+        chosen = set(_csv(config, "--memory-kernels")) or set(engine.KERNELS)
+        unknown = chosen - set(engine.KERNELS)
+        if unknown:
+            raise pytest.UsageError(
+                f"--memory-kernels: unknown {', '.join(sorted(unknown))}; the kernels are "
+                f"{', '.join(engine.KERNELS)}"
+            )
         cases = [
             (kernel, implementation)
             for kernel in engine.KERNELS.values()
+            if kernel.name in chosen
             for implementation in kernel.implementations
         ]
         metafunc.parametrize(

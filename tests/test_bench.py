@@ -353,6 +353,11 @@ def test_bench_suites_run_once_as_tests():
             "1000",
             "--memory-shape",
             "4x16",
+            # A fresh process per memory row: three kernels exercise the probe on our compiled
+            # backends, the oracle, NumPy-only code, the floor and torch peers; every row of
+            # every kernel is still run (and checked) by bench/test_kernels.py.
+            "--memory-kernels",
+            "gae,clipped_surrogate,grpo",
         ],
         cwd=ROOT,
         capture_output=True,
