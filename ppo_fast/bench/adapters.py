@@ -377,13 +377,18 @@ def verl_optimal_token_baseline(multi_turn: bool):
 # grpo, rloo: outcome estimators over groups ---------------------------------------------------
 
 
+# TRL's epsilon, hard-coded in its GRPO block; verl's functions and ours take it as an argument.
+GRPO_EPS = 1e-4
+
+
 def ours_outcome(estimator: str, labels: str):
     def prepare(batch: Batch, threads: int):
         from .. import outcome
 
         estimate = getattr(outcome, estimator)
         scores, groups, mask = batch.scores, getattr(batch, labels), batch.mask
-        return lambda: estimate(scores, groups, mask=mask)
+        options = {"eps": GRPO_EPS} if estimator == "grpo" else {}
+        return lambda: estimate(scores, groups, mask=mask, **options)
 
     return prepare
 
@@ -410,7 +415,8 @@ def verl_outcome(function: str, labels: str):
         rewards = tensor(token_level_scores(batch))
         # verl's response_mask is a slice of the int64 attention mask.
         response_mask, index = tensor(batch.mask.astype(np.int64)), getattr(batch, labels)
-        return lambda: estimate(rewards, response_mask, index)
+        options = {"epsilon": GRPO_EPS} if "grpo" in function else {}
+        return lambda: estimate(rewards, response_mask, index, **options)
 
     return prepare
 

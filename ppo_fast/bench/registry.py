@@ -438,15 +438,17 @@ KERNELS: dict[str, Kernel] = {
         ),
         Kernel(
             "grpo",
-            f"GRPO over groups of {GROUP_SIZE} adjacent rows named by uuid strings (std + 1e-6, "
-            "unbiased), on each row's valid tokens",
+            f"GRPO over groups of {GROUP_SIZE} adjacent rows named by uuid strings (std + "
+            f"{adapters.GRPO_EPS:g}, unbiased), on each row's valid tokens",
             reads=("scores", "mask"),
             writes=1,
             compare=("advantages",),
             valid_only=False,
             table_kernels=(),
             implementations=(
-                _outcome("grpo", "uids", "grpo(scores, uids, mask=mask)"),
+                _outcome(
+                    "grpo", "uids", f"grpo(scores, uids, mask=mask, eps={adapters.GRPO_EPS:g})"
+                ),
                 Implementation(
                     "verl loop",
                     PEER,
@@ -474,23 +476,23 @@ KERNELS: dict[str, Kernel] = {
                     adapters.per_row_advantages,
                     f"{TRL_GRPO} advantages (scale_rewards='group'), per row",
                     requires=("torch",),
-                    convention=f"groups are {GROUP_SIZE} consecutive rows (TRL's only grouping) "
-                    "and std + 1e-4: it agrees to about 1e-4 relative",
-                    check_dtype=np.float32,
+                    convention=f"groups are {GROUP_SIZE} consecutive rows (TRL's only grouping)",
                 ),
             ),
         ),
         Kernel(
             "grpo int ids",
-            f"GRPO over groups of {GROUP_SIZE} adjacent rows named by int64 ids, on each row's "
-            "valid tokens",
+            f"GRPO over groups of {GROUP_SIZE} adjacent rows named by int64 ids (std + "
+            f"{adapters.GRPO_EPS:g}), on each row's valid tokens",
             reads=("scores", "group_ids", "mask"),
             writes=1,
             compare=("advantages",),
             valid_only=False,
             table_kernels=(),
             implementations=(
-                _outcome("grpo", "group_ids", "grpo(scores, ids, mask=mask)"),
+                _outcome(
+                    "grpo", "group_ids", f"grpo(scores, ids, mask=mask, eps={adapters.GRPO_EPS:g})"
+                ),
                 Implementation(
                     "verl vectorized",
                     PEER,
