@@ -345,8 +345,10 @@ def test_bench_suites_run_once_as_tests():
             "--benchmark-disable",
             "--shapes",
             "4x16",
+            # float32 only: every implementation's float64 output is checked by
+            # test_every_implementation_computes_what_ppo_fast_computes above.
             "--dtypes",
-            "float32,float64",
+            "float32",
             "--threads",
             "1,2",
             "--max-tokens",
