@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _backend, _examples, _groups, _threads, _validate
+from . import _backend, _examples, _groups, _threads, _validate, outcome
 from ._spec import KERNELS
 
 
@@ -19,9 +19,10 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
     Runs each kernel on a small batch and, when more than one thread is in use, on one large
     enough to take the parallel build; every build of a specialised kernel (each KL estimator).
     For cython and python this only loads the backend. Whatever the backend, it also compiles
-    the hash table that numbers many integer group ids (``_groups``).
+    the hash table that numbers many integer group ids (``_groups``) and the loops of the group
+    estimators (``_loops``), for ``dtypes``, onto a mask and onto lengths.
     """
-    _groups.factorize(np.arange(_groups.MIN_LABELS_TO_HASH), _groups.MIN_LABELS_TO_HASH)
+    _warm_group_estimators(dtypes)
     name = _backend.get_backend(backend)
     sizes = [(2, 8)]
     if _threads.get_num_threads() > 1:
@@ -34,3 +35,13 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
                 for scalars in _examples.codes(kernel):
                     arguments = _examples.arguments(kernel, rows, dtype, rng, scalars=scalars)
                     _backend.run(kernel.name, name, **arguments)
+
+
+def _warm_group_estimators(dtypes: tuple[str, ...]) -> None:
+    n_rows = _groups.MIN_LABELS_TO_HASH  # the hash table's first size
+    ids = np.arange(n_rows) // 2
+    mask = np.ones((n_rows, 2), dtype=bool)
+    for dtype in dtypes:
+        scores = np.zeros(n_rows, dtype=dtype)
+        outcome.grpo(scores, ids, mask=mask)
+        outcome.grpo(scores, _groups.factorize(ids, n_rows), lengths=ids % 3, padded_length=2)

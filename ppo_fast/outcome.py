@@ -38,8 +38,9 @@ Conventions, the same in every estimator:
   (B,) and ``padded_length=T``, or ``cu_seqlens`` (B+1,), each row's advantage on each of its
   valid tokens and 0 elsewhere: (B, T), or packed (N,) (DESIGN.md section 2).
 - Dtypes: float32 and float64 scores give that dtype; bool and integer scores are read as
-  float64. Statistics are float64, reduced per group with ``np.bincount`` over the dense group ids,
-  one row after another in row order: the same bits on every call.
+  float64. Statistics are float64, reduced per group over the dense group ids one row after
+  another in row order (a compiled loop; ``np.bincount`` where numba is not installed, with the
+  same bits): the same bits on every call.
 - An empty batch (B = 0) gives an empty result; whitening, which needs a valid token, raises.
 - Inputs are never modified.
 """
@@ -52,7 +53,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _validate
+from . import _groups, _loops, _validate
 from ._groups import Groups, factorize
 
 Singleton = Literal["raw", "zero", "error"]
@@ -137,11 +138,14 @@ def _broadcast(
         out[...] = np.repeat(per_row, layout.spans)
         return out
     n_rows, width = layout.shape
-    if layout.mask.shape[0]:
-        # != 0, not a bool view: a bool mask's bytes may be other than 0/1 (DESIGN.md section 2).
-        valid = layout.mask.reshape(n_rows, width) != 0
-    else:
-        valid = np.arange(width) < layout.lengths[:, None]
+    by_mask = layout.mask.shape[0] > 0
+    # A bool mask's bytes may be other than 0/1 (DESIGN.md section 2): read as bytes, != 0.
+    mask = layout.mask.reshape(n_rows, width).view(np.uint8) if by_mask else None
+    loop = _loops.compiled("broadcast_by_mask" if by_mask else "broadcast_by_lengths")
+    if loop is not None:
+        loop(per_row, mask if by_mask else layout.lengths, out)
+        return out
+    valid = mask != 0 if by_mask else np.arange(width) < layout.lengths[:, None]
     if width >= NARROW_ROWS:
         out.fill(0)
         np.copyto(out, per_row[:, None], where=valid)
@@ -192,19 +196,22 @@ def _present(scores: np.ndarray, nan: str) -> np.ndarray | None:
 
 def _group_counts(groups: _Grouping, present: np.ndarray | None) -> np.ndarray:
     """float64 (G,): the number of scores in each group's statistics."""
-    if present is None:
-        return np.bincount(groups.ids, minlength=groups.n_groups).astype(np.float64)
-    return np.bincount(groups.ids, weights=present, minlength=groups.n_groups)
+    return _count_and_sum(np.zeros(groups.ids.shape[0]), groups, present)[0]
 
 
 def _group_sums(values: np.ndarray, groups: _Grouping, present: np.ndarray | None) -> np.ndarray:
     """float64 (G,): the sum of each group's per-row ``values`` over the rows present."""
-    if present is not None:
-        values = np.where(present, values, 0.0)
-    # bincount adds the weights row after row into one float64 accumulator per group: the same
-    # bits as a loop over the rows. Its result is int64 when there are no rows, hence astype.
-    sums = np.bincount(groups.ids, weights=values, minlength=groups.n_groups)
-    return sums.astype(np.float64, copy=False)
+    return _count_and_sum(values, groups, present)[1]
+
+
+def _count_and_sum(
+    values: np.ndarray, groups: _Grouping, present: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (G,) twice: the number of rows present in each group and the sum of their
+    ``values``, each group summed in row order (the bits of a loop over the rows)."""
+    return _groups.count_and_sum(
+        groups.ids, groups.n_groups, values.astype(np.float64, copy=False), present
+    )
 
 
 def _group_variances(
@@ -277,29 +284,28 @@ def _grpo_rows(
     present: np.ndarray | None,
 ) -> np.ndarray:
     """float64 (B,) GRPO advantages of one column of scores."""
-    counts = _group_counts(groups, present)
-    means = _group_sums(scores, groups, present) / counts
+    counts, sums = _count_and_sum(scores, groups, present)
+    means = sums / counts
     single = _singletons(groups, counts, singleton, present)
     if single is not None and singleton == "raw":
         means[single] = 0.0
-    centred = _per_row(means, groups)
-    np.subtract(scores, centred, out=centred)
-    if std is None:
-        return centred
     if std == "group":
-        variances = _group_variances(centred, groups, counts, present, ddof)
+        centred, squares = _groups.centre(scores, groups.ids, means, present)
+        variances = squares / (counts - ddof)  # a group of one gets its std below
     else:
+        centred = np.subtract(scores, _per_row(means, groups))
+        if std is None:
+            return centred
         variances = np.full(groups.n_groups, _batch_variance(scores, present, ddof))
     if single is not None:
         variances[single] = 1.0
     scales = np.sqrt(variances + eps) if eps_in_sqrt else np.sqrt(variances) + eps
-    return np.divide(centred, _per_row(scales, groups), out=centred)
+    return _groups.divide(centred, groups.ids, scales)
 
 
 def _per_row(per_group: np.ndarray, groups: _Grouping) -> np.ndarray:
     """float64 (B,): each row's group's value, in a new array."""
-    # The ids lie in [0, n_groups): mode="clip" only skips the bounds check of the default.
-    return np.take(per_group, groups.ids, mode="clip")
+    return _groups.per_row(per_group, groups.ids)
 
 
 def _batch_variance(scores: np.ndarray, present: np.ndarray | None, ddof: int) -> float:

@@ -226,15 +226,18 @@ def test_calls_from_several_python_threads_at_once(compiled_backend):
 def test_warmup_compiles_ahead_of_time():
     out = run_python("""
         import ppo_fast
-        from ppo_fast import _groups, _numba_kernels as k
+        from ppo_fast import _groups, _loops, _numba_kernels as k
         before = len(k.gae.serial.signatures)
         ppo_fast.warmup("numba")
         hash_table = _groups._hash_factorizer()
         print(before, len(k.gae.serial.signatures), len(k.whiten.serial.signatures),
               len(hash_table.signatures))
+        loops = ("add_by_group", "centre_by_group", "divide_by_group", "broadcast_by_mask",
+                 "broadcast_by_lengths")
+        print(*(bool(_loops.compiled(name).signatures) for name in loops))
     """)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["0", "2", "2", "1"]
+    assert out.stdout.split() == ["0", "2", "2", "1"] + ["True"] * 5
 
 
 def test_settings_read_per_call_follow_the_environment(monkeypatch):

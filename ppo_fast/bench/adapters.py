@@ -121,6 +121,15 @@ def ours_gae(batch: Batch, backend: str):
     return lambda: gae(rewards, values, gamma=GAMMA, lam=LAM, mask=mask, backend=backend)
 
 
+def ours_gae_out(batch: Batch, threads: int):
+    """gae into preallocated outputs (``out=``), as a trainer that keeps its buffers calls it."""
+    from ..gae import gae
+
+    rewards, values, mask = batch.rewards, batch.values, batch.mask
+    out = (np.zeros_like(rewards), np.zeros_like(rewards))  # touched before the timing
+    return lambda: gae(rewards, values, gamma=GAMMA, lam=LAM, mask=mask, out=out)
+
+
 def gae_outputs(result) -> dict[str, np.ndarray]:
     return {"advantages": result.advantages, "returns": result.returns}
 
@@ -296,6 +305,15 @@ def ours_discounted_returns(batch: Batch, backend: str):
 
     rewards, mask = batch.rewards, batch.mask
     return lambda: discounted_returns(rewards, gamma=GAMMA, mask=mask, backend=backend)
+
+
+def ours_discounted_returns_out(batch: Batch, threads: int):
+    """discounted_returns into a preallocated output (``out=``)."""
+    from ..returns import discounted_returns
+
+    rewards, mask = batch.rewards, batch.mask
+    out = np.zeros_like(rewards)  # touched before the timing
+    return lambda: discounted_returns(rewards, gamma=GAMMA, mask=mask, out=out)
 
 
 def returns_outputs(returns) -> dict[str, np.ndarray]:

@@ -68,6 +68,9 @@ class Implementation:
     convention: str = ""
     check_dtype: Any = None  # compare at this dtype's tolerance (a peer that downcasts)
     compare: tuple[str, ...] | None = None  # the outputs compared, when not all the kernel's
+    # Ours into preallocated outputs (out=): timed, checked and set against the floor, but not
+    # a column of speed-ups (it is the same code as the row of its backend, minus allocation).
+    preallocated: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,19 @@ def _ours(
         )
         for backend in _backend.BACKENDS
     ]
+
+
+def _preallocated(prepare: Callable[[Batch, int], Callable[[], Any]], outputs, call: str):
+    """ppo_fast's default backend writing into outputs allocated (and touched) once, outside
+    the timing: the fresh rows' time minus the allocation and first touch of their outputs."""
+    return Implementation(
+        name="ppo_fast out=",
+        kind=OURS,
+        prepare=prepare,
+        outputs=outputs,
+        source=call,
+        preallocated=True,
+    )
 
 
 def _outcome(estimator: str, labels: str, call: str) -> Implementation:
@@ -221,6 +237,11 @@ KERNELS: dict[str, Kernel] = {
             table_kernels=("gae",),
             implementations=(
                 *_ours(adapters.ours_gae, adapters.gae_outputs, "gae(rewards, values, mask=mask)"),
+                _preallocated(
+                    adapters.ours_gae_out,
+                    adapters.gae_outputs,
+                    "gae(rewards, values, mask=mask, out=(advantages, returns))",
+                ),
                 Implementation(
                     "openrlhf",
                     PEER,
@@ -336,6 +357,11 @@ KERNELS: dict[str, Kernel] = {
                     adapters.ours_discounted_returns,
                     adapters.returns_outputs,
                     "discounted_returns(rewards, mask=mask)",
+                ),
+                _preallocated(
+                    adapters.ours_discounted_returns_out,
+                    adapters.returns_outputs,
+                    "discounted_returns(rewards, mask=mask, out=returns)",
                 ),
                 Implementation(
                     "verl",

@@ -175,7 +175,9 @@ def report_items(
     ours = [
         name
         for name in dict.fromkeys(
-            row["implementation"] for row in rows if row["kind"] == OURS and row["status"] == "ok"
+            row["implementation"]
+            for row in rows
+            if row["kind"] == OURS and row["status"] == "ok" and not row.get("preallocated")
         )
         if name != "ppo_fast[python]"
     ]
@@ -268,8 +270,16 @@ def _format_summary(rows: list[dict[str, Any]], ours: list[str]) -> list:
                 ),
                 None,
             )
-            if mine_row is not None:
-                key = (row["kernel"], f"{name} x floor")
+            mine_rows = [mine_row] if mine_row is not None else []
+            mine_rows += [  # ours into preallocated outputs: set against the floor too
+                r
+                for r in shapes
+                if r.get("preallocated")
+                and r["kernel"] == row["kernel"]
+                and (tuple(r["shape"]), r["dtype"], r["threads"]) == column
+            ]
+            for mine_row in mine_rows:
+                key = (row["kernel"], f"{mine_row['implementation']} x floor")
                 entries.setdefault(key, {})[column] = format_ratio(mine_row["x_floor"])
         elif row["kind"] == PEER and name in row.get("speedup", {}):
             key = (row["kernel"], row["implementation"])

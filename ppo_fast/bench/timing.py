@@ -209,6 +209,7 @@ def make_row(
         "kernel": kernel.name,
         "implementation": implementation.name,
         "kind": implementation.kind,
+        "preallocated": implementation.preallocated,
         "shape": list(batch.shape),
         "tokens": batch.tokens,
         "dtype": batch.dtype.name,
@@ -380,7 +381,11 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
     for group in groups.values():
         timed = {row["implementation"]: row for row in group if row["status"] == "ok"}
         floor = next((row for row in timed.values() if row["kind"] == FLOOR), None)
-        ours = {name: row for name, row in timed.items() if row["kind"] == OURS}
+        ours = {
+            name: row
+            for name, row in timed.items()
+            if row["kind"] == OURS and not row.get("preallocated")
+        }
         for row in timed.values():
             if floor is not None:
                 row["x_floor"] = row["median"] / floor["median"]

@@ -1,0 +1,130 @@
+"""The numba loops of ``_loops`` against the NumPy paths their callers take without numba: the
+same bits, on adjacent, shuffled and single-row groups, rows left out, NaN and inf values, and
+mask bytes other than 0/1."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ppo_fast import _groups, _loops, _validate, outcome
+
+
+@pytest.fixture
+def without_numba(monkeypatch):
+    """The callers' NumPy paths: every loop reported as not compiled."""
+    monkeypatch.setattr(_loops, "compiled", lambda name: None)
+
+
+def group_batches(rng: np.random.Generator):
+    """(ids, values, present) triples: adjacent and shuffled groups, groups of one, NaN/inf."""
+    for n_rows in (0, 1, 7, 300):
+        for shuffled in (False, True):
+            ids = np.repeat(np.arange(n_rows), rng.integers(1, 5, n_rows))[:n_rows]
+            if shuffled:
+                ids = rng.permutation(ids)
+            ids = _groups.factorize(ids, n_rows).ids  # dense, first-seen, read-only
+            values = rng.normal(size=n_rows) * 10.0 ** rng.integers(-8, 8, n_rows)
+            values[rng.random(n_rows) < 0.05] = np.nan
+            values[rng.random(n_rows) < 0.05] = -np.inf
+            values[rng.random(n_rows) < 0.05] = -0.0
+            for present in (None, rng.random(n_rows) < 0.7):
+                yield ids, values, present
+
+
+def _same_bits(actual: np.ndarray, expected: np.ndarray) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    np.testing.assert_array_equal(actual.view(np.uint8), expected.view(np.uint8))
+
+
+def _group_results(ids, values, present):
+    n_groups = int(ids.max(initial=-1)) + 1
+    counts, sums = _groups.count_and_sum(ids, n_groups, values, present)
+    means = np.divide(sums, counts, out=np.zeros(n_groups), where=counts > 0)
+    centred, squares = _groups.centre(values, ids, means, present)
+    scales = np.sqrt(squares) + 1.0
+    return (
+        counts,
+        sums,
+        centred,
+        squares,
+        _groups.per_row(means, ids),
+        _groups.divide(centred, ids, scales),
+    )
+
+
+def test_group_loops_equal_their_numpy_twins_bit_for_bit(monkeypatch):
+    assert _loops.compiled("add_by_group") is not None  # numba is a core dependency
+    rng = np.random.default_rng(7)
+    batches = list(group_batches(rng))
+    compiled = [_group_results(*batch) for batch in batches]
+    monkeypatch.setattr(_loops, "compiled", lambda name: None)
+    for batch, results in zip(batches, compiled, strict=True):
+        for actual, expected in zip(results, _group_results(*batch), strict=True):
+            _same_bits(actual, expected)
+
+
+def test_group_loops_never_write_their_inputs():
+    for ids, values, present in group_batches(np.random.default_rng(8)):
+        before = [a.copy() for a in (ids, values) + (() if present is None else (present,))]
+        _group_results(ids, values, present)
+        after = (ids, values) + (() if present is None else (present,))
+        for a, b in zip(before, after, strict=True):
+            _same_bits(a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("width", [1, 5, 64, 130])
+def test_broadcast_onto_tokens_equals_the_numpy_paths(monkeypatch, dtype, width):
+    """Masked positions hold +0.0 whatever the row's value (NaN, inf, -0.0, negative); a mask
+    byte other than 0/1 is valid."""
+    rng = np.random.default_rng(width)
+    n_rows = 9
+    values = rng.normal(size=n_rows).astype(dtype)
+    values[:4] = [np.nan, -np.inf, -0.0, np.inf]
+    mask = rng.random((n_rows, width)) < 0.6
+    mask.view(np.uint8)[mask] = rng.integers(1, 256, int(mask.sum()))
+    lengths = rng.integers(0, width + 1, n_rows)
+    layouts = {
+        "mask": dict(mask=mask),
+        "lengths": dict(lengths=lengths, padded_length=width),
+        "cu_seqlens": dict(cu_seqlens=np.concatenate([[0], np.cumsum(lengths)])),
+    }
+    compiled = {k: outcome.broadcast_to_tokens(values, **v) for k, v in layouts.items()}
+    monkeypatch.setattr(_loops, "compiled", lambda name: None)
+    for name, layout in layouts.items():
+        expected = outcome.broadcast_to_tokens(values, **layout)
+        _same_bits(compiled[name], expected)
+    masked = compiled["mask"][mask.view(np.uint8) == 0]
+    assert not masked.view(np.uint8).any()  # +0.0: every byte 0
+
+
+def test_estimators_give_the_same_bits_without_numba(monkeypatch):
+    """The public estimators over the loops and over np.bincount/np.take/np.copyto."""
+    rng = np.random.default_rng(3)
+    n_rows = 4096  # beyond MIN_LABELS_TO_HASH: the hash table numbers the ids
+    ids = rng.permutation(np.repeat(rng.integers(0, 10**12, n_rows // 8), 8))
+    scores = rng.normal(size=n_rows).astype(np.float32)
+    scores[::97] = np.nan
+    mask = rng.random((n_rows, 16)) < 0.8
+    calls = {
+        "grpo": lambda: outcome.grpo(scores, ids, mask=mask, nan="omit"),
+        "grpo batch": lambda: outcome.grpo(scores, ids, std="batch", nan="omit"),
+        "dr grpo": lambda: outcome.grpo(scores, ids, std=None),
+        "rloo": lambda: outcome.rloo(scores, ids, mask=mask),
+        "pass@k": lambda: outcome.pass_at_k(scores, ids, nan="omit"),
+        "opo": lambda: outcome.opo(scores, ids, mask=mask, nan="omit"),
+    }
+    compiled = {name: call() for name, call in calls.items()}
+    monkeypatch.setattr(_loops, "compiled", lambda name: None)
+    monkeypatch.setattr(_groups, "_hash_factorizer", lambda: None)
+    for name, call in calls.items():
+        _same_bits(compiled[name], call())
+
+
+def test_rows_layout_is_what_broadcast_reads():
+    """The mask of a Rows is uint8 bytes, flat: broadcast reshapes it to (B, T) without a copy."""
+    layout = _validate.row_layout(
+        2, mask=np.ones((2, 3), bool), lengths=None, cu_seqlens=None, padded_length=None
+    )
+    assert layout.mask.dtype == np.uint8 and layout.mask.shape == (6,)
