@@ -1,7 +1,8 @@
 """ppo_fast: the numeric core of PPO for language models, exact and compiled.
 
 KL-shaped rewards, GAE, the critic-free estimators (discounted returns for REINFORCE++, ReMax, the
-optimal token baseline), masked whitening and fused clipped losses over ragged batches (padded
+optimal token baseline), masked whitening, fused clipped losses and the policy-loss family (CISPO,
+SAPO, REINFORCE/GPG, DRO) over ragged batches (padded
 with a mask or lengths, or packed with cu_seqlens), on numba, Cython or the pure-Python oracle.
 """
 
@@ -20,6 +21,7 @@ from .outcome import (
     reinforce_plus_plus_baseline,
     rloo,
 )
+from .policy import cispo_loss, reinforce_loss, sapo_loss
 from .returns import (
     AdvantagesResult,
     discounted_returns,
@@ -41,6 +43,7 @@ __all__ = [
     "ValueLossResult",
     "available_backends",
     "broadcast_to_tokens",
+    "cispo_loss",
     "clipped_surrogate",
     "discounted_returns",
     "gae",
@@ -54,10 +57,12 @@ __all__ = [
     "opo",
     "optimal_token_baseline",
     "pass_at_k",
+    "reinforce_loss",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "remax",
     "rloo",
+    "sapo_loss",
     "set_backend",
     "set_num_threads",
     "shape_rewards",

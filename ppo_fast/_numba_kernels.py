@@ -631,6 +631,18 @@ def _one_like(typingctx, x):
 
 
 @intrinsic
+def _half_like(typingctx, x):
+    """0.5 in the type of the float x."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return context.get_constant(sig.return_type, 0.5)
+
+    return x(x), codegen
+
+
+@intrinsic
 def _prefer_wide_vectors(typingctx):
     """Lets LLVM vectorize the calling function at 512 bits where the CPU has them: the
     function attribute "prefer-vector-width"="512" (LLVM prefers 256 bits on AVX-512 CPUs,
@@ -802,6 +814,163 @@ def clipped_surrogate(
         row_kl[b] = kl_total
 
 
+def reinforce(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    beta,
+    grad,
+    row_loss,
+    row_kl,
+):
+    """Twin: src/rows_policy.h ppo_reinforce_row. One pass over the row, selects for branches."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    penalised = beta != 0.0
+    for b in prange(starts.shape[0]):
+        start = np.uint64(starts[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite)
+        half_beta = beta * _half_like(zero)
+        total = 0.0
+        kl_total = 0.0
+        for t in range(np.uint64(spans[b])):
+            i = start + t
+            valid = t < length and (not has_mask or mask[i] != 0)
+            logprob = logprobs[i]
+            advantage = advantages[i]
+            weight = np.float64(weights[i]) if has_weights else 1.0
+            log_ratio = logprob - old_logprobs[i]
+            objective = advantage * logprob
+            slope = advantage
+            if penalised:
+                objective = objective - half_beta * (log_ratio * log_ratio)
+                slope = advantage - beta * log_ratio
+            grad[i] = _select(valid, -weight * slope * scale, zero)
+            total += _select(valid, -weight * objective, 0.0)
+            kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+        row_loss[b] = total
+        row_kl[b] = kl_total
+
+
+def cispo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    ratio_low,
+    ratio_high,
+    log_ratio_clamp,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+):
+    """Twin: src/rows_policy.h ppo_cispo_row. One pass over the row, selects for branches."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    lo, hi, clamp = ratio_low, ratio_high, log_ratio_clamp
+    for b in prange(starts.shape[0]):
+        start = np.uint64(starts[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale
+        total = 0.0
+        clipped_count = 0.0
+        lower_count = 0.0
+        kl_total = 0.0
+        for t in range(np.uint64(spans[b])):
+            i = start + t
+            valid = t < length and (not has_mask or mask[i] != 0)
+            logprob = logprobs[i]
+            weight = np.float64(weights[i]) if has_weights else 1.0
+            log_ratio = min(max(logprob - old_logprobs[i], -clamp), clamp)
+            ratio = exp_poly(log_ratio)
+            coefficient = min(max(ratio, lo), hi)
+            slope = coefficient * advantages[i]
+            grad[i] = _select(valid, -weight * slope * scale, zero)
+            total += _select(valid, -weight * (slope * logprob), 0.0)
+            clipped_count += 1.0 if valid and coefficient != ratio else 0.0
+            lower_count += 1.0 if valid and ratio < lo else 0.0
+            kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
+        row_lower[b] = lower_count
+        row_kl[b] = kl_total
+
+
+@numba.njit(nogil=True, cache=_CACHE)
+def _sigmoid_of_negated(minus_z, one):
+    """sigmoid(z) = 1 / (1 + exp(-z)) from -z, in its dtype. Not inlined: numba's SSA pass loses
+    track of the second of two inlined exp_poly calls in one loop body."""
+    return one / (one + exp_poly(minus_z))
+
+
+def sapo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    tau_pos,
+    tau_neg,
+    log_ratio_clamp,
+    grad,
+    row_loss,
+    row_kl,
+):
+    """Twin: src/rows_policy.h ppo_sapo_row. One pass over the row, selects for branches."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    clamp = log_ratio_clamp
+    for b in prange(starts.shape[0]):
+        start = np.uint64(starts[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale
+        one = _one_like(zero)
+        four = one + one + one + one
+        total = 0.0
+        kl_total = 0.0
+        for t in range(np.uint64(spans[b])):
+            i = start + t
+            valid = t < length and (not has_mask or mask[i] != 0)
+            advantage = advantages[i]
+            weight = np.float64(weights[i]) if has_weights else 1.0
+            raw = logprobs[i] - old_logprobs[i]
+            # torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN
+            inside = not ((raw < -clamp) or (raw > clamp))
+            log_ratio = min(max(raw, -clamp), clamp)
+            ratio = exp_poly(log_ratio)
+            tau = _select(advantage > zero, tau_pos, tau_neg)
+            sigmoid = _sigmoid_of_negated(-(tau * (ratio - one)), one)
+            gate = sigmoid * (four / tau)
+            slope = advantage * ((four * sigmoid) * (one - sigmoid))
+            sloped = _select(inside, slope * ratio, zero)
+            grad[i] = _select(valid, -weight * sloped * scale, zero)
+            total += _select(valid, -weight * (gate * advantage), 0.0)
+            kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+        row_loss[b] = total
+        row_kl[b] = kl_total
+
+
 def value_loss(
     values,
     old_values,
@@ -900,3 +1069,6 @@ moments = _Kernel(moments, fastmath={"reassoc"})
 whiten = _Kernel(whiten)
 clipped_surrogate = _Kernel(clipped_surrogate, fastmath={"reassoc"})
 value_loss = _Kernel(value_loss, fastmath={"reassoc"})
+reinforce = _Kernel(reinforce)
+cispo = _Kernel(cispo)
+sapo = _Kernel(sapo)

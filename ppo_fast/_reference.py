@@ -345,6 +345,165 @@ def clipped_surrogate(
         row_kl[b] = kl_total
 
 
+def _clip(x: float, low: float, high: float) -> float:
+    """min(max(x, low), high): NaN stays NaN (Python's max and min return their first argument
+    when a comparison with NaN is false), as in every backend."""
+    return min(max(x, low), high)
+
+
+def reinforce(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    beta,
+    grad,
+    row_loss,
+    row_kl,
+    n_threads,
+):
+    """Per token: l = -w * (A * logp - beta / 2 * (logp - old)^2), the penalty only when beta > 0.
+
+    REINFORCE and GPG (beta = 0: -w * A * logp) and DRO (beta > 0). Writes grad = scales[b] *
+    -w * (A - beta * (logp - old)), and per row the unscaled sum of l and the sum of -(logp -
+    old). With beta = 0 the log-ratio enters nothing but the KL sum: an inf one leaves the loss
+    and gradient finite.
+    """
+    half_beta, beta = float(beta) * 0.5, float(beta)
+    rnd = in_dtype(logprobs.dtype)
+    for b in range(starts.shape[0]):
+        total = kl_total = 0.0
+        for t in range(spans[b]):
+            i = starts[b] + t
+            if not _valid(mask, i, t, lengths[b]):
+                grad[i] = 0.0
+                continue
+            logprob, advantage = float(logprobs[i]), float(advantages[i])
+            weight = float(weights[i]) if weights.shape[0] else 1.0
+            log_ratio = rnd(logprob - float(old_logprobs[i]))
+            objective = rnd(advantage * logprob)
+            slope = advantage
+            if beta != 0.0:
+                objective = rnd(objective - rnd(half_beta * rnd(log_ratio * log_ratio)))
+                slope = rnd(advantage - rnd(beta * log_ratio))
+            grad[i] = -weight * slope * float(scales[b])
+            total += -weight * objective
+            kl_total += -log_ratio
+        row_loss[b] = total
+        row_kl[b] = kl_total
+
+
+def cispo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    ratio_low,
+    ratio_high,
+    log_ratio_clamp,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+    n_threads,
+):
+    """Per token: l = -w * c * A * logp, c = clip(rho, lo, hi) held constant (no gradient).
+
+    rho = exp(clamp(logp - old, -clamp, clamp)). Writes grad = scales[b] * -w * c * A, and per
+    row the unscaled sum of l, the number of tokens where c != rho (clipped on either side, and
+    NaN ratios, as verl counts them), where rho < lo, and the sum of -log_ratio (clamped).
+    """
+    lo, hi, clamp = float(ratio_low), float(ratio_high), float(log_ratio_clamp)
+    rnd = in_dtype(logprobs.dtype)
+    for b in range(starts.shape[0]):
+        total = clipped_count = lower_count = kl_total = 0.0
+        for t in range(spans[b]):
+            i = starts[b] + t
+            if not _valid(mask, i, t, lengths[b]):
+                grad[i] = 0.0
+                continue
+            logprob, advantage = float(logprobs[i]), float(advantages[i])
+            weight = float(weights[i]) if weights.shape[0] else 1.0
+            log_ratio = _clip(rnd(logprob - float(old_logprobs[i])), -clamp, clamp)
+            ratio = rnd(safe_exp(log_ratio))
+            coefficient = _clip(ratio, lo, hi)
+            slope = rnd(coefficient * advantage)
+            grad[i] = -weight * slope * float(scales[b])
+            total += -weight * rnd(slope * logprob)
+            clipped_count += coefficient != ratio
+            lower_count += ratio < lo
+            kl_total += -log_ratio
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
+        row_lower[b] = lower_count
+        row_kl[b] = kl_total
+
+
+def sapo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    tau_pos,
+    tau_neg,
+    log_ratio_clamp,
+    grad,
+    row_loss,
+    row_kl,
+    n_threads,
+):
+    """Per token: l = -w * g * A with the gate g = sigmoid(tau * (rho - 1)) * 4 / tau.
+
+    tau = tau_pos where A > 0, tau_neg elsewhere; rho = exp(clamp(logp - old, -clamp, clamp));
+    sigmoid(z) = 1 / (1 + exp(-z)). Writes grad = scales[b] * -w * A * 4 s (1 - s) rho, with s
+    the sigmoid (d g / d rho = 4 s (1 - s), d rho / d logp = rho), 0 where the clamp is active;
+    per row the unscaled sum of l and the sum of -log_ratio (clamped).
+    """
+    positive, negative = float(tau_pos), float(tau_neg)
+    clamp = float(log_ratio_clamp)
+    rnd = in_dtype(logprobs.dtype)
+    for b in range(starts.shape[0]):
+        total = kl_total = 0.0
+        for t in range(spans[b]):
+            i = starts[b] + t
+            if not _valid(mask, i, t, lengths[b]):
+                grad[i] = 0.0
+                continue
+            advantage = float(advantages[i])
+            weight = float(weights[i]) if weights.shape[0] else 1.0
+            raw = rnd(float(logprobs[i]) - float(old_logprobs[i]))
+            # torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN
+            inside = not (raw < -clamp or raw > clamp)
+            log_ratio = _clip(raw, -clamp, clamp)
+            ratio = rnd(safe_exp(log_ratio))
+            tau = positive if advantage > 0.0 else negative
+            sigmoid = rnd(1.0 / rnd(1.0 + rnd(safe_exp(-rnd(tau * rnd(ratio - 1.0))))))
+            gate = rnd(sigmoid * rnd(4.0 / tau))
+            slope = rnd(advantage * rnd(rnd(4.0 * sigmoid) * rnd(1.0 - sigmoid)))
+            # A flat (clamped) token has slope 0, times the weight: a NaN weight still says so.
+            grad[i] = -weight * (rnd(slope * ratio) if inside else 0.0) * float(scales[b])
+            total += -weight * rnd(gate * advantage)
+            kl_total += -log_ratio
+        row_loss[b] = total
+        row_kl[b] = kl_total
+
+
 def value_loss(
     values,
     old_values,

@@ -127,6 +127,13 @@ _CLAMPS = (math.inf, 10.0, 0.3)
 _LOG_RATIOS = Array("logprobs"), Array("ref_logprobs")
 _GAMMAS = Array("gammas", FLOAT64, low=0.0, high=1.0)
 _BOOTSTRAP = Array("bootstrap", FLOAT64)
+_POLICY_INPUTS = (
+    Array("logprobs", low=-3.0, high=0.0),
+    Array("old_logprobs", low=-3.0, high=0.0),
+    Array("advantages"),
+    Array("weights", optional=True, low=0.0, high=2.0),
+)
+_SCALES = Array("scales", TOKEN, low=0.0, high=1.0)
 # zero_tail's codes: whether the unique longest row of a group gets no baseline past the
 # second-longest row's length.
 ZERO_TAIL = ("off", "on")
@@ -242,6 +249,52 @@ KERNELS: dict[str, Kernel] = {
                 Array("row_dual", FLOAT64),
                 Array("row_kl", FLOAT64),
             ),
+            gradients={"grad": "logprobs"},
+        ),
+        Kernel(
+            "reinforce",
+            "REINFORCE / GPG (-A log pi), with DRO's quadratic log-ratio penalty when beta > 0: "
+            "per-row loss sums, d loss / d logprobs and the KL sum",
+            inputs=_POLICY_INPUTS,
+            row_inputs=(_SCALES,),
+            scalars=(Scalar("beta", TOKEN, examples=(0.0, 0.1, 3.0)),),
+            outputs=(Array("grad"),),
+            row_outputs=(Array("row_loss", FLOAT64), Array("row_kl", FLOAT64)),
+            gradients={"grad": "logprobs"},
+        ),
+        Kernel(
+            "cispo",
+            "CISPO: the clipped ratio, held constant, times -A log pi: per-row loss sums, "
+            "d loss / d logprobs and statistics",
+            inputs=_POLICY_INPUTS,
+            row_inputs=(_SCALES,),
+            scalars=(
+                Scalar("ratio_low", TOKEN, examples=(0.8, 0.0, 0.95)),
+                Scalar("ratio_high", TOKEN, examples=(1.28, 1.2, math.inf)),
+                Scalar("log_ratio_clamp", TOKEN, examples=(20.0, math.inf, 0.1)),
+            ),
+            outputs=(Array("grad"),),
+            row_outputs=(
+                Array("row_loss", FLOAT64),
+                Array("row_clipped", FLOAT64),
+                Array("row_lower", FLOAT64),
+                Array("row_kl", FLOAT64),
+            ),
+            gradients={"grad": "logprobs"},
+        ),
+        Kernel(
+            "sapo",
+            "SAPO: a sigmoid gate of the ratio, one temperature for A > 0 and one for A <= 0: "
+            "per-row loss sums, d loss / d logprobs and the KL sum",
+            inputs=_POLICY_INPUTS,
+            row_inputs=(_SCALES,),
+            scalars=(
+                Scalar("tau_pos", TOKEN, examples=(1.0, 0.1, 10.0)),
+                Scalar("tau_neg", TOKEN, examples=(1.05, 3.0, 0.5)),
+                Scalar("log_ratio_clamp", TOKEN, examples=(20.0, math.inf, 0.1)),
+            ),
+            outputs=(Array("grad"),),
+            row_outputs=(Array("row_loss", FLOAT64), Array("row_kl", FLOAT64)),
             gradients={"grad": "logprobs"},
         ),
         Kernel(

@@ -1,0 +1,287 @@
+"""The policy-loss family beyond PPO's clip: the loss, its exact gradient and the statistics in
+one pass, as ``clipped_surrogate`` (``ppo_fast.loss``) does.
+
+Per valid token, with A the advantage, w the weight (1 without ``weights``; verl's
+``rollout_is_weights``), logp = ``logprobs``, old = ``old_logprobs`` and, where a ratio is used,
+``log_ratio = logp - old`` clamped to [-log_ratio_clamp, log_ratio_clamp] when a clamp is given
+(verl clamps at 20) and rho = exp(log_ratio):
+
+    reinforce_loss   l = -w * (A * logp - beta / 2 * (logp - old)^2)
+                     beta = 0: REINFORCE and GPG (verl's "gpg"), -w * A * logp; beta > 0: DRO
+                     (verl's "dro"). d l / d logp = -w * (A - beta * (logp - old)).
+    cispo_loss       l = -w * sg(c) * A * logp,  c = clip(rho, 1 - clip_low, 1 + clip_high)
+                     (CISPO, MiniMax-M1: sg = stop-gradient, the clipped ratio is a constant
+                     weight). d l / d logp = -w * c * A, at every token: nothing is flat.
+    sapo_loss        l = -w * g * A,  g = sigmoid(tau * (rho - 1)) * 4 / tau
+                     (SAPO: tau = tau_pos where A > 0, tau_neg where A <= 0).
+                     d l / d logp = -w * A * 4 s (1 - s) * rho, with s = sigmoid(tau * (rho - 1)):
+                     the gate's slope at rho = 1 is 1, as the ratio's in PPO; 0 where the
+                     log-ratio clamp is active (strictly beyond it: torch.clamp passes the
+                     gradient at its bounds).
+
+Aggregation (``agg``, ``num_tokens``, ``num_seqs``, ``loss_scale``) is ``clipped_surrogate``'s:
+"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", with the
+global counts of a data-parallel step; the gradient is d loss / d logprobs after aggregation, 0
+at positions that are not valid.
+
+Statistics (``PolicyLossResult``), over the valid tokens: ``approx_kl``, the mean of old - logp
+(of the clamped log-ratio when a clamp is given, as verl's ``ppo_kl``); for CISPO ``clipfrac``,
+the fraction where the clipped ratio differs from the ratio (either bound, as verl's
+``pg_clipfrac``), and ``clipfrac_lower``, where it is below the lower bound; REINFORCE and SAPO
+clip nothing, and their clip fractions are 0. All NaN without a valid token.
+
+Per-token arithmetic runs in the input dtype, sums in float64, as in ``ppo_fast.loss`` (whose
+docstring says what exp does beyond float32's range and how NaN and inf propagate).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from . import _backend, _validate
+from .loss import _NO_WEIGHTS, Aggregation, PolicyLossResult, _mean, _row_scales, _totals
+
+
+def _run(
+    kernel: str,
+    arrays: dict[str, Any],
+    layout: dict[str, Any],
+    normalisers: dict[str, Any],
+    grad_out: np.ndarray | None,
+    backend: str | None,
+    scalars: dict[str, float],
+    row_outputs: tuple[str, ...],
+) -> tuple[np.ndarray, list[float], float]:
+    """Validate, run ``kernel`` and reduce: (grad, [loss, other row sums...], valid tokens)."""
+    given = {k: v for k, v in arrays.items() if v is not None}
+    checked, rows = _validate.batch(given, **layout)
+    logp = checked[0]
+    weights = checked[3].ravel() if "weights" in given else _NO_WEIGHTS[logp.dtype]
+    scales, valid = _row_scales(rows=rows, **normalisers)
+    if grad_out is None:
+        grad = np.empty_like(logp)
+    else:
+        grad = _validate.out_array(
+            "grad_out", grad_out, logp.shape, logp.dtype, {**given, **layout}
+        )
+    outputs = np.empty((len(row_outputs), rows.n_rows))
+    token = logp.dtype.type  # the per-token arithmetic runs in the input dtype
+    _backend.run(
+        kernel,
+        backend,
+        logprobs=logp.ravel(),
+        old_logprobs=checked[1].ravel(),
+        advantages=checked[2].ravel(),
+        weights=weights,
+        **rows.arguments,
+        scales=scales.astype(logp.dtype),
+        **{name: token(value) for name, value in scalars.items()},
+        grad=grad.ravel(),
+        **dict(zip(row_outputs, outputs, strict=True)),
+    )
+    return grad, _totals(outputs, scales), valid
+
+
+def _log_ratio_clamp(log_ratio_clamp: float | None) -> float:
+    if log_ratio_clamp is None:
+        return math.inf
+    return _validate.scalar(
+        "log_ratio_clamp", log_ratio_clamp, lo=0.0, open_lo=True, allow_inf=True
+    )
+
+
+_COMMON = """
+    logprobs, old_logprobs, advantages
+        The log-probabilities of the sampled tokens under the policy being trained and under the
+        policy that sampled them, and the advantages: (B, T) padded or (N,) packed with
+        ``cu_seqlens``; float32 or float64, one dtype.
+    mask, lengths, cu_seqlens
+        At most one, as for ``clipped_surrogate``: a 0/1 (B, T) ``mask``, ``lengths`` (B,), or
+        ``cu_seqlens`` (B+1,) for packed arrays; none of them: every position is valid.
+    agg, num_tokens, num_seqs, loss_scale
+        The aggregation mode and its normaliser, as for ``clipped_surrogate``.
+    weights
+        Optional per-token weights (rollout importance weights), shaped like ``logprobs``,
+        multiplying the per-token loss.
+    grad_out
+        Optional preallocated gradient (C-contiguous, writeable, shaped like ``logprobs`` with
+        its dtype, sharing no memory with an input), returned as the result's ``grad``.
+    backend
+        "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
+        ``PPO_FAST_BACKEND``, else "auto".
+
+    Returns
+    -------
+    PolicyLossResult(loss, grad, clipfrac, clipfrac_lower, approx_kl): the loss (float),
+    d loss / d logprobs shaped like ``logprobs`` (0 where not valid) and the statistics (see the
+    module docstring; NaN with no valid token).
+"""
+
+
+def reinforce_loss(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    *,
+    beta: float = 0.0,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    agg: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """REINFORCE / GPG (-A log pi) with DRO's quadratic penalty when ``beta`` > 0; see the module.
+
+    Parameters
+    ----------
+    beta
+        DRO's penalty on the squared log-ratio (>= 0, finite); 0: plain REINFORCE / GPG, where
+        ``old_logprobs`` enters only ``approx_kl`` (pass ``logprobs`` itself when there is no
+        sampling policy).
+    """
+    penalty = _validate.scalar("beta", beta, lo=0.0)
+    grad, (loss, kl), valid = _run(
+        "reinforce",
+        {
+            "logprobs": logprobs,
+            "old_logprobs": old_logprobs,
+            "advantages": advantages,
+            "weights": weights,
+        },
+        {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
+        grad_out,
+        backend,
+        {"beta": penalty},
+        ("row_loss", "row_kl"),
+    )
+    nothing_clipped = 0.0 if valid else math.nan
+    return PolicyLossResult(loss, grad, nothing_clipped, nothing_clipped, _mean(kl, valid))
+
+
+def cispo_loss(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    log_ratio_clamp: float | None = None,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    agg: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """CISPO: -sg(clip(rho)) * A * log pi; see the module docstring.
+
+    Parameters
+    ----------
+    clip_low, clip_high
+        The ratio is clipped to [1 - clip_low, 1 + clip_high]: clip_low in [0, 1] (1: no lower
+        bound), clip_high >= 0 (inf: no upper bound); ``clip_high=None`` means ``clip_low``
+        (verl's clip_ratio_low / clip_ratio_high). TRL's CISPO, an upper bound ``epsilon_high``
+        on the ratio alone: ``clip_low=1, clip_high=epsilon_high - 1``.
+    log_ratio_clamp
+        Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (verl: 20; None or inf: no
+        clamp).
+    """
+    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
+    high = (
+        low
+        if clip_high is None
+        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
+    )
+    clamp = _log_ratio_clamp(log_ratio_clamp)
+    grad, (loss, clipped, lower, kl), valid = _run(
+        "cispo",
+        {
+            "logprobs": logprobs,
+            "old_logprobs": old_logprobs,
+            "advantages": advantages,
+            "weights": weights,
+        },
+        {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
+        grad_out,
+        backend,
+        {"ratio_low": 1.0 - low, "ratio_high": 1.0 + high, "log_ratio_clamp": clamp},
+        ("row_loss", "row_clipped", "row_lower", "row_kl"),
+    )
+    return PolicyLossResult(
+        loss, grad, _mean(clipped, valid), _mean(lower, valid), _mean(kl, valid)
+    )
+
+
+def sapo_loss(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    log_ratio_clamp: float | None = None,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    agg: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """SAPO: -sigmoid(tau * (rho - 1)) * 4 / tau * A; see the module docstring.
+
+    Parameters
+    ----------
+    tau_pos, tau_neg
+        The gate's temperatures where A > 0 and where A <= 0 (> 0, finite; verl's defaults 1.0
+        and 1.05). verl aggregates SAPO by "seq-mean-token-mean" whatever its loss_agg_mode;
+        here ``agg`` is what you pass.
+    log_ratio_clamp
+        Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (verl: 20; None or inf: no
+        clamp).
+    """
+    positive = _validate.scalar("tau_pos", tau_pos, lo=0.0, open_lo=True)
+    negative = _validate.scalar("tau_neg", tau_neg, lo=0.0, open_lo=True)
+    clamp = _log_ratio_clamp(log_ratio_clamp)
+    grad, (loss, kl), valid = _run(
+        "sapo",
+        {
+            "logprobs": logprobs,
+            "old_logprobs": old_logprobs,
+            "advantages": advantages,
+            "weights": weights,
+        },
+        {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
+        grad_out,
+        backend,
+        {"tau_pos": positive, "tau_neg": negative, "log_ratio_clamp": clamp},
+        ("row_loss", "row_kl"),
+    )
+    nothing_clipped = 0.0 if valid else math.nan
+    return PolicyLossResult(loss, grad, nothing_clipped, nothing_clipped, _mean(kl, valid))
+
+
+for _function in (reinforce_loss, cispo_loss, sapo_loss):
+    # One text for the parameters every loss of the family shares.
+    _doc = _function.__doc__ or ""
+    _head, _, _own = _doc.partition("    Parameters\n    ----------\n")
+    _function.__doc__ = _head + "    Parameters\n    ----------\n" + _own.rstrip() + "\n" + _COMMON
