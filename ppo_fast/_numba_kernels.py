@@ -843,7 +843,7 @@ def reinforce(
         kl_total = 0.0
         for t in range(np.uint64(spans[b])):
             i = start + t
-            valid = t < length and (not has_mask or mask[i] != 0)
+            valid = (t < length) & ((not has_mask) or mask[i] != 0)
             logprob = logprobs[i]
             advantage = advantages[i]
             weight = np.float64(weights[i]) if has_weights else 1.0
@@ -879,33 +879,45 @@ def cispo(
     row_lower,
     row_kl,
 ):
-    """Twin: src/rows_policy.h ppo_cispo_row. One pass over the row, selects for branches."""
+    """Twin: src/rows_policy.h ppo_cispo_row. A row in chunks of ``_CHUNK`` tokens: exp in a
+    pre-pass into an L1 scratch row (so that the loop vectorizes, as in clipped_surrogate), then
+    one pass with selects for the branches."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     lo, hi, clamp = ratio_low, ratio_high, log_ratio_clamp
     for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
         start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
         length = np.uint64(lengths[b])
         scale = scales[b]
         zero = scale - scale
+        ratios = np.empty(_CHUNK, logprobs.dtype)
         total = 0.0
         clipped_count = 0.0
         lower_count = 0.0
         kl_total = 0.0
-        for t in range(np.uint64(spans[b])):
-            i = start + t
-            valid = t < length and (not has_mask or mask[i] != 0)
-            logprob = logprobs[i]
-            weight = np.float64(weights[i]) if has_weights else 1.0
-            log_ratio = min(max(logprob - old_logprobs[i], -clamp), clamp)
-            ratio = exp_poly(log_ratio)
-            coefficient = min(max(ratio, lo), hi)
-            slope = coefficient * advantages[i]
-            grad[i] = _select(valid, -weight * slope * scale, zero)
-            total += _select(valid, -weight * (slope * logprob), 0.0)
-            clipped_count += 1.0 if valid and coefficient != ratio else 0.0
-            lower_count += 1.0 if valid and ratio < lo else 0.0
-            kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+        for chunk in range((span + _UCHUNK - _U1) // _UCHUNK):
+            first = chunk * _UCHUNK
+            n = min(_UCHUNK, span - first)
+            for j in range(n):
+                i = start + first + j
+                ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            for j in range(n):
+                t = first + j
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                logprob = logprobs[i]
+                weight = np.float64(weights[i]) if has_weights else 1.0
+                log_ratio = min(max(logprob - old_logprobs[i], -clamp), clamp)
+                ratio = ratios[j]
+                coefficient = min(max(ratio, lo), hi)
+                slope = coefficient * advantages[i]
+                grad[i] = _select(valid, -weight * slope * scale, zero)
+                total += _select(valid, -weight * (slope * logprob), 0.0)
+                clipped_count += _select(valid & (coefficient != ratio), 1.0, 0.0)
+                lower_count += _select(valid & (ratio < lo), 1.0, 0.0)
+                kl_total += _select(valid, -np.float64(log_ratio), 0.0)
         row_loss[b] = total
         row_clipped[b] = clipped_count
         row_lower[b] = lower_count
@@ -913,10 +925,17 @@ def cispo(
 
 
 @numba.njit(nogil=True, cache=_CACHE)
-def _sigmoid_of_negated(minus_z, one):
-    """sigmoid(z) = 1 / (1 + exp(-z)) from -z, in its dtype. Not inlined: numba's SSA pass loses
-    track of the second of two inlined exp_poly calls in one loop body."""
-    return one / (one + exp_poly(minus_z))
+def _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg):
+    """sigmoids[j] = sigmoid(tau * (ratios[j] - 1)) for the n tokens from position first, tau by
+    the sign of the advantage. A function of its own, not inlined: numba's SSA pass loses track
+    of a second inlined exp_poly in one function."""
+    zero = tau_pos - tau_pos
+    one = _one_like(zero)
+    for j in range(n):
+        tau = _select(advantages[first + j] > zero, tau_pos, tau_neg)
+        sigmoids[j] = exp_poly(-(tau * (ratios[j] - one)))
+    for j in range(n):
+        sigmoids[j] = one / (one + sigmoids[j])  # sigmoid(z) = 1 / (1 + exp(-z))
 
 
 def sapo(
@@ -936,37 +955,49 @@ def sapo(
     row_loss,
     row_kl,
 ):
-    """Twin: src/rows_policy.h ppo_sapo_row. One pass over the row, selects for branches."""
+    """Twin: src/rows_policy.h ppo_sapo_row. A row in chunks of ``_CHUNK`` tokens: the ratio's
+    exp and then the sigmoid's in pre-passes into L1 scratch rows, then one pass with selects."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     clamp = log_ratio_clamp
     for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
         start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
         length = np.uint64(lengths[b])
         scale = scales[b]
         zero = scale - scale
         one = _one_like(zero)
         four = one + one + one + one
+        ratios = np.empty(_CHUNK, logprobs.dtype)
+        sigmoids = np.empty(_CHUNK, logprobs.dtype)
         total = 0.0
         kl_total = 0.0
-        for t in range(np.uint64(spans[b])):
-            i = start + t
-            valid = t < length and (not has_mask or mask[i] != 0)
-            advantage = advantages[i]
-            weight = np.float64(weights[i]) if has_weights else 1.0
-            raw = logprobs[i] - old_logprobs[i]
-            # torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN
-            inside = not ((raw < -clamp) or (raw > clamp))
-            log_ratio = min(max(raw, -clamp), clamp)
-            ratio = exp_poly(log_ratio)
-            tau = _select(advantage > zero, tau_pos, tau_neg)
-            sigmoid = _sigmoid_of_negated(-(tau * (ratio - one)), one)
-            gate = sigmoid * (four / tau)
-            slope = advantage * ((four * sigmoid) * (one - sigmoid))
-            sloped = _select(inside, slope * ratio, zero)
-            grad[i] = _select(valid, -weight * sloped * scale, zero)
-            total += _select(valid, -weight * (gate * advantage), 0.0)
-            kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+        for chunk in range((span + _UCHUNK - _U1) // _UCHUNK):
+            first = chunk * _UCHUNK
+            n = min(_UCHUNK, span - first)
+            for j in range(n):
+                i = start + first + j
+                ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            _sapo_sigmoids(advantages, start + first, ratios, sigmoids, n, tau_pos, tau_neg)
+            for j in range(n):
+                t = first + j
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                advantage = advantages[i]
+                weight = np.float64(weights[i]) if has_weights else 1.0
+                raw = logprobs[i] - old_logprobs[i]
+                # torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN
+                inside = not ((raw < -clamp) | (raw > clamp))
+                log_ratio = min(max(raw, -clamp), clamp)
+                tau = _select(advantage > zero, tau_pos, tau_neg)
+                sigmoid = sigmoids[j]
+                gate = sigmoid * (four / tau)
+                slope = advantage * ((four * sigmoid) * (one - sigmoid))
+                sloped = _select(inside, slope * ratios[j], zero)
+                grad[i] = _select(valid, -weight * sloped * scale, zero)
+                total += _select(valid, -weight * (gate * advantage), 0.0)
+                kl_total += _select(valid, -np.float64(log_ratio), 0.0)
         row_loss[b] = total
         row_kl[b] = kl_total
 
@@ -1069,6 +1100,6 @@ moments = _Kernel(moments, fastmath={"reassoc"})
 whiten = _Kernel(whiten)
 clipped_surrogate = _Kernel(clipped_surrogate, fastmath={"reassoc"})
 value_loss = _Kernel(value_loss, fastmath={"reassoc"})
-reinforce = _Kernel(reinforce)
-cispo = _Kernel(cispo)
-sapo = _Kernel(sapo)
+reinforce = _Kernel(reinforce, fastmath={"reassoc"})
+cispo = _Kernel(cispo, fastmath={"reassoc"})
+sapo = _Kernel(sapo, fastmath={"reassoc"})

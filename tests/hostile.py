@@ -653,6 +653,12 @@ def _numpy_targets() -> list[Target]:
         arrays["weights"] = np.abs(arrays["weights"])
         return {**arrays, "dual_clip": 3.0, "agg": agg, "mask": MASK.copy()}
 
+    def family(rng, **options):
+        arrays = _tokens(rng, "logprobs", "old_logprobs", logp=True)
+        arrays.update(_tokens(rng, "advantages", "weights"))
+        arrays["weights"] = np.abs(arrays["weights"])
+        return {**arrays, **options, "mask": MASK.copy()}
+
     def value(rng, agg="token-mean"):
         scale = {"loss_scale": 8.0} if agg == "seq-mean-token-sum-norm" else {}
         arrays = _tokens(rng, "values", "old_values", "returns")
@@ -747,6 +753,30 @@ def _numpy_targets() -> list[Target]:
             lambda rng: policy(rng, "seq-mean-token-mean"),
             ("logprobs", "advantages"),
             scalars={"num_seqs": 4.0},
+            **rows,
+        ),
+        Target(
+            "reinforce_loss",
+            ppo_fast.reinforce_loss,
+            lambda rng: family(rng, beta=0.5),
+            ("logprobs", "old_logprobs", "advantages", "weights"),
+            scalars={"beta": 0.5, "num_tokens": 10.0},
+            **rows,
+        ),
+        Target(
+            "cispo_loss",
+            ppo_fast.cispo_loss,
+            lambda rng: family(rng, clip_low=0.2, clip_high=0.28, log_ratio_clamp=20.0),
+            ("logprobs", "old_logprobs", "advantages", "weights"),
+            scalars={"clip_low": 0.2, "clip_high": 0.28, "log_ratio_clamp": 20.0},
+            **rows,
+        ),
+        Target(
+            "sapo_loss[seq-mean-token-mean]",
+            ppo_fast.sapo_loss,
+            lambda rng: family(rng, tau_pos=1.0, tau_neg=1.05, agg="seq-mean-token-mean"),
+            ("logprobs", "old_logprobs", "advantages", "weights"),
+            scalars={"tau_pos": 1.0, "tau_neg": 1.05, "num_seqs": 4.0},
             **rows,
         ),
         Target(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -585,6 +586,60 @@ def trl_policy_loss(compiled: bool):
         padding_mask = tensor(~batch.mask)
         return backward(
             lambda logp: loss(args, logp, old, adv, padding_mask, slice(None)), batch.logprobs
+        )
+
+    return prepare
+
+
+# The policy-loss family: GPG (REINFORCE), CISPO and SAPO, as verl 0.9.1 registers them.
+SAPO_TAU_POS, SAPO_TAU_NEG = 1.0, 1.05  # verl's defaults
+FAMILY_AGG = {"reinforce": "token-mean", "cispo": "token-mean", "sapo": "seq-mean-token-mean"}
+_FAMILY_VERL = {
+    "reinforce": "compute_policy_loss_gpg",
+    "cispo": "compute_policy_loss_cispo",
+    "sapo": "compute_policy_loss_sapo",
+}
+
+
+def ours_policy_family(loss: str):
+    """ppo_fast's loss of the family with verl's settings (log-ratio clamp 20 where verl has
+    one), aggregated as verl aggregates it."""
+
+    def prepare(batch: Batch, backend: str):
+        from .. import policy
+
+        logp, old, adv, mask = batch.logprobs, batch.old_logprobs, batch.advantages, batch.mask
+        options: dict[str, Any] = {"agg": FAMILY_AGG[loss], "backend": backend, "mask": mask}
+        if loss == "cispo":
+            options.update(clip_low=CLIP, log_ratio_clamp=LOG_RATIO_CLAMP)
+        elif loss == "sapo":
+            options.update(tau_pos=SAPO_TAU_POS, tau_neg=SAPO_TAU_NEG, log_ratio_clamp=20.0)
+        function = getattr(policy, f"{loss}_loss")
+        return lambda: function(logp, old, adv, **options)
+
+    return prepare
+
+
+def verl_policy_family(loss: str, compiled: bool):
+    """verl's registered loss, forward + backward (torch.compile'd when ``compiled``)."""
+
+    def prepare(batch: Batch, threads: int):
+        verl = peer_copy("verl_0_9_1")
+        function = getattr(verl, _FAMILY_VERL[loss])
+        if compiled:
+            function = torch_compiled(function)
+        old, adv = tensor(batch.old_logprobs), tensor(batch.advantages)
+        response_mask = tensor(batch.mask.astype(np.int64))
+        config = verl.ActorConfig(
+            clip_ratio=CLIP,
+            clip_ratio_low=CLIP,
+            clip_ratio_high=CLIP,
+            tau_pos=SAPO_TAU_POS,
+            tau_neg=SAPO_TAU_NEG,
+        )
+        return backward(
+            lambda logp: function(old, logp, adv, response_mask, FAMILY_AGG[loss], config)[0],
+            batch.logprobs,
         )
 
     return prepare
