@@ -829,33 +829,49 @@ def reinforce(
     row_loss,
     row_kl,
 ):
-    """Twin: src/rows_policy.h ppo_reinforce_row. One pass over the row, selects for branches."""
+    """Twin: src/rows_policy.h ppo_reinforce_row. A row in chunks of ``_CHUNK`` tokens: one pass
+    with selects writes the gradient and the float64 loss and KL terms to L1 scratch rows, which
+    short loops of their own then sum. As in clipped_surrogate, the `reassoc` build vectorizes
+    those sums, and their order is that of the one compiled loop (never of the threads or of how
+    LLVM vectorized the main loop), so results stay identical on any number of threads."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     penalised = beta != 0.0
     for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
         start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
         length = np.uint64(lengths[b])
         scale = scales[b]
         zero = scale - scale  # 0 in the input dtype (the scale is finite)
         half_beta = beta * _half_like(zero)
+        losses = np.empty(_CHUNK, np.float64)
+        kls = np.empty(_CHUNK, np.float64)
         total = 0.0
         kl_total = 0.0
-        for t in range(np.uint64(spans[b])):
-            i = start + t
-            valid = (t < length) & ((not has_mask) or mask[i] != 0)
-            logprob = logprobs[i]
-            advantage = advantages[i]
-            weight = np.float64(weights[i]) if has_weights else 1.0
-            log_ratio = logprob - old_logprobs[i]
-            objective = advantage * logprob
-            slope = advantage
-            if penalised:
-                objective = objective - half_beta * (log_ratio * log_ratio)
-                slope = advantage - beta * log_ratio
-            grad[i] = _select(valid, -weight * slope * scale, zero)
-            total += _select(valid, -weight * objective, 0.0)
-            kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+        for chunk in range((span + _UCHUNK - _U1) // _UCHUNK):
+            first = chunk * _UCHUNK
+            n = min(_UCHUNK, span - first)
+            for j in range(n):
+                t = first + j
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                logprob = logprobs[i]
+                advantage = advantages[i]
+                weight = np.float64(weights[i]) if has_weights else 1.0
+                log_ratio = logprob - old_logprobs[i]
+                objective = advantage * logprob
+                slope = advantage
+                if penalised:
+                    objective = objective - half_beta * (log_ratio * log_ratio)
+                    slope = advantage - beta * log_ratio
+                grad[i] = _select(valid, -weight * slope * scale, zero)
+                losses[j] = _select(valid, -weight * objective, 0.0)
+                kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
+            for j in range(n):
+                total += losses[j]
+            for j in range(n):
+                kl_total += kls[j]
         row_loss[b] = total
         row_kl[b] = kl_total
 
@@ -879,9 +895,8 @@ def cispo(
     row_lower,
     row_kl,
 ):
-    """Twin: src/rows_policy.h ppo_cispo_row. A row in chunks of ``_CHUNK`` tokens: exp in a
-    pre-pass into an L1 scratch row (so that the loop vectorizes, as in clipped_surrogate), then
-    one pass with selects for the branches."""
+    """Twin: src/rows_policy.h ppo_cispo_row. As reinforce, with exp in a pre-pass per chunk
+    into an L1 scratch row (so that the main loop vectorizes, as in clipped_surrogate)."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     lo, hi, clamp = ratio_low, ratio_high, log_ratio_clamp
@@ -893,6 +908,8 @@ def cispo(
         scale = scales[b]
         zero = scale - scale
         ratios = np.empty(_CHUNK, logprobs.dtype)
+        losses = np.empty(_CHUNK, np.float64)
+        kls = np.empty(_CHUNK, np.float64)
         total = 0.0
         clipped_count = 0.0
         lower_count = 0.0
@@ -914,10 +931,15 @@ def cispo(
                 coefficient = min(max(ratio, lo), hi)
                 slope = coefficient * advantages[i]
                 grad[i] = _select(valid, -weight * slope * scale, zero)
-                total += _select(valid, -weight * (slope * logprob), 0.0)
+                losses[j] = _select(valid, -weight * (slope * logprob), 0.0)
+                kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
+                # whole numbers: exact in any order of addition
                 clipped_count += _select(valid & (coefficient != ratio), 1.0, 0.0)
                 lower_count += _select(valid & (ratio < lo), 1.0, 0.0)
-                kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+            for j in range(n):
+                total += losses[j]
+            for j in range(n):
+                kl_total += kls[j]
         row_loss[b] = total
         row_clipped[b] = clipped_count
         row_lower[b] = lower_count
@@ -955,8 +977,8 @@ def sapo(
     row_loss,
     row_kl,
 ):
-    """Twin: src/rows_policy.h ppo_sapo_row. A row in chunks of ``_CHUNK`` tokens: the ratio's
-    exp and then the sigmoid's in pre-passes into L1 scratch rows, then one pass with selects."""
+    """Twin: src/rows_policy.h ppo_sapo_row. As reinforce, with the ratio's exp and then the
+    sigmoid's in pre-passes per chunk into L1 scratch rows."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     clamp = log_ratio_clamp
@@ -971,6 +993,8 @@ def sapo(
         four = one + one + one + one
         ratios = np.empty(_CHUNK, logprobs.dtype)
         sigmoids = np.empty(_CHUNK, logprobs.dtype)
+        losses = np.empty(_CHUNK, np.float64)
+        kls = np.empty(_CHUNK, np.float64)
         total = 0.0
         kl_total = 0.0
         for chunk in range((span + _UCHUNK - _U1) // _UCHUNK):
@@ -996,8 +1020,12 @@ def sapo(
                 slope = advantage * ((four * sigmoid) * (one - sigmoid))
                 sloped = _select(inside, slope * ratios[j], zero)
                 grad[i] = _select(valid, -weight * sloped * scale, zero)
-                total += _select(valid, -weight * (gate * advantage), 0.0)
-                kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+                losses[j] = _select(valid, -weight * (gate * advantage), 0.0)
+                kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
+            for j in range(n):
+                total += losses[j]
+            for j in range(n):
+                kl_total += kls[j]
         row_loss[b] = total
         row_kl[b] = kl_total
 
