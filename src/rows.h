@@ -11,6 +11,7 @@
  *                   ppo_<kernel>_group, with the layout of the whole batch and the group's rows)
  *   rows_moments.h  moments, whiten
  *   rows_loss.h     clipped_surrogate, value_loss
+ *   rows_policy.h   reinforce, cispo, sapo (scalar twins, a token at a time)
  *
  * Written once over the dtype: the generated module includes this file twice, with
  * PPO_FAST_DTYPE 32 and then 64, which defines ppo_<kernel>_row_f32 and then the _f64 twins.
@@ -92,6 +93,7 @@ PPO_INLINE void PPO_ROW(ppo_tail_fill)(
 #include "rows_returns.h"
 #include "rows_moments.h"
 #include "rows_loss.h"
+#include "rows_policy.h"
 
 #undef ppo_real
 #undef PPO_LANES
