@@ -96,14 +96,11 @@ class ValueLossResult(NamedTuple):
     clipfrac: float
 
 
-def _row_scales(
-    agg: str,
-    rows: _validate.Rows,
-    num_tokens: float | None,
-    num_seqs: float | None,
-    loss_scale: float | None,
-) -> tuple[np.ndarray, float]:
-    """Each row's aggregation weight (float64), and the number of valid tokens of the batch."""
+def _check_agg(
+    agg: str, num_tokens: float | None, num_seqs: float | None, loss_scale: float | None
+) -> None:
+    """``agg`` is a mode, and each normaliser given is its mode's (``_row_scales``' checks on the
+    arguments alone; ``ppo_fast.torch`` runs them before its torch path too)."""
     _validate.choice("agg", agg, AGGREGATIONS)
     if num_tokens is not None or num_seqs is not None or loss_scale is not None:
         for name, value in (
@@ -116,6 +113,17 @@ def _row_scales(
                     f"{name} applies to agg={' or '.join(map(repr, _APPLIES_TO[name]))}, "
                     f"not {agg!r}"
                 )
+
+
+def _row_scales(
+    agg: str,
+    rows: _validate.Rows,
+    num_tokens: float | None,
+    num_seqs: float | None,
+    loss_scale: float | None,
+) -> tuple[np.ndarray, float]:
+    """Each row's aggregation weight (float64), and the number of valid tokens of the batch."""
+    _check_agg(agg, num_tokens, num_seqs, loss_scale)
     if agg == "token-mean" or agg == "seq-mean-token-sum-norm":
         # Only the batch's count: no count per row. Counted as the kernels test validity,
         # mask != 0 (a bool mask's bytes need not be 0/1).

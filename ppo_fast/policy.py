@@ -94,6 +94,40 @@ def _log_ratio_clamp(log_ratio_clamp: float | None) -> float:
     )
 
 
+# Each loss's hyperparameters, checked, as its kernel takes them (float64; ``_run`` casts them to
+# the input dtype). ``ppo_fast.torch`` hands the same values to its torch formulas.
+
+
+def _reinforce_scalars(beta: float) -> dict[str, float]:
+    return {"beta": _validate.scalar("beta", beta, lo=0.0)}
+
+
+def _cispo_scalars(
+    clip_low: float, clip_high: float | None, log_ratio_clamp: float | None
+) -> dict[str, float]:
+    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
+    high = (
+        low
+        if clip_high is None
+        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
+    )
+    return {
+        "ratio_low": 1.0 - low,
+        "ratio_high": 1.0 + high,
+        "log_ratio_clamp": _log_ratio_clamp(log_ratio_clamp),
+    }
+
+
+def _sapo_scalars(
+    tau_pos: float, tau_neg: float, log_ratio_clamp: float | None
+) -> dict[str, float]:
+    return {
+        "tau_pos": _validate.scalar("tau_pos", tau_pos, lo=0.0, open_lo=True),
+        "tau_neg": _validate.scalar("tau_neg", tau_neg, lo=0.0, open_lo=True),
+        "log_ratio_clamp": _log_ratio_clamp(log_ratio_clamp),
+    }
+
+
 _COMMON = """
     logprobs, old_logprobs, advantages
         The log-probabilities of the sampled tokens under the policy being trained and under the
@@ -148,7 +182,6 @@ def reinforce_loss(
         ``old_logprobs`` enters only ``approx_kl`` (pass ``logprobs`` itself when there is no
         sampling policy).
     """
-    penalty = _validate.scalar("beta", beta, lo=0.0)
     grad, (loss, kl), valid = _run(
         "reinforce",
         {
@@ -161,7 +194,7 @@ def reinforce_loss(
         {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
         grad_out,
         backend,
-        {"beta": penalty},
+        _reinforce_scalars(beta),
         ("row_loss", "row_kl"),
     )
     nothing_clipped = 0.0 if valid else math.nan
@@ -200,13 +233,6 @@ def cispo_loss(
         Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (verl: 20; None or inf: no
         clamp).
     """
-    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
-    high = (
-        low
-        if clip_high is None
-        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
-    )
-    clamp = _log_ratio_clamp(log_ratio_clamp)
     grad, (loss, clipped, lower, kl), valid = _run(
         "cispo",
         {
@@ -219,7 +245,7 @@ def cispo_loss(
         {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
         grad_out,
         backend,
-        {"ratio_low": 1.0 - low, "ratio_high": 1.0 + high, "log_ratio_clamp": clamp},
+        _cispo_scalars(clip_low, clip_high, log_ratio_clamp),
         ("row_loss", "row_clipped", "row_lower", "row_kl"),
     )
     return PolicyLossResult(
@@ -258,9 +284,6 @@ def sapo_loss(
         Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (verl: 20; None or inf: no
         clamp).
     """
-    positive = _validate.scalar("tau_pos", tau_pos, lo=0.0, open_lo=True)
-    negative = _validate.scalar("tau_neg", tau_neg, lo=0.0, open_lo=True)
-    clamp = _log_ratio_clamp(log_ratio_clamp)
     grad, (loss, kl), valid = _run(
         "sapo",
         {
@@ -273,7 +296,7 @@ def sapo_loss(
         {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
         grad_out,
         backend,
-        {"tau_pos": positive, "tau_neg": negative, "log_ratio_clamp": clamp},
+        _sapo_scalars(tau_pos, tau_neg, log_ratio_clamp),
         ("row_loss", "row_kl"),
     )
     nothing_clipped = 0.0 if valid else math.nan

@@ -13,10 +13,17 @@ How tensors reach the kernels:
 - A CUDA (or any non-CPU) tensor takes a host round trip: it is copied to host memory, computed
   there, and the result is copied back to the input's device, until a GPU backend exists. It is
   correct but pays two transfers and a synchronisation per call.
+- Except in the policy-loss family (``reinforce_loss``, ``cispo_loss``, ``sapo_loss``): there a
+  tensor on another device is computed on that device by a torch implementation of the kernel's
+  formula, with the same closed-form gradient and statistics (per-token arithmetic in the input
+  dtype, sums in float64), and nothing is copied to the host. Checking the values of a mask that
+  is not bool, of lengths or of cu_seqlens reads one bool back (one synchronisation). Tested on
+  CPU by forcing that path (``_DEVICE_PATH_ON_CPU``); untested on real GPUs until one is measured.
 - Inputs that require grad are read through ``.detach()``: rewards, GAE and whitening are not
   differentiated (trainers run them under ``torch.no_grad()``). The losses are:
-  ``clipped_surrogate`` and ``value_loss`` return a ``loss`` tensor with a ``grad_fn``, whose
-  backward is the gradient the fused kernel computed in its forward pass, scaled by grad_output.
+  ``clipped_surrogate``, ``value_loss`` and the policy-loss family return a ``loss`` tensor with
+  a ``grad_fn``, whose backward is the gradient the fused kernel computed in its forward pass,
+  scaled by grad_output.
 
 torch is imported here and only here: ``import ppo_fast`` never imports it.
 """
@@ -24,6 +31,7 @@ torch is imported here and only here: ``import ppo_fast`` never imports it.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -33,8 +41,13 @@ import torch
 from . import _validate
 from .gae import GAEResult
 from .gae import gae as _numpy_gae
+from .loss import _check_agg
 from .loss import clipped_surrogate as _numpy_clipped_surrogate
 from .loss import value_loss as _numpy_value_loss
+from .policy import _cispo_scalars, _reinforce_scalars, _sapo_scalars
+from .policy import cispo_loss as _numpy_cispo_loss
+from .policy import reinforce_loss as _numpy_reinforce_loss
+from .policy import sapo_loss as _numpy_sapo_loss
 from .rewards import kl_penalty as _numpy_kl_penalty
 from .rewards import shape_rewards as _numpy_shape_rewards
 from .whiten import Moments
@@ -220,8 +233,9 @@ def whiten(
 
 
 class PolicyLoss(NamedTuple):
-    """The clipped-surrogate loss (0-d, differentiable in ``logprobs``) and its statistics (0-d,
-    not differentiable), each on the device and with the dtype of ``logprobs``."""
+    """A policy loss (the clipped surrogate, or one of the family: ``reinforce_loss``,
+    ``cispo_loss``, ``sapo_loss``), 0-d and differentiable in ``logprobs``, and its statistics
+    (0-d, not differentiable), each on the device and with the dtype of ``logprobs``."""
 
     loss: torch.Tensor
     clipfrac: torch.Tensor
@@ -379,3 +393,478 @@ def value_loss(
     }
     layout = {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens}
     return ValueLoss(*ValueLossFunction.apply(values, old_values, returns, layout, options))
+
+
+# ---- The policy-loss family: the fused kernels for CPU tensors, the same formulas in torch on
+# any other device ----
+
+# Tests set this to run the torch path, what a tensor on another device takes, on CPU tensors.
+_DEVICE_PATH_ON_CPU = False
+
+
+class PolicyFamilyFunction(torch.autograd.Function):
+    """Autograd for the policy-loss family (``reinforce_loss``, ``cispo_loss``, ``sapo_loss``).
+
+    ``apply(compute, logprobs, old_logprobs, advantages, weights)`` with ``compute`` called on
+    those four and returning ``(loss, grad, clipfrac, clipfrac_lower, approx_kl)``: the loss,
+    d loss / d logprobs shaped like ``logprobs``, and the statistics (floats or 0-d tensors).
+    The forward keeps the gradient ``compute`` returned; the backward scales it by grad_output.
+    Returns (loss, clipfrac, clipfrac_lower, approx_kl) on ``logprobs``' device and dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, compute, logprobs, old_logprobs, advantages, weights):
+        _no_grad_wanted(ctx, ("old_logprobs", "advantages", "weights"), 2)
+        loss, grad, *statistics = compute(logprobs, old_logprobs, advantages, weights)
+        ctx.save_for_backward(grad)
+        outputs = tuple(
+            torch.as_tensor(value, dtype=logprobs.dtype, device=logprobs.device)
+            for value in (loss, *statistics)
+        )
+        ctx.mark_non_differentiable(*outputs[1:])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_unused):
+        (grad,) = ctx.saved_tensors
+        return None, grad * grad_loss, None, None, None
+
+
+def _on_kernels(numpy_loss, layout, options, logprobs, old_logprobs, advantages, weights):
+    """The NumPy function on the kernels (zero-copy for contiguous CPU tensors)."""
+    result = numpy_loss(
+        to_numpy(logprobs, "logprobs"),
+        to_numpy(old_logprobs, "old_logprobs"),
+        to_numpy(advantages, "advantages"),
+        weights=to_numpy(weights, "weights"),
+        **_layout(**layout),
+        **options,
+    )
+    grad = from_numpy(result.grad, logprobs)
+    return result.loss, grad, result.clipfrac, result.clipfrac_lower, result.approx_kl
+
+
+class _TorchRows(NamedTuple):
+    """The rows of a batch on its device, for the torch path."""
+
+    valid: torch.Tensor  # bool, shaped like the token tensors
+    counts: torch.Tensor  # int64 (B,): valid tokens per row
+    row_of: torch.Tensor | None  # int64 (N,): each packed position's row; None when padded
+    width: int | None  # T of a padded batch; None when packed
+
+
+def _compute_dtype(name: str, tensor: torch.Tensor) -> torch.dtype:
+    """What the torch path computes ``name`` in: its dtype, float32 for bf16/fp16 (as the kernel
+    path does)."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"{name} is a meta tensor: it has a shape but no data to compute on; "
+            "materialise it on the CPU or an accelerator first"
+        )
+    if tensor.dtype in (torch.float32, torch.float64):
+        return tensor.dtype
+    if tensor.dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype.startswith(("float8", "float4")):
+        raise TypeError(
+            f"{name} has dtype torch.{dtype}, which ppo_fast does not compute in: "
+            f"cast it with {name}.float() or {name}.to(torch.float32)"
+        )
+    hint = (
+        "pass real floating-point numbers"
+        if tensor.is_complex()
+        else _validate._cast_hint(name, "float32")
+    )
+    raise TypeError(f"{name} must be float32 or float64, got dtype {dtype}: {hint}")
+
+
+def _torch_tokens(arrays: dict[str, Any], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The token tensors on ``device`` in their compute dtype, checked as ``_validate.batch``
+    checks them (one shape, 1-D or 2-D, one dtype)."""
+    out: list[torch.Tensor] = []
+    first_name, first = "", None
+    for name, value in arrays.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{name} must be a torch.Tensor (logprobs is on {device}), got "
+                f"{type(value).__name__}"
+            )
+        dtype = _compute_dtype(name, value)
+        if value.dim() not in (1, 2):
+            raise ValueError(
+                f"{name} must be 2-D (B, T) padded or 1-D (N,) packed, got shape "
+                f"{tuple(value.shape)}"
+            )
+        if first is None:
+            first_name, first = name, (tuple(value.shape), dtype)
+        elif tuple(value.shape) != first[0]:
+            raise ValueError(
+                f"{name} has shape {tuple(value.shape)} but {first_name} has shape {first[0]}: "
+                "every per-token array must have the same shape"
+            )
+        elif dtype != first[1]:
+            wanted = str(first[1]).removeprefix("torch.")
+            raise TypeError(
+                f"{name} is {str(dtype).removeprefix('torch.')} but {first_name} is {wanted}: "
+                f"pass one dtype: {_validate._cast_hint(name, wanted)}"
+            )
+        out.append(value.detach().to(device=device, dtype=dtype))
+    return tuple(out)
+
+
+def _layout_error(shape: tuple[int, ...], layout: dict[str, Any]) -> None:
+    """Raise the kernel path's error for a layout the torch path found wrong (host copies of the
+    layout arguments: only on the way to an error)."""
+    _validate.rows(shape, **_layout(**layout))
+    raise ValueError(
+        "mask, lengths or cu_seqlens is not a valid layout for token arrays of shape "
+        f"{shape}: see the docstring of ppo_fast.clipped_surrogate"
+    )
+
+
+def _is_integer(tensor: torch.Tensor) -> bool:
+    return not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool)
+
+
+def _torch_rows(shape: tuple[int, ...], device: torch.device, layout: dict[str, Any]) -> _TorchRows:
+    """The rows of the layout, on ``device``. What the shapes and dtypes say is checked on the
+    host; the values (a mask of 0/1, lengths within [0, T], cu_seqlens from 0 up to N) in one
+    reduction on the device, read back as one bool (one synchronisation, when a mask that is
+    not bool, lengths or cu_seqlens is given). On an error, the kernel path's is raised."""
+    mask, lengths, cu_seqlens = layout["mask"], layout["lengths"], layout["cu_seqlens"]
+    _validate._at_most_one_layout(mask, lengths, cu_seqlens)
+    given = mask if mask is not None else lengths if lengths is not None else cu_seqlens
+    if given is not None:
+        try:
+            given = torch.as_tensor(given, device=device)
+        except (TypeError, ValueError, RuntimeError):
+            _layout_error(shape, layout)
+    bad = None
+    if cu_seqlens is not None:
+        if len(shape) != 1 or not _is_integer(given) or given.dim() != 1 or given.numel() < 1:
+            _layout_error(shape, layout)
+        cu = given.long()
+        spans = cu[1:] - cu[:-1]
+        bad = (cu[0] != 0) | (cu[-1] != shape[0]) | (spans < 0).any()
+        if bool(bad):
+            _layout_error(shape, layout)
+        row_of = torch.repeat_interleave(
+            torch.arange(spans.shape[0], device=device), spans, output_size=shape[0]
+        )
+        return _TorchRows(torch.ones(shape, dtype=torch.bool, device=device), spans, row_of, None)
+    if len(shape) != 2:
+        _layout_error(shape, layout)
+    n_rows, width = shape
+    if lengths is not None:
+        if not _is_integer(given) or tuple(given.shape) != (n_rows,):
+            _layout_error(shape, layout)
+        counts = given.long()
+        if bool(((counts < 0) | (counts > width)).any()):
+            _layout_error(shape, layout)
+        valid = torch.arange(width, device=device) < counts[:, None]
+        return _TorchRows(valid, counts, None, width)
+    if mask is None:
+        valid = torch.ones(shape, dtype=torch.bool, device=device)
+    elif tuple(given.shape) != shape or given.is_complex():
+        _layout_error(shape, layout)
+    elif given.dtype == torch.bool:
+        valid = given
+    else:
+        if bool(((given != 0) & (given != 1)).any()):
+            _layout_error(shape, layout)
+        valid = given == 1
+    return _TorchRows(valid, valid.sum(dim=-1), None, width)
+
+
+def _torch_row_scales(
+    agg: str,
+    rows: _TorchRows,
+    num_tokens: Any,
+    num_seqs: Any,
+    loss_scale: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ppo_fast.loss._row_scales`` on the device: each row's aggregation weight (float64, (B,))
+    and the number of valid tokens (a float64 0-d tensor), with its defaults and its errors."""
+    _check_agg(agg, num_tokens, num_seqs, loss_scale)
+    counts = rows.counts
+    device = counts.device
+    valid = counts.sum().double()
+    zeros = torch.zeros(counts.shape, dtype=torch.float64, device=device)
+    if agg == "token-mean":
+        if num_tokens is None:
+            return zeros + torch.where(valid > 0, 1.0 / valid, 0.0), valid
+        total = _validate.scalar("num_tokens", num_tokens, lo=0.0, open_lo=True)
+        return zeros + 1.0 / total, valid
+    if agg == "seq-mean-token-sum-norm":
+        if loss_scale is None:
+            if rows.width is None:
+                raise ValueError(
+                    "agg='seq-mean-token-sum-norm' on packed rows needs loss_scale: pass the fixed "
+                    "maximum response length (the padded T it stands for)"
+                )
+            if rows.width == 0:  # no positions at all: the loss is 0
+                return zeros, valid
+            loss_scale = rows.width
+        scale = _validate.scalar("loss_scale", loss_scale, lo=0.0, open_lo=True)
+        return zeros + 1.0 / scale, valid
+    if num_seqs is None:
+        seqs = (counts > 0).sum().double()
+    else:
+        seqs = torch.tensor(
+            _validate.scalar("num_seqs", num_seqs, lo=0.0, open_lo=True),
+            dtype=torch.float64,
+            device=device,
+        )
+    if agg == "seq-mean-token-sum":
+        return zeros + torch.where(seqs > 0, 1.0 / seqs, 0.0), valid
+    per_row = seqs * counts.double()
+    return torch.where(per_row > 0, 1.0 / per_row, 0.0), valid
+
+
+def _reinforce_formula(logp, old, adv, *, beta):
+    """The reinforce kernel's per-token terms: (objective, slope, log-ratio, clipped, lower),
+    with l = -w * objective and d l / d logp = -w * slope."""
+    log_ratio = logp - old
+    objective, slope = adv * logp, adv
+    if beta != 0.0:
+        objective = objective - (log_ratio * log_ratio) * (beta * 0.5)
+        slope = adv - log_ratio * beta
+    return objective, slope, log_ratio, None, None
+
+
+def _clamped(log_ratio: torch.Tensor, clamp: float) -> torch.Tensor:
+    return log_ratio if clamp == math.inf else log_ratio.clamp(-clamp, clamp)
+
+
+def _cispo_formula(logp, old, adv, *, ratio_low, ratio_high, log_ratio_clamp):
+    """The cispo kernel's per-token terms, as ``_reinforce_formula``."""
+    log_ratio = _clamped(logp - old, log_ratio_clamp)
+    ratio = log_ratio.exp()
+    coefficient = ratio.clamp(ratio_low, ratio_high)
+    slope = coefficient * adv
+    return slope * logp, slope, log_ratio, coefficient != ratio, ratio < ratio_low
+
+
+def _sapo_formula(logp, old, adv, *, tau_pos, tau_neg, log_ratio_clamp):
+    """The sapo kernel's per-token terms, as ``_reinforce_formula``; the slope is 0 where the
+    clamp is active (strictly beyond it: torch.clamp passes the gradient at its bounds)."""
+    raw = logp - old
+    log_ratio = _clamped(raw, log_ratio_clamp)
+    ratio = log_ratio.exp()
+    tau = torch.full_like(adv, tau_neg).masked_fill_(adv > 0, tau_pos)
+    sigmoid = torch.sigmoid(tau * (ratio - 1.0))
+    objective = sigmoid * (4.0 / tau) * adv
+    slope = adv * ((4.0 * sigmoid) * (1.0 - sigmoid)) * ratio
+    if log_ratio_clamp != math.inf:
+        beyond = (raw < -log_ratio_clamp) | (raw > log_ratio_clamp)
+        slope = slope.masked_fill(beyond, 0.0)
+    return objective, slope, log_ratio, None, None
+
+
+def _in_torch(formula, scalars, normalisers, layout, logprobs, old_logprobs, advantages, weights):
+    """The kernel's loss, gradient and statistics computed in torch on ``logprobs``' device:
+    per-token arithmetic in the compute dtype, sums in float64, as the kernels."""
+    device = logprobs.device
+    arrays = {"logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": advantages}
+    if weights is not None:
+        arrays["weights"] = weights
+    tokens = _torch_tokens(arrays, device)
+    rows = _torch_rows(tuple(logprobs.shape), device, layout)
+    scales, valid = _torch_row_scales(rows=rows, **normalisers)
+    logp, old, adv = tokens[:3]
+    objective, slope, log_ratio, clipped, lower = formula(logp, old, adv, **scalars)
+    token_scales = scales[:, None] if rows.row_of is None else scales[rows.row_of]
+    if weights is None:
+        losses, slope = -objective.double(), -slope
+    else:
+        losses, slope = -(tokens[3].double() * objective.double()), -(tokens[3] * slope)
+    keep = rows.valid
+    loss = torch.where(keep, losses * token_scales, 0.0).sum()
+    grad = torch.where(keep, slope * token_scales.to(slope.dtype), 0.0).to(logprobs.dtype)
+
+    def mean(per_token: torch.Tensor | None) -> torch.Tensor:
+        total = valid * 0.0 if per_token is None else torch.where(keep, per_token, 0.0).sum()
+        return torch.where(valid > 0, total / valid, math.nan)
+
+    kl = mean(-log_ratio.double())
+    clipfrac = mean(None if clipped is None else clipped.double())
+    clipfrac_lower = mean(None if lower is None else lower.double())
+    return loss, grad, clipfrac, clipfrac_lower, kl
+
+
+class _FamilyLoss(NamedTuple):
+    numpy: Callable[..., Any]  # the NumPy function, on the kernels
+    scalars: Callable[..., dict[str, float]]  # its hyperparameters, checked, as the kernel's
+    formula: Callable[..., tuple[Any, ...]]  # the kernel's per-token terms in torch
+
+
+_REINFORCE = _FamilyLoss(_numpy_reinforce_loss, _reinforce_scalars, _reinforce_formula)
+_CISPO = _FamilyLoss(_numpy_cispo_loss, _cispo_scalars, _cispo_formula)
+_SAPO = _FamilyLoss(_numpy_sapo_loss, _sapo_scalars, _sapo_formula)
+
+
+def _policy_family(
+    family: _FamilyLoss,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    own: dict[str, Any],
+    *,
+    mask: Any,
+    lengths: Any,
+    cu_seqlens: Any,
+    agg: str,
+    num_tokens: Any,
+    num_seqs: Any,
+    loss_scale: Any,
+    weights: torch.Tensor | None,
+    backend: str | None,
+) -> PolicyLoss:
+    """Run a loss of the family: on the kernels for CPU tensors, in torch on another device."""
+    like = _main_tensor("logprobs", logprobs)
+    layout = {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens}
+    normalisers = {
+        "agg": agg,
+        "num_tokens": to_numpy(num_tokens, "num_tokens"),
+        "num_seqs": to_numpy(num_seqs, "num_seqs"),
+        "loss_scale": to_numpy(loss_scale, "loss_scale"),
+    }
+    if like.device.type == "cpu" and not _DEVICE_PATH_ON_CPU:
+        options = {**own, **normalisers, "backend": backend}
+        compute = functools.partial(_on_kernels, family.numpy, layout, options)
+    else:
+        scalars = family.scalars(**own)
+        compute = functools.partial(_in_torch, family.formula, scalars, normalisers, layout)
+    return PolicyLoss(
+        *PolicyFamilyFunction.apply(compute, logprobs, old_logprobs, advantages, weights)
+    )
+
+
+_FAMILY_DOC = """
+
+    Differentiable in ``logprobs``: ``loss.backward()`` gives ``logprobs.grad``, the exact
+    gradient computed in the forward pass, times grad_output. CPU tensors run on the kernels
+    (zero-copy); a tensor on another device is computed there by the same formulas in torch,
+    with the same closed-form gradient and statistics (``backend`` is then unused). Returns
+    ``PolicyLoss(loss, clipfrac, clipfrac_lower, approx_kl)``, 0-d tensors on ``logprobs``'
+    device and dtype.
+    """
+
+
+@_speaks_torch
+def reinforce_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    beta: float = 0.0,
+    mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    agg: str = "token-mean",
+    num_tokens: Any = None,
+    num_seqs: Any = None,
+    loss_scale: Any = None,
+    weights: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> PolicyLoss:
+    """``ppo_fast.reinforce_loss`` on tensors: REINFORCE / GPG (-A log pi), DRO with ``beta``."""
+    return _policy_family(
+        _REINFORCE,
+        logprobs,
+        old_logprobs,
+        advantages,
+        {"beta": beta},
+        mask=mask,
+        lengths=lengths,
+        cu_seqlens=cu_seqlens,
+        agg=agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        loss_scale=loss_scale,
+        weights=weights,
+        backend=backend,
+    )
+
+
+@_speaks_torch
+def cispo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    log_ratio_clamp: float | None = None,
+    mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    agg: str = "token-mean",
+    num_tokens: Any = None,
+    num_seqs: Any = None,
+    loss_scale: Any = None,
+    weights: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> PolicyLoss:
+    """``ppo_fast.cispo_loss`` on tensors: CISPO, -sg(clip(rho)) * A * log pi."""
+    own = {"clip_low": clip_low, "clip_high": clip_high, "log_ratio_clamp": log_ratio_clamp}
+    return _policy_family(
+        _CISPO,
+        logprobs,
+        old_logprobs,
+        advantages,
+        own,
+        mask=mask,
+        lengths=lengths,
+        cu_seqlens=cu_seqlens,
+        agg=agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        loss_scale=loss_scale,
+        weights=weights,
+        backend=backend,
+    )
+
+
+@_speaks_torch
+def sapo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    log_ratio_clamp: float | None = None,
+    mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    agg: str = "token-mean",
+    num_tokens: Any = None,
+    num_seqs: Any = None,
+    loss_scale: Any = None,
+    weights: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> PolicyLoss:
+    """``ppo_fast.sapo_loss`` on tensors: SAPO, -sigmoid(tau * (rho - 1)) * 4 / tau * A."""
+    own = {"tau_pos": tau_pos, "tau_neg": tau_neg, "log_ratio_clamp": log_ratio_clamp}
+    return _policy_family(
+        _SAPO,
+        logprobs,
+        old_logprobs,
+        advantages,
+        own,
+        mask=mask,
+        lengths=lengths,
+        cu_seqlens=cu_seqlens,
+        agg=agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        loss_scale=loss_scale,
+        weights=weights,
+        backend=backend,
+    )
+
+
+for _function in (reinforce_loss, cispo_loss, sapo_loss):
+    _function.__doc__ = (_function.__doc__ or "") + _FAMILY_DOC

@@ -292,7 +292,7 @@ def test_dtype_hints_speak_torch(call, pattern):
 
 
 TWINS = ["kl_penalty", "shape_rewards", "gae", "masked_moments", "whiten"]
-TWINS += ["clipped_surrogate", "value_loss"]
+TWINS += ["clipped_surrogate", "value_loss", "reinforce_loss", "cispo_loss", "sapo_loss"]
 
 
 @pytest.mark.parametrize("name", TWINS)

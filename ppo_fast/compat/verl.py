@@ -26,6 +26,11 @@ What runs where:
   the statistics); the kernel returns the masked token sum (or sum of per-sequence means) and
   verl's ``agg_loss`` normalisation is applied to it in torch, with its global-count arguments
   (``dp_size``, ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``).
+- ``compute_policy_loss_gpg``, ``compute_policy_loss_dro``, ``compute_policy_loss_cispo``,
+  ``compute_policy_loss_sapo`` (from ``._verl_policy_losses``): the same way, on
+  ``ppo_fast.torch``'s ``reinforce_loss``, ``cispo_loss`` and ``sapo_loss``; verl's quirks kept
+  (SAPO aggregates by "seq-mean-token-mean" whatever ``loss_agg_mode`` says, GPG returns no
+  metrics, CISPO's ``pg_clipfrac_lower`` is 0) and named in each docstring.
 - The critic-free advantage estimators (``compute_grpo_outcome_advantage`` and the twelve
   others of ``__all__``): the rows are grouped by their ``index`` uids with ppo_fast's
   factorisation (O(B), where verl loops over the rows in Python, and never sized by a uid's
@@ -73,9 +78,16 @@ from .._peers.verl_0_9_1 import (
     masked_mean,
     masked_sum,
 )
-from ._fused_loss import fused_loss, non_empty_rows
 from ._masked import PeerMaskedStats
 from ._outcome import outcome_rows
+from ._verl_policy_losses import (
+    _as_verl_mean,
+    _fused_agg_loss,
+    compute_policy_loss_cispo,
+    compute_policy_loss_dro,
+    compute_policy_loss_gpg,
+    compute_policy_loss_sapo,
+)
 
 __all__ = [
     "AdaptiveKLController",
@@ -92,6 +104,10 @@ __all__ = [
     "compute_opo_outcome_advantage",
     "compute_optimal_token_baseline_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_dro",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
@@ -108,15 +124,6 @@ __all__ = [
     "masked_var",
     "masked_whiten",
 ]
-
-_LOSS_AGG_MODES = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-    "seq-mean-token-mean",
-)
-
 
 # ---- verl/utils/torch_functional.py -------------------------------------------------------------
 
@@ -185,49 +192,6 @@ def compute_gae_advantage_return(
         returns = advantages + values
         advantages = masked_whiten(advantages, response_mask)
     return advantages, returns
-
-
-def _fused_agg_loss(
-    kernel,
-    loss_mask: torch.Tensor,
-    loss_agg_mode: str,
-    dp_size: int = 1,
-    batch_num_tokens: Any = None,
-    global_batch_size: Any = None,
-    loss_scale_factor: Any = None,
-    **arguments: Any,
-) -> tuple[torch.Tensor, Any]:
-    """agg_loss with the fused ``kernel`` taking its masked sum: ``(loss, kernel result)``,
-    differentiable through the kernel's loss."""
-    if loss_agg_mode not in _LOSS_AGG_MODES:
-        raise ValueError(f"Invalid loss_agg_mode: {loss_agg_mode}")
-    if loss_agg_mode == "token-sum":
-        count = None
-    elif loss_agg_mode == "token-mean":
-        count = batch_num_tokens
-        if count is None:
-            if dp_size > 1:
-                raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
-            count = loss_mask.sum()
-    else:
-        count = global_batch_size
-        if count is None:
-            if dp_size > 1:
-                raise ValueError("global_batch_size is required when dp_size > 1")
-            count = non_empty_rows(loss_mask)
-    loss_scale = None
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        loss_scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-    agg = "seq-mean-token-mean" if loss_agg_mode == "seq-mean-token-mean" else "token-mean"
-    return fused_loss(kernel, loss_mask, agg, count, dp_size, loss_scale, **arguments)
-
-
-def _as_verl_mean(mean: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A kernel statistic (a mean over the valid tokens, NaN when there is none) as verl's
-    ``masked_mean``: the same sum over ``mask.sum() + 1e-8``, so 0 when no token is valid."""
-    count = mask.sum()
-    total = torch.nan_to_num(mean.double() * count.double(), nan=0.0)
-    return total.to(torch.promote_types(dtype, mask.dtype)) / (count + 1e-8)
 
 
 def _policy_loss(

@@ -62,6 +62,12 @@ _VERL_NAMES = (
     "kl_penalty_forward"
 ).split() + _VERL_ESTIMATORS
 
+# verl's policy-loss family: held to verl itself only (the verbatim copy does not hold them).
+_VERL_POLICY_LOSSES = (
+    "compute_policy_loss_gpg compute_policy_loss_dro compute_policy_loss_cispo "
+    "compute_policy_loss_sapo"
+).split()
+
 
 def _real_verl() -> Peer | str:
     version = _installed("verl")
@@ -80,7 +86,10 @@ def _real_verl() -> Peer | str:
         return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, **fields)
 
     api = types.SimpleNamespace(
-        **{n: getattr(verl_F if hasattr(verl_F, n) else core_algos, n) for n in _VERL_NAMES}
+        **{
+            n: getattr(verl_F if hasattr(verl_F, n) else core_algos, n)
+            for n in _VERL_NAMES + _VERL_POLICY_LOSSES
+        }
     )
     return Peer("verl-0.9.1-real", api, make_config, AlgoConfig)
 

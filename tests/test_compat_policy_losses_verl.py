@@ -1,0 +1,193 @@
+"""ppo_fast.compat.verl's policy-loss family (GPG, DRO, CISPO, SAPO) equals verl 0.9.1's own
+functions: loss, metrics and the gradient with respect to log_prob, for every loss_agg_mode, with
+and without rollout_is_weights and global batch counts. Needs verl 0.9.1 installed (the
+verbatim copy in ppo_fast._peers does not hold these four)."""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import peers
+import pytest
+import torch
+from peers.cases import MASKS, assert_same_arguments, batch
+from peers.cases import assert_parity as _assert_parity
+
+from ppo_fast.compat import verl as compat
+
+PEER = peers.verl()
+REAL = PEER.label == "verl-0.9.1-real"
+pytestmark = pytest.mark.skipif(not REAL, reason=f"needs verl 0.9.1 ({PEER.label} found)")
+NAMES = ("gpg", "dro", "cispo", "sapo")
+AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "seq-mean-token-mean",
+)
+RTOL = {torch.float32: 1e-6, torch.float64: 1e-12}
+
+
+def verl_function(name: str):
+    return getattr(PEER.api, name)  # verl's own (the module is skipped without it)
+
+
+def config(name: str, variant: int, global_batch_info: dict):
+    """An ActorConfig for the loss: two variants of its hyperparameters."""
+    fields: dict = {}
+    if name == "dro":
+        policy_loss = importlib.import_module("verl.workers.config.actor").PolicyLossConfig
+        fields["policy_loss"] = policy_loss(dro_beta=(0.1, 2.0)[variant])
+    elif name == "cispo":
+        fields.update(
+            ({"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, {"clip_ratio": 0.3})[variant]
+        )
+        if variant:
+            fields.update(clip_ratio_low=None, clip_ratio_high=None)
+    elif name == "sapo":
+        fields.update(({}, {"tau_pos": 2.0, "tau_neg": 0.5})[variant])
+    return PEER.make_config(**fields, global_batch_info=global_batch_info)
+
+
+def global_args(mode: str, b) -> list[dict]:
+    tokens = float(b.mask.sum())
+    seqs = float((b.mask.sum(-1) > 0).sum())
+    return [
+        {},
+        {"dp_size": 2, "batch_num_tokens": 2 * tokens + 3, "global_batch_size": 2 * seqs + 1},
+        {"loss_scale_factor": 64} if mode == "seq-mean-token-sum-norm" else {"dp_size": 1},
+    ]
+
+
+def call_both(name, old, logp, adv, mask, mode, cfg, weights):
+    """(loss, metrics, d loss / d log_prob) of ours and of verl's."""
+    outputs = []
+    for function in (
+        getattr(compat, f"compute_policy_loss_{name}"),
+        verl_function(f"compute_policy_loss_{name}"),
+    ):
+        x = logp.clone().requires_grad_()
+        loss, metrics = function(old, x, adv, mask, mode, cfg, weights)
+        loss.backward()
+        outputs.append((loss, metrics, x.grad))
+    return outputs
+
+
+def assert_parity(actual, expected, what, dtype):
+    _assert_parity(actual, expected, what, dtype, rtol=RTOL[dtype])
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("kind", MASKS)
+def test_equals_verl(name, mode, kind):
+    for dtype in (torch.float32, torch.float64):
+        b = batch(kind, dtype, seed=13)
+        rng = torch.Generator().manual_seed(2)
+        weights = torch.rand(b.logprobs.shape, generator=rng).to(dtype) + 0.5
+        for variant, (arguments, is_weights) in enumerate(
+            zip(global_args(mode, b), (None, weights, weights), strict=True)
+        ):
+            cfg = config(name, variant % 2, arguments)
+            (loss, metrics, grad), (loss_ref, metrics_ref, grad_ref) = call_both(
+                name, b.old_logprobs, b.logprobs, b.advantages, b.mask, mode, cfg, is_weights
+            )
+            what = f"{name} {mode} {kind} {dtype} {arguments} weights={is_weights is not None}"
+            assert_parity(loss, loss_ref, what, dtype)
+            assert_parity(grad, grad_ref, f"d {what}", dtype)
+            assert metrics.keys() == metrics_ref.keys(), what
+            for key in metrics:
+                assert type(metrics[key]) is type(metrics_ref[key]), f"{what} {key}"
+                assert_parity(metrics[key], metrics_ref[key], f"{what} {key}", dtype)
+
+
+def test_the_batch_takes_the_clamp_and_the_clip():
+    """What the parity above covers: log-ratios beyond verl's clamp at 20, ratios clipped below
+    and above (CISPO), advantages of both signs (SAPO's two temperatures)."""
+    b = batch("holes", torch.float64, seed=13)
+    log_ratio = (b.logprobs - b.old_logprobs)[b.mask.bool()]
+    assert (log_ratio > 20).any() and (log_ratio < -20).any()
+    assert (log_ratio.exp() < 0.8).any() and (log_ratio.exp() > 1.28).any()
+    assert (b.advantages[b.mask.bool()] > 0).any() and (b.advantages[b.mask.bool()] < 0).any()
+
+
+@pytest.mark.parametrize("mode", [*AGG_MODES, "not-a-mode"])
+def test_sapo_aggregates_by_seq_mean_token_mean_whatever_the_mode(mode):
+    """verl's quirk, reproduced: SAPO's loss_agg_mode is not read."""
+    b = batch("with-empty-row", torch.float64, seed=17)
+    cfg = config("sapo", 0, {})
+    (loss, _, grad), (loss_ref, _, grad_ref) = call_both(
+        "sapo", b.old_logprobs, b.logprobs, b.advantages, b.mask, mode, cfg, None
+    )
+    (seq_mean, _, _), _ = call_both(
+        "sapo", b.old_logprobs, b.logprobs, b.advantages, b.mask, "seq-mean-token-mean", cfg, None
+    )
+    assert_parity(loss, loss_ref, mode, torch.float64)
+    assert_parity(grad, grad_ref, f"d {mode}", torch.float64)
+    assert loss.item() == seq_mean.item()
+
+
+def test_gpg_reads_neither_old_log_prob_nor_returns_metrics():
+    b = batch("holes", torch.float64, seed=19)
+    cfg = config("gpg", 0, {})
+    for function in (compat.compute_policy_loss_gpg, verl_function("compute_policy_loss_gpg")):
+        _, metrics = function(None, b.logprobs, b.advantages, b.mask, "token-mean", cfg)
+        assert metrics == {}
+    assert_parity(
+        compat.compute_policy_loss_gpg(None, b.logprobs, b.advantages, b.mask, config=cfg)[0],
+        verl_function("compute_policy_loss_gpg")(
+            None, b.logprobs, b.advantages, b.mask, config=cfg
+        )[0],
+        "gpg",
+        torch.float64,
+    )
+
+
+@pytest.mark.parametrize("beta", [None, 0.0, -0.5])
+def test_dro_refuses_a_beta_that_is_not_positive_as_verl(beta):
+    b = batch("holes", torch.float64)
+    policy_loss = importlib.import_module("verl.workers.config.actor").PolicyLossConfig
+    cfg = PEER.make_config(policy_loss=policy_loss(dro_beta=beta))
+    messages = []
+    for function in (compat.compute_policy_loss_dro, verl_function("compute_policy_loss_dro")):
+        with pytest.raises(ValueError) as caught:
+            function(b.old_logprobs, b.logprobs, b.advantages, b.mask, config=cfg)
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+
+
+@pytest.mark.parametrize("name", ["cispo", "sapo"])
+def test_cispo_and_sapo_want_an_actor_config_as_verl(name):
+    b = batch("holes", torch.float64)
+    stand_in = types.SimpleNamespace(
+        clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2, tau_pos=1.0, tau_neg=1.05,
+        global_batch_info={},
+    )  # fmt: skip
+    for function in (
+        getattr(compat, f"compute_policy_loss_{name}"),
+        verl_function(f"compute_policy_loss_{name}"),
+    ):
+        with pytest.raises(AssertionError):
+            function(b.old_logprobs, b.logprobs, b.advantages, b.mask, config=stand_in)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float64_weights_promote_float32_inputs_as_verl(name):
+    b = batch("left-padded", torch.float32, seed=23)
+    weights = torch.rand(b.logprobs.shape, dtype=torch.float64) + 0.5
+    cfg = config(name, 0, {})
+    (loss, _, grad), (loss_ref, _, grad_ref) = call_both(
+        name, b.old_logprobs, b.logprobs, b.advantages, b.mask, "token-mean", cfg, weights
+    )
+    assert loss.dtype == loss_ref.dtype == torch.float64
+    assert_parity(loss, loss_ref, name, torch.float32)
+    assert_parity(grad, grad_ref, f"d {name}", torch.float32)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_arguments_as_verl(name):
+    function = f"compute_policy_loss_{name}"
+    assert_same_arguments(getattr(compat, function), verl_function(function), function)
+    assert function in compat.__all__
