@@ -1,7 +1,8 @@
 """ppo_fast.compat.verl's policy-loss family (GPG, DRO, CISPO, SAPO) equals verl 0.9.1's own
 functions: loss, metrics and the gradient with respect to log_prob, for every loss_agg_mode, with
-and without rollout_is_weights and global batch counts. Needs verl 0.9.1 installed (the
-verbatim copy in ppo_fast._peers does not hold these four)."""
+and without rollout_is_weights and global batch counts. Needs verl 0.9.1 installed (.ci/run
+installs it): its own ActorConfig and PolicyLossConfig build the configs, which the stand-ins of
+the verbatim copy in ppo_fast._peers only imitate."""
 
 from __future__ import annotations
 

@@ -316,6 +316,4 @@ def test_the_fused_loss_refuses_to_drop_a_gradient():
 
 @pytest.mark.parametrize("name", [n for n in compat.__all__ if callable(getattr(compat, n))])
 def test_the_api_takes_the_peers_arguments_and_defaults(name):
-    if not hasattr(VERL, name):  # the policy-loss family, where only the copy is here
-        pytest.skip(f"{PEER.label} lacks {name}: held to verl itself where it imports")
     assert_same_arguments(getattr(compat, name), getattr(VERL, name), f"{PEER.label} {name}")

@@ -1213,7 +1213,10 @@ def compute_policy_loss_gpg(
         pg_losses = pg_losses * rollout_is_weights
 
     pg_loss = agg_loss(
-        loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info
+        loss_mat=pg_losses,
+        loss_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        **config.global_batch_info,
     )
     return pg_loss, {}
 
@@ -1242,7 +1245,10 @@ def compute_policy_loss_dro(
         pg_losses = pg_losses * rollout_is_weights
 
     pg_loss = agg_loss(
-        loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info
+        loss_mat=pg_losses,
+        loss_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        **config.global_batch_info,
     )
     pg_metrics = {
         "actor/ppo_kl": verl_F.masked_mean(-log_ratio, response_mask).detach().item(),
@@ -1267,8 +1273,12 @@ def compute_policy_loss_cispo(
 
     assert config is not None
     assert isinstance(config, ActorConfig)
-    clip_ratio_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
-    clip_ratio_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    clip_ratio_low = (
+        config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    )
+    clip_ratio_high = (
+        config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    )
 
     # Compute importance sampling ratio: π_θ / π_θ_old
     negative_approx_kl = log_prob - old_log_prob
@@ -1296,7 +1306,10 @@ def compute_policy_loss_cispo(
         pg_losses = pg_losses * rollout_is_weights
 
     pg_loss = agg_loss(
-        loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info
+        loss_mat=pg_losses,
+        loss_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        **config.global_batch_info,
     )
 
     # For compatibility, return zero for pg_clipfrac_lower (not used in CISPO)
@@ -1376,7 +1389,10 @@ def compute_policy_loss_sapo(
 
     # for SAPO, we need to aggregate the loss at the sequence level (seq-mean-token-mean)
     pg_loss = agg_loss(
-        loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode="seq-mean-token-mean", **config.global_batch_info
+        loss_mat=pg_losses,
+        loss_mask=response_mask,
+        loss_agg_mode="seq-mean-token-mean",
+        **config.global_batch_info,
     )
 
     # For compatibility, return zero for both pg_clipfrac and pg_clipfrac_lower (not used in SAPO)

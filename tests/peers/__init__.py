@@ -62,7 +62,7 @@ _VERL_NAMES = (
     "kl_penalty_forward"
 ).split() + _VERL_ESTIMATORS
 
-# verl's policy-loss family: held to verl itself only (the verbatim copy does not hold them).
+# verl's policy-loss family (in the verbatim copy too).
 _VERL_POLICY_LOSSES = (
     "compute_policy_loss_gpg compute_policy_loss_dro compute_policy_loss_cispo "
     "compute_policy_loss_sapo"
@@ -95,7 +95,9 @@ def _real_verl() -> Peer | str:
 
 
 def _verl_copy() -> Peer:
-    api = types.SimpleNamespace(**{n: getattr(verl_0_9_1, n) for n in _VERL_NAMES})
+    api = types.SimpleNamespace(
+        **{n: getattr(verl_0_9_1, n) for n in _VERL_NAMES + _VERL_POLICY_LOSSES}
+    )
     return Peer("verl-0.9.1-copy", api, verl_0_9_1.ActorConfig, verl_0_9_1.AlgoConfig)
 
 
