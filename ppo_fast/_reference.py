@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from ._spec import ESTIMATORS
+from ._spec import ESTIMATORS, EXP32, EXP64
 
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
 
@@ -50,6 +50,16 @@ def safe_exp(x: float) -> float:
         return math.exp(x)
     except OverflowError:
         return math.inf
+
+
+def saturated_exp(x: float, dtype: np.dtype) -> float:
+    """exp as the compiled kernels compute it (``_spec.EXP64`` / ``EXP32``): a finite argument
+    beyond the dtype's bounds saturates (exp(709) or exp(88.3) instead of overflowing, exp(-708)
+    or exp(-87.3) instead of a subnormal or 0); NaN, inf and -inf give NaN, inf and 0."""
+    if math.isfinite(x):
+        bounds = EXP64 if np.dtype(dtype) == np.float64 else EXP32
+        x = min(max(x, bounds.low), bounds.high)
+    return safe_exp(x)
 
 
 def kl_value(log_ratio: float, estimator: int, clamp: float) -> float:
@@ -420,7 +430,8 @@ def cispo(
 ):
     """Per token: l = -w * c * A * logp, c = clip(rho, lo, hi) held constant (no gradient).
 
-    rho = exp(clamp(logp - old, -clamp, clamp)). Writes grad = scales[b] * -w * c * A, and per
+    rho = exp(clamp(logp - old, -clamp, clamp)), exp saturating as the compiled kernels' does
+    (``saturated_exp``). Writes grad = scales[b] * -w * c * A, and per
     row the unscaled sum of l, the number of tokens where c != rho (clipped on either side, and
     NaN ratios, as verl counts them), where rho < lo, and the sum of -log_ratio (clamped).
     """
@@ -436,7 +447,7 @@ def cispo(
             logprob, advantage = float(logprobs[i]), float(advantages[i])
             weight = float(weights[i]) if weights.shape[0] else 1.0
             log_ratio = _clip(rnd(logprob - float(old_logprobs[i])), -clamp, clamp)
-            ratio = rnd(safe_exp(log_ratio))
+            ratio = rnd(saturated_exp(log_ratio, logprobs.dtype))
             coefficient = _clip(ratio, lo, hi)
             slope = rnd(coefficient * advantage)
             grad[i] = -weight * slope * float(scales[b])
@@ -471,9 +482,11 @@ def sapo(
     """Per token: l = -w * g * A with the gate g = sigmoid(tau * (rho - 1)) * 4 / tau.
 
     tau = tau_pos where A > 0, tau_neg elsewhere; rho = exp(clamp(logp - old, -clamp, clamp));
-    sigmoid(z) = 1 / (1 + exp(-z)). Writes grad = scales[b] * -w * A * 4 s (1 - s) rho, with s
-    the sigmoid (d g / d rho = 4 s (1 - s), d rho / d logp = rho), 0 where the clamp is active;
-    per row the unscaled sum of l and the sum of -log_ratio (clamped).
+    sigmoid(z) = 1 / (1 + exp(-z)), exp saturating as the compiled kernels' does (so that a
+    ratio past exp(709) has the gradient's limit 0, not 0 * inf). Writes grad = scales[b] * -w
+    * A * 4 s (1 - s) rho, with s the sigmoid (d g / d rho = 4 s (1 - s), d rho / d logp = rho),
+    0 where the clamp is active; per row the unscaled sum of l and the sum of -log_ratio
+    (clamped).
     """
     positive, negative = float(tau_pos), float(tau_neg)
     clamp = float(log_ratio_clamp)
@@ -491,9 +504,11 @@ def sapo(
             # torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN
             inside = not (raw < -clamp or raw > clamp)
             log_ratio = _clip(raw, -clamp, clamp)
-            ratio = rnd(safe_exp(log_ratio))
+            ratio = rnd(saturated_exp(log_ratio, logprobs.dtype))
             tau = positive if advantage > 0.0 else negative
-            sigmoid = rnd(1.0 / rnd(1.0 + rnd(safe_exp(-rnd(tau * rnd(ratio - 1.0))))))
+            sigmoid = rnd(
+                1.0 / rnd(1.0 + rnd(saturated_exp(-rnd(tau * rnd(ratio - 1.0)), logprobs.dtype)))
+            )
             gate = rnd(sigmoid * rnd(4.0 / tau))
             slope = rnd(advantage * rnd(rnd(4.0 * sigmoid) * rnd(1.0 - sigmoid)))
             # A flat (clamped) token has slope 0, times the weight: a NaN weight still says so.

@@ -57,7 +57,8 @@ def _run(
     row_outputs: tuple[str, ...],
 ) -> tuple[np.ndarray, list[float], float]:
     """Validate, run ``kernel`` and reduce: (grad, [loss, other row sums...], valid tokens)."""
-    given = {k: v for k, v in arrays.items() if v is not None}
+    # weights alone are optional: a None for any other array is for _validate to name
+    given = {k: v for k, v in arrays.items() if k != "weights" or v is not None}
     checked, rows = _validate.batch(given, **layout)
     logp = checked[0]
     weights = checked[3].ravel() if "weights" in given else _NO_WEIGHTS[logp.dtype]

@@ -36,7 +36,12 @@ def test_hostile_input(target, case):
 def test_every_kernel_is_reached_through_its_public_stage():
     import ppo_fast.torch
 
-    stage = {"moments": "masked_moments"}
+    stage = {
+        "moments": "masked_moments",
+        "reinforce": "reinforce_loss",
+        "cispo": "cispo_loss",
+        "sapo": "sapo_loss[seq-mean-token-mean]",
+    }
     names = {target.name for target in TARGETS}
     for kernel in KERNELS:
         assert stage.get(kernel, kernel) in names
