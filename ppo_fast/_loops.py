@@ -66,12 +66,6 @@ def centre_by_group(
         squares[group] = total
 
 
-def divide_by_group(values: np.ndarray, ids: np.ndarray, per_group: np.ndarray, out: np.ndarray):
-    """out[b] = values[b] / per_group[ids[b]]."""
-    for b in range(ids.shape[0]):
-        out[b] = values[b] / per_group[ids[b]]
-
-
 def take_by_group(per_group: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
     """out[b] = per_group[ids[b]]: 3x np.take on read-only ids at B=65,536."""
     for b in range(ids.shape[0]):

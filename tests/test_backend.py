@@ -232,7 +232,7 @@ def test_warmup_compiles_ahead_of_time():
         hash_table = _groups._hash_factorizer()
         print(before, len(k.gae.serial.signatures), len(k.whiten.serial.signatures),
               len(hash_table.signatures))
-        loops = ("add_by_group", "centre_by_group", "divide_by_group", "broadcast_by_mask",
+        loops = ("add_by_group", "centre_by_group", "take_by_group", "broadcast_by_mask",
                  "broadcast_by_lengths")
         print(*(bool(_loops.compiled(name).signatures) for name in loops))
     """)
