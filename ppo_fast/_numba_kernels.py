@@ -946,18 +946,19 @@ def cispo(
         row_kl[b] = kl_total
 
 
-@numba.njit(nogil=True, cache=_CACHE)
+@numba.njit(nogil=True, cache=_CACHE, error_model="numpy")
 def _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg):
     """sigmoids[j] = sigmoid(tau * (ratios[j] - 1)) for the n tokens from position first, tau by
     the sign of the advantage. A function of its own, not inlined: numba's SSA pass loses track
-    of a second inlined exp_poly in one function."""
+    of a second inlined exp_poly in one function. Its error model is numpy's: under the default
+    (Python's), each division checks for a zero divisor and may raise ZeroDivisionError, a branch
+    that kept LLVM from vectorizing the loop (SAPO ran 4 times slower than CISPO)."""
+    _prefer_wide_vectors()
     zero = tau_pos - tau_pos
     one = _one_like(zero)
     for j in range(n):
         tau = _select(advantages[first + j] > zero, tau_pos, tau_neg)
-        sigmoids[j] = exp_poly(-(tau * (ratios[j] - one)))
-    for j in range(n):
-        sigmoids[j] = one / (one + sigmoids[j])  # sigmoid(z) = 1 / (1 + exp(-z))
+        sigmoids[j] = one / (one + exp_poly(-(tau * (ratios[j] - one))))  # 1 / (1 + exp(-z))
 
 
 def sapo(
@@ -991,6 +992,10 @@ def sapo(
         zero = scale - scale
         one = _one_like(zero)
         four = one + one + one + one
+        # 4 / tau per sign of the advantage, divided once: a division in the token loop checks
+        # its divisor for zero (numba's Python error model), which keeps the loop from vectorizing
+        gate_pos = four / tau_pos
+        gate_neg = four / tau_neg
         ratios = np.empty(_CHUNK, logprobs.dtype)
         sigmoids = np.empty(_CHUNK, logprobs.dtype)
         losses = np.empty(_CHUNK, np.float64)
@@ -1014,9 +1019,8 @@ def sapo(
                 # torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN
                 inside = not ((raw < -clamp) | (raw > clamp))
                 log_ratio = min(max(raw, -clamp), clamp)
-                tau = _select(advantage > zero, tau_pos, tau_neg)
                 sigmoid = sigmoids[j]
-                gate = sigmoid * (four / tau)
+                gate = sigmoid * _select(advantage > zero, gate_pos, gate_neg)
                 slope = advantage * ((four * sigmoid) * (one - sigmoid))
                 sloped = _select(inside, slope * ratios[j], zero)
                 grad[i] = _select(valid, -weight * sloped * scale, zero)

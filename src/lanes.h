@@ -67,6 +67,7 @@ PPO_INLINE void ppo_f32x8_store(float* p, ppo_f32x8 x) { _mm256_storeu_ps(p, x);
 PPO_INLINE ppo_f32x8 ppo_f32x8_add(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_add_ps(a, b); }
 PPO_INLINE ppo_f32x8 ppo_f32x8_sub(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_sub_ps(a, b); }
 PPO_INLINE ppo_f32x8 ppo_f32x8_mul(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_mul_ps(a, b); }
+PPO_INLINE ppo_f32x8 ppo_f32x8_div(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_div_ps(a, b); }
 PPO_INLINE ppo_f32x8 ppo_f32x8_max(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_max_ps(a, b); }
 PPO_INLINE ppo_f32x8 ppo_f32x8_min(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_min_ps(a, b); }
 PPO_INLINE ppo_m32x8 ppo_f32x8_eq(ppo_f32x8 a, ppo_f32x8 b) {
@@ -159,6 +160,7 @@ PPO_INLINE void ppo_f64x8_store(double* p, ppo_f64x8 x) { _mm512_storeu_pd(p, x)
 PPO_INLINE ppo_f64x8 ppo_f64x8_add(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_add_pd(a, b); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_sub(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_sub_pd(a, b); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_mul(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_mul_pd(a, b); }
+PPO_INLINE ppo_f64x8 ppo_f64x8_div(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_div_pd(a, b); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_max(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_max_pd(a, b); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_min(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_min_pd(a, b); }
 PPO_INLINE ppo_m64x8 ppo_f64x8_eq(ppo_f64x8 a, ppo_f64x8 b) {
@@ -262,6 +264,7 @@ PPO_INLINE void ppo_f64x8_store(double* p, ppo_f64x8 x) {
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, add, _mm256_add_pd)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, sub, _mm256_sub_pd)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, mul, _mm256_mul_pd)
+PPO_F64X8_BOTH_HALVES(ppo_f64x8, div, _mm256_div_pd)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, max, _mm256_max_pd)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, min, _mm256_min_pd)
 PPO_F64X8_BOTH_HALVES(ppo_m64x8, eq, PPO_CMP_EQ)
@@ -403,6 +406,7 @@ typedef ppo_m64x8 ppo_c64x8;
 #define PPO_PART_ADD(p) a.p += b.p;
 #define PPO_PART_SUB(p) a.p -= b.p;
 #define PPO_PART_MUL(p) a.p *= b.p;
+#define PPO_PART_DIV(p) a.p /= b.p;
 #define PPO_PART_EQ(p) r.p = (__typeof__(r.p))(a.p == b.p);
 #define PPO_PART_LT(p) r.p = (__typeof__(r.p))(a.p < b.p);
 #define PPO_PART_GT(p) r.p = (__typeof__(r.p))(a.p > b.p);
@@ -435,6 +439,9 @@ typedef ppo_m64x8 ppo_c64x8;
     }                                                                                      \
     PPO_INLINE ppo_##name ppo_##name##_mul(ppo_##name a, ppo_##name b) {                   \
         PPO_PARTS_##name(PPO_PART_MUL) return a;                                           \
+    }                                                                                      \
+    PPO_INLINE ppo_##name ppo_##name##_div(ppo_##name a, ppo_##name b) {                   \
+        PPO_PARTS_##name(PPO_PART_DIV) return a;                                           \
     }                                                                                      \
     PPO_INLINE ppo_##mask ppo_##name##_eq(ppo_##name a, ppo_##name b) {                    \
         ppo_##mask r;                                                                      \
@@ -612,6 +619,10 @@ typedef int64_t ppo_c64x8;
     }                                                                                        \
     PPO_INLINE ppo_##name ppo_##name##_mul(ppo_##name a, ppo_##name b) {                     \
         PPO_EACH_LANE(a.lane[lane] *= b.lane[lane]);                                         \
+        return a;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##name ppo_##name##_div(ppo_##name a, ppo_##name b) {                     \
+        PPO_EACH_LANE(a.lane[lane] /= b.lane[lane]);                                         \
         return a;                                                                            \
     }                                                                                        \
     PPO_INLINE ppo_##mask ppo_##name##_eq(ppo_##name a, ppo_##name b) {                      \

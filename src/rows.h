@@ -11,7 +11,7 @@
  *                   ppo_<kernel>_group, with the layout of the whole batch and the group's rows)
  *   rows_moments.h  moments, whiten
  *   rows_loss.h     clipped_surrogate, value_loss
- *   rows_policy.h   reinforce, cispo, sapo (scalar twins, a token at a time)
+ *   rows_policy.h   reinforce, cispo, sapo
  *
  * Written once over the dtype: the generated module includes this file twice, with
  * PPO_FAST_DTYPE 32 and then 64, which defines ppo_<kernel>_row_f32 and then the _f64 twins.

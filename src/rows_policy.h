@@ -1,30 +1,208 @@
 /* Twins of reinforce, cispo and sapo (ppo_fast/_numba_kernels.py), operation for operation.
  * Included by rows.h, once per dtype.
  *
- * Scalar twins: one token at a time, in token order, as the numba kernels loop (no explicit lanes
- * yet). Per-token arithmetic runs in the dtype; the weight is float64 (numba's is, either way), so
- * the gradient's -weight * slope * scale is a float64 product, rounded to the dtype at the store.
- * Every sum is float64, in token order, and every count a float64. An invalid position (past the
- * length, or masked) gets a zero gradient and adds a zero term to each sum, as the twins' selects:
- * whatever is stored there (NaN, inf) reaches nothing. */
+ * Eight lanes at a time, as the clipped surrogate (rows_loss.h): a row's valid prefix in chunks of
+ * PPO_CHUNK tokens, the chunk's exps first into scratch rows (the ratios, and SAPO's sigmoids),
+ * then the rest 8 tokens at a time, a row's last partial block in zero-padded invalid lanes.
+ * Per-token arithmetic runs in the dtype; the weight is float64 (numba's is, either way), so the
+ * gradient's -weight * slope * scale is a float64 product, rounded to the dtype at the store.
+ * Every sum is float64, in 8 lanes added up in a fixed tree (an order of its own, but the same on
+ * any number of threads), and every count an integer. An invalid position (past the length, or
+ * masked) gets a zero gradient and adds a zero term to each sum, as the twins' selects: whatever
+ * is stored there (NaN, inf) reaches nothing. */
 
-#if PPO_FAST_DTYPE == 32
-#define ppo_real_exp ppo_exp32 /* numba's exp_poly for float32: _exp32 */
-#else
-#define ppo_real_exp ppo_exp64
+#ifndef PPO_FAST_FAMILY_KINDS
+#define PPO_FAST_FAMILY_KINDS
+enum { PPO_REINFORCE = 0, PPO_CISPO = 1, PPO_SAPO = 2 }; /* the kernels of the family */
 #endif
 
-/* The twins' min(max(x, low), high), comparison for comparison: max(x, low) is x unless low > x,
- * min(m, high) is m unless high < m, so that a NaN x stays NaN. */
-PPO_INLINE ppo_real PPO_ROW(ppo_clip_scalar)(ppo_real x, ppo_real low, ppo_real high) {
-    ppo_real m = low > x ? low : x;
-    return high < m ? high : m;
+typedef struct {
+    ppo_vec zero, one, four, beta, half_beta;     /* reinforce: the KL penalty's */
+    ppo_vec low, high, clamp, negative_clamp;     /* cispo and sapo: low and high cispo's only */
+    ppo_vec negative_tau_pos, negative_tau_neg;   /* sapo: -tau and 4 / tau by the advantage's */
+    ppo_vec gate_pos, gate_neg;                   /* sign, tau_pos where it is > 0 */
+    ppo_f64x8 scale;
+    int penalised;
+} PPO_ROW(ppo_family_params);
+
+typedef struct {
+    ppo_f64x8 loss, kl;
+    ppo_count clipped, lower;
+} PPO_ROW(ppo_family_sums);
+
+/* exp of the clamped log-ratio of the 8 tokens from position i. */
+PPO_INLINE ppo_vec PPO_ROW(ppo_family_ratio)(
+    const ppo_real* logprobs, const ppo_real* old_logprobs, ptrdiff_t i,
+    const PPO_ROW(ppo_family_params) * p) {
+    ppo_vec log_ratio = PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
+    return PPO_V(exp)(PPO_ROW(ppo_clip)(log_ratio, p->negative_clamp, p->clamp));
 }
 
-/* Whether token t of the row (at position i) is valid. */
-PPO_INLINE int PPO_ROW(ppo_policy_valid)(
-    ptrdiff_t t, ptrdiff_t length, const uint8_t* mask, int has_mask, ptrdiff_t i) {
-    return t < length && (!has_mask || mask[i] != 0);
+/* SAPO's sigmoid(tau * (ratio - 1)) = 1 / (1 + exp(-(tau * (ratio - 1)))), its -(tau * x) as
+ * (-tau) * x: the same product, a sign flip being exact. */
+PPO_INLINE ppo_vec PPO_ROW(ppo_sapo_sigmoid)(
+    ppo_vec advantage, ppo_vec ratio, const PPO_ROW(ppo_family_params) * p) {
+    ppo_vec negative_tau = PPO_V(select)(
+        PPO_V(gt)(advantage, p->zero), p->negative_tau_pos, p->negative_tau_neg);
+    ppo_vec e = PPO_V(exp)(PPO_V(mul)(negative_tau, PPO_V(sub)(ratio, p->one)));
+    return PPO_V(div)(p->one, PPO_V(add)(p->one, e));
+}
+
+/* The twin's loop body for the 8 tokens from position i, their ratios and sigmoids given (for the
+ * kernels that have them). */
+PPO_INLINE void PPO_ROW(ppo_family_block)(
+    int kind, int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
+    const ppo_real* advantages, const ppo_real* weights, const uint8_t* mask, ptrdiff_t i,
+    ppo_vec ratio, ppo_vec sigmoid, const PPO_ROW(ppo_family_params) * p, ppo_real* grad,
+    PPO_ROW(ppo_family_sums) * sums) {
+    ppo_mask valid = has_mask ? PPO_M(from_bytes)(mask + i) : PPO_M(all)();
+    ppo_vec logprob = PPO_V(load)(logprobs + i), advantage = PPO_V(load)(advantages + i);
+    ppo_vec raw_log_ratio = PPO_V(sub)(logprob, PPO_V(load)(old_logprobs + i));
+    ppo_vec log_ratio, slope, objective;
+    if (kind == PPO_REINFORCE) {
+        log_ratio = raw_log_ratio;
+        objective = PPO_V(mul)(advantage, logprob);
+        slope = advantage;
+        if (p->penalised) {
+            objective = PPO_V(sub)(
+                objective, PPO_V(mul)(p->half_beta, PPO_V(mul)(log_ratio, log_ratio)));
+            slope = PPO_V(sub)(advantage, PPO_V(mul)(p->beta, log_ratio));
+        }
+    } else if (kind == PPO_CISPO) {
+        log_ratio = PPO_ROW(ppo_clip)(raw_log_ratio, p->negative_clamp, p->clamp);
+        ppo_vec coefficient = PPO_ROW(ppo_clip)(ratio, p->low, p->high);
+        slope = PPO_V(mul)(coefficient, advantage);
+        objective = PPO_V(mul)(slope, logprob);
+        /* coefficient != ratio: NaN ratios too */
+        ppo_mask is_clipped = PPO_M(and_not)(valid, PPO_V(eq)(coefficient, ratio));
+        sums->clipped = PPO_C(add)(sums->clipped, is_clipped);
+        sums->lower = PPO_C(add)(sums->lower, PPO_M(and)(valid, PPO_V(lt)(ratio, p->low)));
+    } else {
+        /* torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN: the twin's
+         * !((raw < -clamp) || (raw > clamp)) */
+        ppo_mask inside = PPO_M(and_not)(
+            PPO_M(and_not)(PPO_M(all)(), PPO_V(lt)(raw_log_ratio, p->negative_clamp)),
+            PPO_V(gt)(raw_log_ratio, p->clamp));
+        log_ratio = PPO_ROW(ppo_clip)(raw_log_ratio, p->negative_clamp, p->clamp);
+        ppo_vec gate = PPO_V(mul)(
+            sigmoid, PPO_V(select)(PPO_V(gt)(advantage, p->zero), p->gate_pos, p->gate_neg));
+        ppo_vec gradient_gate =
+            PPO_V(mul)(PPO_V(mul)(p->four, sigmoid), PPO_V(sub)(p->one, sigmoid));
+        slope = PPO_V(select)(inside, PPO_V(mul)(PPO_V(mul)(advantage, gradient_gate), ratio),
+                              p->zero);
+        objective = PPO_V(mul)(gate, advantage);
+    }
+    /* numba's weight is float64 either way (its 1 is an integer) */
+    ppo_f64x8 negative_weight = ppo_f64x8_splat(-1.0);
+    if (has_weights) {
+        ppo_vec weight = PPO_V(select)(valid, PPO_V(load)(weights + i), p->zero);
+        negative_weight = ppo_f64x8_negative(PPO_V(to_f64)(weight));
+    }
+    ppo_f64x8 gradient =
+        ppo_f64x8_mul(ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(slope)), p->scale);
+    PPO_V(store)(grad + i, PPO_V(select)(valid, PPO_V(from_f64)(gradient), p->zero));
+    objective = PPO_V(select)(valid, objective, p->zero);
+    sums->loss =
+        ppo_f64x8_add(sums->loss, ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(objective)));
+    log_ratio = PPO_V(select)(valid, log_ratio, p->zero);
+    sums->kl = ppo_f64x8_add(sums->kl, ppo_f64x8_negative(PPO_V(to_f64)(log_ratio)));
+}
+
+/* The row's valid prefix, a chunk at a time: the chunk's exps first (prefetching the next chunk's
+ * inputs meanwhile), then the rest, as ppo_clipped_surrogate_cases (rows_loss.h). REINFORCE has
+ * no exp, and goes through its chunks in one pass. Positions past the length get a zero gradient
+ * and nothing else, which is what the twin computes for them. */
+PPO_INLINE void PPO_ROW(ppo_family_cases)(
+    int kind, int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
+    const ppo_real* advantages, const ppo_real* weights, ptrdiff_t start, ptrdiff_t span,
+    ptrdiff_t length, const uint8_t* mask, const PPO_ROW(ppo_family_params) * p, ppo_real* grad,
+    double* row_loss, double* row_clipped, double* row_lower, double* row_kl) {
+    ppo_real ratios[PPO_CHUNK], sigmoids[PPO_CHUNK];
+    ppo_f64x8 loss = ppo_f64x8_splat(0.0), kl = ppo_f64x8_splat(0.0);
+    int64_t clipped = 0, lower = 0;
+    ptrdiff_t valid_end = start + (length < span ? (length > 0 ? length : 0) : span);
+    for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
+        ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
+        ptrdiff_t whole_end = end - (end - first) % 8, i;
+        PPO_ROW(ppo_family_sums) sums = {loss, kl, PPO_C(zero)(), PPO_C(zero)()};
+        for (i = first; kind != PPO_REINFORCE && i < whole_end; i += 8) {
+            ptrdiff_t ahead = (i + PPO_CHUNK) * (ptrdiff_t)sizeof(ppo_real);
+            if ((i - first) % (64 / sizeof(ppo_real)) == 0) { /* a cache line of each */
+                ppo_prefetch(logprobs, ahead);
+                ppo_prefetch(old_logprobs, ahead);
+                ppo_prefetch(advantages, ahead);
+                if (has_weights) ppo_prefetch(weights, ahead);
+                if (has_mask && (i - first) % 64 == 0) ppo_prefetch(mask, i + PPO_CHUNK);
+            }
+            ppo_vec ratio = PPO_ROW(ppo_family_ratio)(logprobs, old_logprobs, i, p);
+            PPO_V(store)(ratios + (i - first), ratio);
+        }
+        /* the sigmoids' exps in a pass of their own: each a short chain, as the ratios' */
+        for (i = first; kind == PPO_SAPO && i < whole_end; i += 8) {
+            ppo_vec ratio = PPO_V(load)(ratios + (i - first));
+            ppo_vec sigmoid = PPO_ROW(ppo_sapo_sigmoid)(PPO_V(load)(advantages + i), ratio, p);
+            PPO_V(store)(sigmoids + (i - first), sigmoid);
+        }
+        for (i = first; i < whole_end; i += 8) {
+            ppo_vec ratio = p->zero, sigmoid = p->zero;
+            if (kind != PPO_REINFORCE) ratio = PPO_V(load)(ratios + (i - first));
+            if (kind == PPO_SAPO) sigmoid = PPO_V(load)(sigmoids + (i - first));
+            PPO_ROW(ppo_family_block)(
+                kind, has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask, i,
+                ratio, sigmoid, p, grad, &sums);
+        }
+        if (i < end) {
+            const ppo_real* const arrays[4] = {
+                logprobs, old_logprobs, advantages, has_weights ? weights : NULL};
+            PPO_ROW(ppo_tail) tail;
+            PPO_ROW(ppo_tail_fill)(&tail, arrays, has_mask, mask, i, end - i);
+            ppo_vec ratio = p->zero, sigmoid = p->zero;
+            if (kind != PPO_REINFORCE)
+                ratio = PPO_ROW(ppo_family_ratio)(tail.tokens[0], tail.tokens[1], 0, p);
+            if (kind == PPO_SAPO)
+                sigmoid = PPO_ROW(ppo_sapo_sigmoid)(PPO_V(load)(tail.tokens[2]), ratio, p);
+            PPO_ROW(ppo_family_block)(
+                kind, 1, has_weights, tail.tokens[0], tail.tokens[1], tail.tokens[2],
+                tail.tokens[3], tail.mask, 0, ratio, sigmoid, p, tail.grad, &sums);
+            memcpy(grad + i, tail.grad, (size_t)(end - i) * sizeof(ppo_real));
+        }
+        loss = sums.loss;
+        kl = sums.kl;
+        clipped += PPO_C(total)(sums.clipped);
+        lower += PPO_C(total)(sums.lower);
+    }
+    for (ptrdiff_t i = valid_end; i < start + span; i++) grad[i] = 0;
+    *row_loss = ppo_f64x8_total(loss);
+    *row_clipped = (double)clipped;
+    *row_lower = (double)lower;
+    *row_kl = ppo_f64x8_total(kl);
+}
+
+/* One specialization per case: without a mask or weights, nothing is loaded for them. */
+#define PPO_FAMILY_CASES(kind)                                                                 \
+    do {                                                                                       \
+        if (has_mask && has_weights)                                                           \
+            PPO_FAMILY_CASE(kind, 1, 1);                                                       \
+        else if (has_mask)                                                                     \
+            PPO_FAMILY_CASE(kind, 1, 0);                                                       \
+        else if (has_weights)                                                                  \
+            PPO_FAMILY_CASE(kind, 0, 1);                                                       \
+        else                                                                                   \
+            PPO_FAMILY_CASE(kind, 0, 0);                                                       \
+    } while (0)
+#define PPO_FAMILY_CASE(kind, mask_case, weights_case)                                         \
+    PPO_ROW(ppo_family_cases)(                                                                 \
+        kind, mask_case, weights_case, logprobs, old_logprobs, advantages, weights, start, span, \
+        length, mask, &p, grad, row_loss, &row_clipped, &row_lower, row_kl)
+
+/* The parameters every kernel shares: 0 in the dtype as the twin (the scale is finite). */
+PPO_INLINE void PPO_ROW(ppo_family_init)(PPO_ROW(ppo_family_params) * p, ppo_real scale) {
+    ppo_real zero = scale - scale, one = 1;
+    memset(p, 0, sizeof *p);
+    p->zero = PPO_V(splat)(zero);
+    p->one = PPO_V(splat)(one);
+    p->four = PPO_V(splat)(one + one + one + one);
+    p->scale = ppo_f64x8_splat((double)scale);
 }
 
 /* -- REINFORCE / GPG / DRO --------------------------------------------------------------------- */
@@ -34,28 +212,13 @@ static void PPO_ROW(ppo_reinforce_row)(
     const ppo_real* weights, int has_weights, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length,
     const uint8_t* mask, int has_mask, ppo_real scale, ppo_real beta, ppo_real* grad,
     double* row_loss, double* row_kl) {
-    ppo_real zero = scale - scale; /* as the twin: 0 in the dtype (the scale is finite) */
-    ppo_real half_beta = beta * (ppo_real)0.5;
-    int penalised = beta != 0;
-    double total = 0.0, kl_total = 0.0;
-    for (ptrdiff_t t = 0; t < span; t++) {
-        ptrdiff_t i = start + t;
-        int valid = PPO_ROW(ppo_policy_valid)(t, length, mask, has_mask, i);
-        ppo_real logprob = logprobs[i], advantage = advantages[i];
-        double weight = has_weights ? (double)weights[i] : 1.0;
-        ppo_real log_ratio = logprob - old_logprobs[i];
-        ppo_real objective = advantage * logprob;
-        ppo_real slope = advantage;
-        if (penalised) {
-            objective = objective - half_beta * (log_ratio * log_ratio);
-            slope = advantage - beta * log_ratio;
-        }
-        grad[i] = valid ? (ppo_real)(-weight * (double)slope * (double)scale) : zero;
-        total += valid ? -weight * (double)objective : 0.0;
-        kl_total += valid ? -(double)log_ratio : 0.0;
-    }
-    *row_loss = total;
-    *row_kl = kl_total;
+    PPO_ROW(ppo_family_params) p;
+    double row_clipped, row_lower;
+    PPO_ROW(ppo_family_init)(&p, scale);
+    p.beta = PPO_V(splat)(beta);
+    p.half_beta = PPO_V(splat)(beta * (ppo_real)0.5);
+    p.penalised = beta != 0;
+    PPO_FAMILY_CASES(PPO_REINFORCE);
 }
 
 /* -- CISPO ------------------------------------------------------------------------------------- */
@@ -64,30 +227,18 @@ static void PPO_ROW(ppo_cispo_row)(
     const ppo_real* logprobs, const ppo_real* old_logprobs, const ppo_real* advantages,
     const ppo_real* weights, int has_weights, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length,
     const uint8_t* mask, int has_mask, ppo_real scale, ppo_real ratio_low, ppo_real ratio_high,
-    ppo_real log_ratio_clamp, ppo_real* grad, double* row_loss, double* row_clipped,
-    double* row_lower, double* row_kl) {
-    ppo_real zero = scale - scale;
-    ppo_real lo = ratio_low, hi = ratio_high, clamp = log_ratio_clamp;
-    double total = 0.0, clipped_count = 0.0, lower_count = 0.0, kl_total = 0.0;
-    for (ptrdiff_t t = 0; t < span; t++) {
-        ptrdiff_t i = start + t;
-        int valid = PPO_ROW(ppo_policy_valid)(t, length, mask, has_mask, i);
-        ppo_real logprob = logprobs[i];
-        double weight = has_weights ? (double)weights[i] : 1.0;
-        ppo_real log_ratio = PPO_ROW(ppo_clip_scalar)(logprob - old_logprobs[i], -clamp, clamp);
-        ppo_real ratio = ppo_real_exp(log_ratio);
-        ppo_real coefficient = PPO_ROW(ppo_clip_scalar)(ratio, lo, hi);
-        ppo_real slope = coefficient * advantages[i];
-        grad[i] = valid ? (ppo_real)(-weight * (double)slope * (double)scale) : zero;
-        total += valid ? -weight * (double)(slope * logprob) : 0.0;
-        clipped_count += valid && coefficient != ratio ? 1.0 : 0.0; /* NaN ratios too */
-        lower_count += valid && ratio < lo ? 1.0 : 0.0;
-        kl_total += valid ? -(double)log_ratio : 0.0;
-    }
-    *row_loss = total;
-    *row_clipped = clipped_count;
-    *row_lower = lower_count;
-    *row_kl = kl_total;
+    ppo_real log_ratio_clamp, ppo_real* grad, double* row_loss, double* row_clipped_out,
+    double* row_lower_out, double* row_kl) {
+    PPO_ROW(ppo_family_params) p;
+    double row_clipped, row_lower;
+    PPO_ROW(ppo_family_init)(&p, scale);
+    p.low = PPO_V(splat)(ratio_low);
+    p.high = PPO_V(splat)(ratio_high);
+    p.clamp = PPO_V(splat)(log_ratio_clamp);
+    p.negative_clamp = PPO_V(splat)(-log_ratio_clamp);
+    PPO_FAMILY_CASES(PPO_CISPO);
+    *row_clipped_out = row_clipped;
+    *row_lower_out = row_lower;
 }
 
 /* -- SAPO -------------------------------------------------------------------------------------- */
@@ -97,31 +248,18 @@ static void PPO_ROW(ppo_sapo_row)(
     const ppo_real* weights, int has_weights, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length,
     const uint8_t* mask, int has_mask, ppo_real scale, ppo_real tau_pos, ppo_real tau_neg,
     ppo_real log_ratio_clamp, ppo_real* grad, double* row_loss, double* row_kl) {
-    ppo_real zero = scale - scale;
+    PPO_ROW(ppo_family_params) p;
+    double row_clipped, row_lower;
     ppo_real one = 1, four = one + one + one + one;
-    ppo_real clamp = log_ratio_clamp;
-    double total = 0.0, kl_total = 0.0;
-    for (ptrdiff_t t = 0; t < span; t++) {
-        ptrdiff_t i = start + t;
-        int valid = PPO_ROW(ppo_policy_valid)(t, length, mask, has_mask, i);
-        ppo_real advantage = advantages[i];
-        double weight = has_weights ? (double)weights[i] : 1.0;
-        ppo_real raw = logprobs[i] - old_logprobs[i];
-        /* torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN */
-        int inside = !((raw < -clamp) || (raw > clamp));
-        ppo_real log_ratio = PPO_ROW(ppo_clip_scalar)(raw, -clamp, clamp);
-        ppo_real ratio = ppo_real_exp(log_ratio);
-        ppo_real tau = advantage > zero ? tau_pos : tau_neg;
-        ppo_real sigmoid = one / (one + ppo_real_exp(-(tau * (ratio - one))));
-        ppo_real gate = sigmoid * (four / tau);
-        ppo_real slope = advantage * ((four * sigmoid) * (one - sigmoid));
-        ppo_real sloped = inside ? slope * ratio : zero;
-        grad[i] = valid ? (ppo_real)(-weight * (double)sloped * (double)scale) : zero;
-        total += valid ? -weight * (double)(gate * advantage) : 0.0;
-        kl_total += valid ? -(double)log_ratio : 0.0;
-    }
-    *row_loss = total;
-    *row_kl = kl_total;
+    PPO_ROW(ppo_family_init)(&p, scale);
+    p.clamp = PPO_V(splat)(log_ratio_clamp);
+    p.negative_clamp = PPO_V(splat)(-log_ratio_clamp);
+    p.negative_tau_pos = PPO_V(splat)(-tau_pos);
+    p.negative_tau_neg = PPO_V(splat)(-tau_neg);
+    p.gate_pos = PPO_V(splat)(four / tau_pos); /* 4 / tau in the dtype, divided once */
+    p.gate_neg = PPO_V(splat)(four / tau_neg);
+    PPO_FAMILY_CASES(PPO_SAPO);
 }
 
-#undef ppo_real_exp
+#undef PPO_FAMILY_CASES
+#undef PPO_FAMILY_CASE
