@@ -594,7 +594,7 @@ def trl_policy_loss(compiled: bool):
 # The policy-loss family: GPG (REINFORCE), CISPO and SAPO, as verl 0.9.1 registers them.
 SAPO_TAU_POS, SAPO_TAU_NEG = 1.0, 1.05  # verl's defaults
 FAMILY_AGG = {"reinforce": "token-mean", "cispo": "token-mean", "sapo": "seq-mean-token-mean"}
-_FAMILY_VERL = {
+FAMILY_VERL = {
     "reinforce": "compute_policy_loss_gpg",
     "cispo": "compute_policy_loss_cispo",
     "sapo": "compute_policy_loss_sapo",
@@ -625,7 +625,7 @@ def verl_policy_family(loss: str, compiled: bool):
 
     def prepare(batch: Batch, threads: int):
         verl = peer_copy("verl_0_9_1")
-        function = getattr(verl, _FAMILY_VERL[loss])
+        function = getattr(verl, FAMILY_VERL[loss])
         if compiled:
             function = torch_compiled(function)
         old, adv = tensor(batch.old_logprobs), tensor(batch.advantages)

@@ -177,6 +177,42 @@ _BESSEL = (
     "torch returns in float32, so float64 results agree to float32 precision"
 )
 
+
+def _policy_family(loss: str, summary: str, call: str) -> Kernel:
+    """A loss of the policy family against verl's registered function, eager and torch.compile'd
+    (forward + backward), with verl's settings (``adapters.ours_policy_family``)."""
+    verl_function = adapters.FAMILY_VERL[loss]
+    return Kernel(
+        loss,
+        f"{summary}, loss and d loss / d logprobs",
+        reads=("logprobs", "old_logprobs", "advantages", "mask"),
+        writes=1,
+        compare=("loss", "grad"),
+        valid_only=True,
+        table_kernels=(loss,),
+        implementations=(
+            *_ours(adapters.ours_policy_family(loss), adapters.loss_outputs, call),
+            Implementation(
+                "verl",
+                PEER,
+                adapters.verl_policy_family(loss, compiled=False),
+                adapters.loss_and_grad,
+                f"{VERL} {verl_function}, forward + backward",
+                requires=("torch",),
+            ),
+            Implementation(
+                "torch.compile",
+                PEER,
+                adapters.verl_policy_family(loss, compiled=True),
+                adapters.loss_and_grad,
+                f"torch.compile of {VERL} {verl_function}, forward + backward",
+                requires=("torch",),
+                convention="compiled on the warm-up call, not timed",
+            ),
+        ),
+    )
+
+
 KERNELS: dict[str, Kernel] = {
     kernel.name: _kernel(kernel)
     for kernel in (
@@ -658,107 +694,20 @@ KERNELS: dict[str, Kernel] = {
                 ),
             ),
         ),
-        Kernel(
+        _policy_family(
             "reinforce",
-            "GPG / REINFORCE (-A log pi), token mean, loss and d loss / d logprobs",
-            reads=("logprobs", "old_logprobs", "advantages", "mask"),
-            writes=1,
-            compare=("loss", "grad"),
-            valid_only=True,
-            table_kernels=("reinforce",),
-            implementations=(
-                *_ours(
-                    adapters.ours_policy_family("reinforce"),
-                    adapters.loss_outputs,
-                    "reinforce_loss(logp, old, adv, mask=mask)",
-                ),
-                Implementation(
-                    "verl",
-                    PEER,
-                    adapters.verl_policy_family("reinforce", compiled=False),
-                    adapters.loss_and_grad,
-                    f"{VERL} compute_policy_loss_gpg, forward + backward",
-                    requires=("torch",),
-                ),
-                Implementation(
-                    "torch.compile",
-                    PEER,
-                    adapters.verl_policy_family("reinforce", compiled=True),
-                    adapters.loss_and_grad,
-                    f"torch.compile of {VERL} compute_policy_loss_gpg, forward + backward",
-                    requires=("torch",),
-                    convention="compiled on the warm-up call, not timed",
-                ),
-            ),
+            "GPG / REINFORCE (-A log pi), token mean",
+            "reinforce_loss(logp, old, adv, mask=mask)",
         ),
-        Kernel(
+        _policy_family(
             "cispo",
-            f"CISPO (clip {CLIP:g}, log-ratio clamp {LOG_RATIO_CLAMP:g}), token mean, loss and "
-            "d loss / d logprobs",
-            reads=("logprobs", "old_logprobs", "advantages", "mask"),
-            writes=1,
-            compare=("loss", "grad"),
-            valid_only=True,
-            table_kernels=("cispo",),
-            implementations=(
-                *_ours(
-                    adapters.ours_policy_family("cispo"),
-                    adapters.loss_outputs,
-                    "cispo_loss(logp, old, adv, mask=mask, clip_low=0.2, log_ratio_clamp=20)",
-                ),
-                Implementation(
-                    "verl",
-                    PEER,
-                    adapters.verl_policy_family("cispo", compiled=False),
-                    adapters.loss_and_grad,
-                    f"{VERL} compute_policy_loss_cispo, forward + backward",
-                    requires=("torch",),
-                ),
-                Implementation(
-                    "torch.compile",
-                    PEER,
-                    adapters.verl_policy_family("cispo", compiled=True),
-                    adapters.loss_and_grad,
-                    f"torch.compile of {VERL} compute_policy_loss_cispo, forward + backward",
-                    requires=("torch",),
-                    convention="compiled on the warm-up call, not timed",
-                ),
-            ),
+            f"CISPO (clip {CLIP:g}, log-ratio clamp {LOG_RATIO_CLAMP:g}), token mean",
+            "cispo_loss(logp, old, adv, mask=mask, clip_low=0.2, log_ratio_clamp=20)",
         ),
-        Kernel(
+        _policy_family(
             "sapo",
-            "SAPO (tau 1 and 1.05, log-ratio clamp 20), seq-mean-token-mean, loss and "
-            "d loss / d logprobs",
-            reads=("logprobs", "old_logprobs", "advantages", "mask"),
-            writes=1,
-            compare=("loss", "grad"),
-            valid_only=True,
-            table_kernels=("sapo",),
-            implementations=(
-                *_ours(
-                    adapters.ours_policy_family("sapo"),
-                    adapters.loss_outputs,
-                    "sapo_loss(logp, old, adv, mask=mask, agg='seq-mean-token-mean', "
-                    "log_ratio_clamp=20)",
-                ),
-                Implementation(
-                    "verl",
-                    PEER,
-                    adapters.verl_policy_family("sapo", compiled=False),
-                    adapters.loss_and_grad,
-                    f"{VERL} compute_policy_loss_sapo, forward + backward",
-                    requires=("torch",),
-                ),
-                Implementation(
-                    "torch.compile",
-                    PEER,
-                    adapters.verl_policy_family("sapo", compiled=True),
-                    adapters.loss_and_grad,
-                    f"torch.compile of {VERL} compute_policy_loss_sapo, forward + backward",
-                    requires=("torch",),
-                    convention="compiled on the warm-up call, not timed",
-                ),
-            ),
+            "SAPO (tau 1 and 1.05, log-ratio clamp 20), seq-mean-token-mean",
+            "sapo_loss(logp, old, adv, mask=mask, agg='seq-mean-token-mean', log_ratio_clamp=20)",
         ),
         Kernel(
             "value_loss",
