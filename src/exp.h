@@ -1,4 +1,4 @@
-/* The kernels' exp, vectorizable: the twin of ppo_fast/_numba_kernels.py _exp32 and _exp64.
+/* The kernels' exp, vectorizable: the twin of ppo_fast/_numba_core.py _exp32 and _exp64.
  *
  * Its constants (PPO_EXP32_*, PPO_EXP64_* and the two polynomials) are not written here: the
  * Cython module generated from src/_kernels.pyx.tp defines them from ppo_fast/_spec.py (EXP32,

@@ -1,4 +1,4 @@
-/* Twins of _clipped_surrogate_rows and _value_loss_rows (ppo_fast/_numba_kernels.py), operation
+/* Twins of _clipped_surrogate_rows and _value_loss_rows (ppo_fast/_numba_losses.py), operation
  * for operation. Included by rows.h, once per dtype. */
 
 /* -- clipped surrogate ------------------------------------------------------------------------- */

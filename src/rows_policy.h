@@ -1,4 +1,4 @@
-/* Twins of reinforce, cispo and sapo (ppo_fast/_numba_kernels.py), operation for operation.
+/* Twins of reinforce, cispo and sapo (ppo_fast/_numba_losses.py), operation for operation.
  * Included by rows.h, once per dtype.
  *
  * Eight lanes at a time, as the clipped surrogate (rows_loss.h): a row's valid prefix in chunks of

@@ -1,0 +1,330 @@
+"""Shared pieces of the numba backend: LLVM intrinsics, the vectorizable exp, mask words, and
+the serial/parallel kernel builders (``_Kernel``, ``_Specialised``).
+
+The kernels themselves live in ``_numba_kernels.py`` (rewards, GAE, returns, moments) and
+``_numba_losses.py`` (the policy and value losses); ``_numba_kernels`` is the backend's interface
+(one callable per kernel of the table). Conventions that keep them fast and exact:
+
+- Compiled lazily at first call (no eager signatures), ``nogil``. Each kernel is built twice from
+  the same source: serial, and ``parallel=True`` with ``prange`` over rows. Both do the same
+  arithmetic per row and reduce per row, so results are identical bit for bit on any number of
+  threads. Numba's default threading layer must not be entered from two Python threads at once
+  (it aborts the process), so the parallel build runs under a lock and a call that finds the
+  lock taken runs the serial build on its own thread instead. A kernel of the "groups" layout
+  runs its prange over groups, each reduced on its own in row order: the same guarantee.
+- Validity is tested inline with `has_mask` hoisted: through a helper function the
+  short-circuit control flow stops LLVM from vectorizing the loss kernels (9x slower).
+- Positions are indexed with unsigned integers, which removes numba's negative-index
+  wrap-around check from the inner loops (worth about 1.3x on GAE).
+- Multiply-adds on a dependency chain use an explicit ``llvm.fma``: one rounding, half the
+  latency of a multiply then an add, and the same result whatever LLVM decides elsewhere
+  (implicit contraction via fastmath could differ between the serial and parallel builds).
+- The on-disk cache is off by default: numba issues #4807 and #7518 (cache races between
+  processes). ``PPO_FAST_NUMBA_CACHE=1`` turns it on, with a warning naming them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic, overload
+
+from ._spec import EXP32, EXP64
+
+_CACHE = os.environ.get("PPO_FAST_NUMBA_CACHE", "") == "1"
+if _CACHE:
+    warnings.warn(
+        "PPO_FAST_NUMBA_CACHE=1: numba's on-disk cache can race when several processes compile "
+        "at once (numba issues #4807 and #7518); unset it if you see corrupted-cache errors",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+_U1 = np.uint64(1)
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c with a single rounding (llvm.fma), in float32 or float64."""
+    if not (a == b == c and a in (types.float32, types.float64)):
+        return None
+    signature = a(a, b, c)
+    ir_type = ir.FloatType() if a == types.float32 else ir.DoubleType()
+
+    def codegen(context, builder, sig, args):
+        function = builder.module.declare_intrinsic(
+            "llvm.fma", [ir_type], ir.FunctionType(ir_type, [ir_type] * 3)
+        )
+        return builder.call(function, args)
+
+    return signature, codegen
+
+
+@intrinsic
+def _as_int_bits(typingctx, x):
+    """The bits of a float as a signed integer of the same width."""
+    if x not in (types.float32, types.float64):
+        return None
+    integer = types.int32 if x == types.float32 else types.int64
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(integer.bitwidth))
+
+    return integer(x), codegen
+
+
+@intrinsic
+def _as_float_bits(typingctx, n):
+    """The float whose bits are the integer n (int32 -> float32, int64 -> float64)."""
+    if n not in (types.int32, types.int64):
+        return None
+    real = types.float32 if n == types.int32 else types.float64
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.FloatType() if n == types.int32 else ir.DoubleType())
+
+    return real(n), codegen
+
+
+def _jit(function):
+    return numba.njit(nogil=True, cache=_CACHE, inline="always")(function)
+
+
+# exp by range reduction and a polynomial, with the constants of the kernel table (_spec.EXP64 and
+# _spec.EXP32, which the Cython build reads too): x = n ln2 + r, |r| <= ln2/2, exp(x) = 2^n p(r),
+# with n rounded by the 1.5 * 2^(mantissa bits) shift trick and 2^n built from its exponent bits.
+# All of it is plain arithmetic LLVM vectorizes (math.exp is a libm call that it cannot: PyPI's
+# llvmlite has no SVML). Finite inputs are saturated so that 2^n stays a normal number: the result
+# is finite for every finite input, within 2 ulp of exp in float64 and 1 ulp in float32
+# (tests/test_loss.py); below exp(-708) (float64) or exp(-87.3) (float32) it returns that bound
+# instead of a subnormal, above exp(709) or exp(88.3) that bound instead of overflowing. NaN, inf
+# and -inf give NaN, inf and 0, as math.exp: a non-finite input is never made finite.
+_F32 = np.float32
+# numba reads globals as constants: plain numbers and tuples, not the table's records.
+_E64_LOW, _E64_HIGH, _E64_SHIFT = EXP64.low, EXP64.high, EXP64.shift
+_E64_LOG2E, _E64_LN2_HIGH, _E64_LN2_LOW = EXP64.log2e, EXP64.ln2_high, EXP64.ln2_low
+_P64 = EXP64.polynomial
+_F64_SHIFT_BITS = np.int64(np.float64(_E64_SHIFT).view(np.int64))
+_E32_LOW, _E32_HIGH, _E32_SHIFT = _F32(EXP32.low), _F32(EXP32.high), _F32(EXP32.shift)
+_E32_LOG2E, _E32_LN2_HIGH = _F32(EXP32.log2e), _F32(EXP32.ln2_high)
+_E32_LN2_LOW = _F32(EXP32.ln2_low)
+_P32 = tuple(_F32(c) for c in EXP32.polynomial)
+_F32_SHIFT_BITS = np.int32(_E32_SHIFT.view(np.int32))
+
+
+@_jit
+def _exact_where_nonfinite(x, y):
+    """y = exp(x) as computed, except where x is not finite: the saturation is for finite
+    arguments only, and NaN, inf and -inf come out as math.exp's (NaN, inf, 0)."""
+    y = y - y if x == -np.inf else y
+    y = x if x == np.inf else y
+    return y if x == x else x
+
+
+@_jit
+def _exp64(argument):
+    x = min(max(argument, _E64_LOW), _E64_HIGH)
+    shifted = fma(x, _E64_LOG2E, _E64_SHIFT)  # x / ln2 + shift
+    n = shifted - _E64_SHIFT
+    r = fma(-n, _E64_LN2_HIGH, x)  # ln2 in two parts: exact n * ln2_high
+    r = fma(-n, _E64_LN2_LOW, r)
+    p = fma(_P64[0], r, _P64[1])
+    p = fma(p, r, _P64[2])
+    p = fma(p, r, _P64[3])
+    p = fma(p, r, _P64[4])
+    p = fma(p, r, _P64[5])
+    p = fma(p, r, _P64[6])
+    p = fma(p, r, _P64[7])
+    p = fma(p, r, _P64[8])
+    p = fma(p, r, _P64[9])
+    p = fma(p, r, _P64[10])
+    p = fma(p, r, _P64[11])
+    p = fma(p, r, _P64[12])
+    exponent = _as_int_bits(shifted) - _F64_SHIFT_BITS
+    power = _as_float_bits((exponent + np.int64(1023)) << np.int64(52))
+    return _exact_where_nonfinite(argument, p * power)
+
+
+@_jit
+def _exp32(argument):
+    x = min(max(argument, _E32_LOW), _E32_HIGH)
+    shifted = fma(x, _E32_LOG2E, _E32_SHIFT)
+    n = shifted - _E32_SHIFT
+    r = fma(-n, _E32_LN2_HIGH, x)
+    r = fma(-n, _E32_LN2_LOW, r)
+    p = fma(_P32[0], r, _P32[1])
+    p = fma(p, r, _P32[2])
+    p = fma(p, r, _P32[3])
+    p = fma(p, r, _P32[4])
+    p = fma(p, r, _P32[5])
+    p = fma(p * r, r, r) + _F32(1.0)
+    exponent = _as_int_bits(shifted) - _F32_SHIFT_BITS
+    # numba widens int32 arithmetic to int64: narrow back so the bits are a float32's.
+    power = _as_float_bits(np.int32((exponent + 127) << 23))
+    return _exact_where_nonfinite(argument, p * power)
+
+
+def exp_poly(x):
+    """exp in the dtype of x (float32 or float64), vectorizable; see _exp64 and _exp32."""
+
+
+@overload(exp_poly, inline="always")
+def _exp_poly_overload(x):
+    if x == types.float32:
+        return lambda x: _exp32(x)
+    if x == types.float64:
+        return lambda x: _exp64(x)
+    return None
+
+
+@intrinsic
+def _mask_word(typingctx, mask, index):
+    """The 8 bytes of a uint8 array from ``index`` on, as one uint64 (an unaligned load)."""
+    if not (isinstance(mask, types.Array) and mask.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        array = context.make_array(sig.args[0])(context, builder, args[0])
+        address = builder.gep(array.data, [args[1]])
+        return builder.load(builder.bitcast(address, ir.IntType(64).as_pointer()), align=1)
+
+    return types.uint64(mask, index), codegen
+
+
+_U8 = np.uint64(8)
+_BYTE_ONES = np.uint64(0x0101010101010101)
+_BYTE_HIGHS = np.uint64(0x8080808080808080)
+
+
+@_jit
+def _all_valid(mask, i):
+    """Whether the 8 mask bytes from position i on are all nonzero: a word has a zero byte
+    exactly when (word - 0x01..01) & ~word & 0x80..80 is nonzero (Hacker's Delight 6-1)."""
+    word = _mask_word(mask, i)
+    return ((word - _BYTE_ONES) & ~word & _BYTE_HIGHS) == 0
+
+
+@_jit
+def _valid_count(start, span, length, mask, has_mask):
+    """The number of valid positions of a row."""
+    valid_end = min(length, span)
+    if not has_mask:
+        return valid_end
+    count = np.uint64(0)
+    for i in range(start, start + valid_end):
+        count += np.uint64(mask[i] != 0)
+    return count
+
+
+@intrinsic
+def _select(typingctx, condition, a, b):
+    """a if condition else b, as one LLVM select, in a's type (b is converted, as numba's
+    conditional expression unifies float32 and float64 to float64): a conditional expression at
+    a store becomes two predicated stores, and blocks the vectorizer."""
+    if not (
+        isinstance(condition, types.Boolean)
+        and isinstance(a, types.Float)
+        and isinstance(b, types.Float)
+        and a.bitwidth >= b.bitwidth
+    ):
+        return None
+
+    def codegen(context, builder, sig, args):
+        other = context.cast(builder, args[2], sig.args[2], sig.args[1])
+        return builder.select(args[0], args[1], other)
+
+    return a(condition, a, b), codegen
+
+
+@intrinsic
+def _one_like(typingctx, x):
+    """1 in the type of the float x (numba's `x - x + 1` is float64: its 1 is an integer)."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return context.get_constant(sig.return_type, 1.0)
+
+    return x(x), codegen
+
+
+@intrinsic
+def _half_like(typingctx, x):
+    """0.5 in the type of the float x."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return context.get_constant(sig.return_type, 0.5)
+
+    return x(x), codegen
+
+
+@intrinsic
+def _prefer_wide_vectors(typingctx):
+    """Lets LLVM vectorize the calling function at 512 bits where the CPU has them: the
+    function attribute "prefer-vector-width"="512" (LLVM prefers 256 bits on AVX-512 CPUs,
+    for the clock; these kernels are bound by memory). numba has no option for a function
+    attribute and llvmlite accepts only a list of known ones: this adds it to the set directly.
+    Called inside the prange body, so that it lands on the function that runs the rows in both
+    builds (the parallel build outlines the body)."""
+
+    def codegen(context, builder, sig, args):
+        try:
+            set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        except TypeError:  # llvmlite's attributes are no longer a set: a hint only, so skip it
+            pass
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+_parallel_lock = threading.Lock()
+
+
+class _Kernel:
+    """A row kernel built serial and parallel from one source, compiled on first use."""
+
+    def __init__(self, function, fastmath=False):
+        self.function = function  # the Python source, for the interface test
+        self.serial = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath)(function)
+        self.parallel = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath, parallel=True)(
+            function
+        )
+
+    def __call__(self, *args):
+        *args, n_threads = args  # the backend signature ends with n_threads
+        n_threads = min(n_threads, numba.config.NUMBA_NUM_THREADS)
+        if n_threads > 1 and _parallel_lock.acquire(blocking=False):
+            try:
+                numba.set_num_threads(n_threads)
+                self.parallel(*args)
+            finally:
+                _parallel_lock.release()
+        else:
+            self.serial(*args)
+
+
+class _Specialised:
+    """A row kernel built once per value of a code argument, which the kernel sees as a constant
+    (the table's ``specialise``: the KL estimator).
+
+    A switch on a run-time estimator inside the token loop keeps LLVM from vectorizing it (k1
+    ran 12 times slower). The argument stays in the signature, common to all backends.
+    """
+
+    def __init__(self, make_rows, kernel, fastmath=False):
+        self.position = kernel.arguments.index(kernel.specialise)
+        codes = range(len(kernel.scalar(kernel.specialise).choices))
+        self.kernels = [_Kernel(make_rows(code), fastmath) for code in codes]
+        self.function = self.kernels[0].function
+
+    def __call__(self, *args):
+        self.kernels[args[self.position]](*args)

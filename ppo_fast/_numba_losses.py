@@ -1,0 +1,439 @@
+"""The numba policy and value losses: the loss, its exact gradient and the statistics in one pass
+over rows (twins of ``_reference.py``'s; the Cython twins are in ``src/rows_loss.h`` and
+``src/rows_policy.h``). Registered as the backend's kernels in ``_numba_kernels.py``;
+conventions in ``_numba_core.py``.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ._numba_core import (
+    _CACHE,
+    _U1,
+    _half_like,
+    _jit,
+    _one_like,
+    _prefer_wide_vectors,
+    _select,
+    exp_poly,
+)
+
+_CHUNK = 256  # tokens per chunk of the loss kernels: their scratch rows stay in L1
+_UCHUNK = np.uint64(_CHUNK)
+
+
+@_jit
+def _policy_token(logprob, old_logprob, advantage, weight, ratio, valid, p):
+    """One token of the policy loss: (grad, loss term, KL term, clipped, dual), the terms 0
+    where not valid; ratio is exp of the clamped log-ratio. The arithmetic runs in the input
+    dtype, except that a weight comes in float64 (the Cython twin does the same): -weight *
+    slope * scale and -weight * objective then run in float64. A weight of 1 in the input dtype
+    gives the same bits as 1.0 in float64 (a float32 product is exact in float64)."""
+    lo, hi, dual, clamp, scale, zero = p
+    log_ratio = logprob - old_logprob
+    inside = (log_ratio >= -clamp) & (log_ratio <= clamp)
+    log_ratio = min(max(log_ratio, -clamp), clamp)
+    unclipped = ratio * advantage
+    clipped = min(max(ratio, lo), hi) * advantage
+    is_clipped = clipped < unclipped
+    objective = _select(is_clipped, clipped, unclipped)
+    is_dual = (advantage < zero) & (dual * advantage > objective)
+    objective = _select(is_dual, dual * advantage, objective)
+    sloped = inside & (not is_clipped) & (not is_dual)
+    # A flat branch has slope 0, times the weight: a NaN or inf weight still says so.
+    slope = _select(sloped, advantage * ratio, zero)
+    grad = _select(valid, -weight * slope * scale, zero)
+    loss = _select(valid, -weight * objective, zero)
+    kl = _select(valid, -log_ratio, zero)
+    return grad, loss, kl, valid & is_clipped, valid & is_dual
+
+
+def clipped_surrogate(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    ratio_low,
+    ratio_high,
+    dual_clip,
+    log_ratio_clamp,
+    grad,
+    row_loss,
+    row_clipped,
+    row_dual,
+    row_kl,
+):
+    """Twin: src/rows_loss.h ppo_clipped_surrogate_row. Loss, gradient and statistics.
+
+    Per-token arithmetic runs in the input dtype (the scalars and scales come in it), sums in
+    float64. A row runs in chunks of ``_CHUNK`` tokens, as the twin does: exp in a pre-pass into
+    an L1 scratch row, then the branch-free body (selects) with one loop per case of mask and
+    weights, writing the loss and KL terms in the input dtype to scratch rows, then their float64
+    sums in a short loop of their own: float64 stays out of the main loop, which LLVM vectorizes
+    at full width. The counts are summed per chunk in the input dtype (whole numbers below 2^24:
+    exact in any order). The `reassoc` build vectorizes the sums; their order of addition is
+    fixed by the compiled loop, not by threads, so results stay identical on any number of
+    threads. Positions past the length are not computed: their gradient is 0.
+    """
+    has_mask = mask.shape[0] > 0
+    lo, hi, dual, clamp = ratio_low, ratio_high, dual_clip, log_ratio_clamp
+    has_weights = weights.shape[0] > 0
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        valid_end = min(np.uint64(lengths[b]), span)
+        scale = scales[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite; params may be inf)
+        one = _one_like(zero)
+        p = (lo, hi, dual, clamp, scale, zero)
+        ratios = np.empty(_CHUNK, logprobs.dtype)
+        losses = np.empty(_CHUNK, logprobs.dtype)
+        weighted_losses = np.empty(_CHUNK, np.float64)
+        kls = np.empty(_CHUNK, logprobs.dtype)
+        total = 0.0
+        clipped_count = 0.0
+        dual_count = 0.0
+        kl_total = 0.0
+        for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
+            first = start + chunk * _UCHUNK
+            n = min(_UCHUNK, start + valid_end - first)
+            for j in range(n):
+                i = first + j
+                log_ratio = min(max(logprobs[i] - old_logprobs[i], -clamp), clamp)
+                ratios[j] = exp_poly(log_ratio)
+            chunk_clipped = zero
+            chunk_dual = zero
+            # One loop per case, so that nothing is loaded for an absent mask or weights.
+            if has_mask and has_weights:
+                for j in range(n):
+                    i = first + j
+                    g, loss, kl, c, d = _policy_token(
+                        logprobs[i], old_logprobs[i], advantages[i], np.float64(weights[i]),
+                        ratios[j], mask[i] != 0, p,
+                    )  # fmt: skip
+                    grad[i] = g
+                    weighted_losses[j] = loss
+                    kls[j] = kl
+                    chunk_clipped += _select(c, one, zero)
+                    chunk_dual += _select(d, one, zero)
+            elif has_mask:
+                for j in range(n):
+                    i = first + j
+                    g, loss, kl, c, d = _policy_token(
+                        logprobs[i], old_logprobs[i], advantages[i], one, ratios[j],
+                        mask[i] != 0, p,
+                    )  # fmt: skip
+                    grad[i] = g
+                    losses[j] = loss
+                    kls[j] = kl
+                    chunk_clipped += _select(c, one, zero)
+                    chunk_dual += _select(d, one, zero)
+            elif has_weights:
+                for j in range(n):
+                    i = first + j
+                    g, loss, kl, c, d = _policy_token(
+                        logprobs[i], old_logprobs[i], advantages[i], np.float64(weights[i]),
+                        ratios[j], True, p,
+                    )  # fmt: skip
+                    grad[i] = g
+                    weighted_losses[j] = loss
+                    kls[j] = kl
+                    chunk_clipped += _select(c, one, zero)
+                    chunk_dual += _select(d, one, zero)
+            else:
+                for j in range(n):
+                    i = first + j
+                    g, loss, kl, c, d = _policy_token(
+                        logprobs[i], old_logprobs[i], advantages[i], one, ratios[j], True, p
+                    )
+                    grad[i] = g
+                    losses[j] = loss
+                    kls[j] = kl
+                    chunk_clipped += _select(c, one, zero)
+                    chunk_dual += _select(d, one, zero)
+            if has_weights:
+                for j in range(n):
+                    total += weighted_losses[j]
+            else:
+                for j in range(n):
+                    total += np.float64(losses[j])
+            for j in range(n):
+                kl_total += np.float64(kls[j])
+            clipped_count += np.float64(chunk_clipped)
+            dual_count += np.float64(chunk_dual)
+        for i in range(start + valid_end, start + span):
+            grad[i] = zero
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
+        row_dual[b] = dual_count
+        row_kl[b] = kl_total
+
+
+def reinforce(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    beta,
+    grad,
+    row_loss,
+    row_kl,
+):
+    """Twin: src/rows_policy.h ppo_reinforce_row. A row in chunks of ``_CHUNK`` tokens: one pass
+    with selects writes the gradient and the float64 loss and KL terms to L1 scratch rows, which
+    short loops of their own then sum. As in clipped_surrogate, the `reassoc` build vectorizes
+    those sums, and their order is that of the one compiled loop (never of the threads or of how
+    LLVM vectorized the main loop), so results stay identical on any number of threads."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    penalised = beta != 0.0
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite)
+        half_beta = beta * _half_like(zero)
+        losses = np.empty(_CHUNK, np.float64)
+        kls = np.empty(_CHUNK, np.float64)
+        total = 0.0
+        kl_total = 0.0
+        for chunk in range((span + _UCHUNK - _U1) // _UCHUNK):
+            first = chunk * _UCHUNK
+            n = min(_UCHUNK, span - first)
+            for j in range(n):
+                t = first + j
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                logprob = logprobs[i]
+                advantage = advantages[i]
+                weight = np.float64(weights[i]) if has_weights else 1.0
+                log_ratio = logprob - old_logprobs[i]
+                objective = advantage * logprob
+                slope = advantage
+                if penalised:
+                    objective = objective - half_beta * (log_ratio * log_ratio)
+                    slope = advantage - beta * log_ratio
+                grad[i] = _select(valid, -weight * slope * scale, zero)
+                losses[j] = _select(valid, -weight * objective, 0.0)
+                kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
+            for j in range(n):
+                total += losses[j]
+            for j in range(n):
+                kl_total += kls[j]
+        row_loss[b] = total
+        row_kl[b] = kl_total
+
+
+def cispo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    ratio_low,
+    ratio_high,
+    log_ratio_clamp,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+):
+    """Twin: src/rows_policy.h ppo_cispo_row. As reinforce, with exp in a pre-pass per chunk
+    into an L1 scratch row (so that the main loop vectorizes, as in clipped_surrogate)."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    lo, hi, clamp = ratio_low, ratio_high, log_ratio_clamp
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale
+        ratios = np.empty(_CHUNK, logprobs.dtype)
+        losses = np.empty(_CHUNK, np.float64)
+        kls = np.empty(_CHUNK, np.float64)
+        total = 0.0
+        clipped_count = 0.0
+        lower_count = 0.0
+        kl_total = 0.0
+        for chunk in range((span + _UCHUNK - _U1) // _UCHUNK):
+            first = chunk * _UCHUNK
+            n = min(_UCHUNK, span - first)
+            for j in range(n):
+                i = start + first + j
+                ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            for j in range(n):
+                t = first + j
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                logprob = logprobs[i]
+                weight = np.float64(weights[i]) if has_weights else 1.0
+                log_ratio = min(max(logprob - old_logprobs[i], -clamp), clamp)
+                ratio = ratios[j]
+                coefficient = min(max(ratio, lo), hi)
+                slope = coefficient * advantages[i]
+                grad[i] = _select(valid, -weight * slope * scale, zero)
+                losses[j] = _select(valid, -weight * (slope * logprob), 0.0)
+                kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
+                # whole numbers: exact in any order of addition
+                clipped_count += _select(valid & (coefficient != ratio), 1.0, 0.0)
+                lower_count += _select(valid & (ratio < lo), 1.0, 0.0)
+            for j in range(n):
+                total += losses[j]
+            for j in range(n):
+                kl_total += kls[j]
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
+        row_lower[b] = lower_count
+        row_kl[b] = kl_total
+
+
+@numba.njit(nogil=True, cache=_CACHE, error_model="numpy")
+def _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg):
+    """sigmoids[j] = sigmoid(tau * (ratios[j] - 1)) for the n tokens from position first, tau by
+    the sign of the advantage. A function of its own, not inlined: numba's SSA pass loses track
+    of a second inlined exp_poly in one function. Its error model is numpy's: under the default
+    (Python's), each division checks for a zero divisor and may raise ZeroDivisionError, a branch
+    that kept LLVM from vectorizing the loop (SAPO ran 4 times slower than CISPO)."""
+    _prefer_wide_vectors()
+    zero = tau_pos - tau_pos
+    one = _one_like(zero)
+    for j in range(n):
+        tau = _select(advantages[first + j] > zero, tau_pos, tau_neg)
+        sigmoids[j] = one / (one + exp_poly(-(tau * (ratios[j] - one))))  # 1 / (1 + exp(-z))
+
+
+def sapo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    tau_pos,
+    tau_neg,
+    log_ratio_clamp,
+    grad,
+    row_loss,
+    row_kl,
+):
+    """Twin: src/rows_policy.h ppo_sapo_row. As reinforce, with the ratio's exp and then the
+    sigmoid's in pre-passes per chunk into L1 scratch rows."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    clamp = log_ratio_clamp
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale
+        one = _one_like(zero)
+        four = one + one + one + one
+        # 4 / tau per sign of the advantage, divided once: a division in the token loop checks
+        # its divisor for zero (numba's Python error model), which keeps the loop from vectorizing
+        gate_pos = four / tau_pos
+        gate_neg = four / tau_neg
+        ratios = np.empty(_CHUNK, logprobs.dtype)
+        sigmoids = np.empty(_CHUNK, logprobs.dtype)
+        losses = np.empty(_CHUNK, np.float64)
+        kls = np.empty(_CHUNK, np.float64)
+        total = 0.0
+        kl_total = 0.0
+        for chunk in range((span + _UCHUNK - _U1) // _UCHUNK):
+            first = chunk * _UCHUNK
+            n = min(_UCHUNK, span - first)
+            for j in range(n):
+                i = start + first + j
+                ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            _sapo_sigmoids(advantages, start + first, ratios, sigmoids, n, tau_pos, tau_neg)
+            for j in range(n):
+                t = first + j
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                advantage = advantages[i]
+                weight = np.float64(weights[i]) if has_weights else 1.0
+                raw = logprobs[i] - old_logprobs[i]
+                # torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN
+                inside = not ((raw < -clamp) | (raw > clamp))
+                log_ratio = min(max(raw, -clamp), clamp)
+                sigmoid = sigmoids[j]
+                gate = sigmoid * _select(advantage > zero, gate_pos, gate_neg)
+                slope = advantage * ((four * sigmoid) * (one - sigmoid))
+                sloped = _select(inside, slope * ratios[j], zero)
+                grad[i] = _select(valid, -weight * sloped * scale, zero)
+                losses[j] = _select(valid, -weight * (gate * advantage), 0.0)
+                kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
+            for j in range(n):
+                total += losses[j]
+            for j in range(n):
+                kl_total += kls[j]
+        row_loss[b] = total
+        row_kl[b] = kl_total
+
+
+def value_loss(
+    values,
+    old_values,
+    returns,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    clip,
+    grad,
+    row_loss,
+    row_clipped,
+):
+    """Twin: src/rows_loss.h ppo_value_loss_row. One pass, vectorized like the policy loss."""
+    has_mask = mask.shape[0] > 0
+    for b in prange(starts.shape[0]):
+        start = np.uint64(starts[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite; params may be inf)
+        total = 0.0
+        clipped_count = 0.0
+        for t in range(np.uint64(spans[b])):
+            i = start + t
+            valid = t < length and (not has_mask or mask[i] != 0)
+            value = values[i]
+            old = old_values[i]
+            error = value - returns[i]
+            unclipped = error * error
+            clipped_error = min(max(value, old - clip), old + clip) - returns[i]
+            clipped = clipped_error * clipped_error
+            is_clipped = clipped > unclipped
+            grad[i] = error * scale if valid & (not is_clipped) else zero
+            half = np.float64(clipped if is_clipped else unclipped) * 0.5
+            total += half if valid else 0.0
+            clipped_count += 1.0 if valid & is_clipped else 0.0
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
