@@ -558,8 +558,10 @@ def _check_number(
     if math.isinf(number) and not allow_inf:
         raise ValueError(f"{name}{where} must be finite, got {number!r}")
     if (number <= lo if open_lo else number < lo) or number > hi:
-        bound = "(" if open_lo else "["
-        raise ValueError(f"{name}{where} must lie in {bound}{lo:g}, {hi:g}], got {number!r}")
+        # an infinite bound is open unless infinities are allowed: "(0, inf)", not "(0, inf]"
+        left = "(" if open_lo or (math.isinf(lo) and not allow_inf) else "["
+        right = ")" if math.isinf(hi) and not allow_inf else "]"
+        raise ValueError(f"{name}{where} must lie in {left}{lo:g}, {hi:g}{right}, got {number!r}")
     return number
 
 

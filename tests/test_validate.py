@@ -391,3 +391,18 @@ def test_torch_layouts_and_per_row_values_are_taken_as_their_numbers(backend):
     expected = ppo_fast.gae(flat, flat, cu_seqlens=cu, backend=backend)
     actual = ppo_fast.gae(flat, flat, cu_seqlens=torch.from_numpy(cu), backend=backend)
     np.testing.assert_array_equal(actual.advantages, expected.advantages)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "value", "message"),
+    [
+        ({"lo": 0.0, "open_lo": True}, 0.0, r"must lie in \(0, inf\), got 0.0"),
+        ({"lo": 0.0, "open_lo": True, "allow_inf": True}, -1.0, r"must lie in \(0, inf\], got"),
+        ({"lo": 0.0, "hi": 1.0}, 2.0, r"must lie in \[0, 1\], got 2.0"),
+        ({"hi": 1.0}, 2.0, r"must lie in \(-inf, 1\], got 2.0"),
+    ],
+)
+def test_a_scalar_out_of_range_names_its_interval(bounds, value, message):
+    """An infinite bound is shown open unless infinities are allowed (then "inf]")."""
+    with pytest.raises(ValueError, match="tau " + message):
+        _validate.scalar("tau", value, **bounds)
