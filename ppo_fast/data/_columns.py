@@ -45,7 +45,11 @@ def require(schema: Any, names: dict[str, str]) -> None:
 
 
 def _type_name(arrow_type: Any) -> str:
-    return str(arrow_type).replace("item: ", "")
+    """list<int64> whatever the item is called (Parquet names it "element", Arrow "item")."""
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        kind = "large_list" if pa.types.is_large_list(arrow_type) else "list"
+        return f"{kind}<{arrow_type.value_type}>"
+    return str(arrow_type)
 
 
 def _first_null_row(array: Any, row_offset: int) -> int:

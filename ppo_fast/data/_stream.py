@@ -190,7 +190,8 @@ class Writer:
         self.writer.write_batch(batch) if self.kind == "arrow" else self.writer.write(batch)
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 def run(
@@ -274,7 +275,14 @@ def advantages_file(
     try:
         with atomic_write(output, "wb") as file:
             writer = Writer(file, kind)
-            summary = run(source, writer.write, options, columns, names, progress)
+            try:
+                summary = run(source, writer.write, options, columns, names, progress)
+            except BaseException:
+                # Closed now, while its file is open (the temporary file is removed next),
+                # rather than by the garbage collector after it is closed.
+                with contextlib.suppress(Exception):
+                    writer.close()
+                raise
             writer.close()
     except pa.ArrowException as error:
         raise DataError(f"cannot read it: {error}") from None
