@@ -11,17 +11,21 @@ token - 0.05 * KL (k1), GAE (gamma 1, lambda 0.95), advantages whitened over the
 (unbiased variance, verl's ``masked_whiten``):
 
 - ``floor``: pyarrow alone, reading the file in batches and writing it back (what no pipeline
-  beats); ``ppo_fast`` reads it twice (the statistics, then the advantages);
-- ``floor + the 2 output columns``: the same, writing two more float32 list columns (the bytes
+  beats), with ppo_fast's Parquet settings (no dictionary for the list columns); ``ppo_fast``
+  reads it twice (the statistics, then the advantages);
+- ``floor, pyarrow's default writer``: the same with pyarrow's defaults (a dictionary tried on
+  every column);
+- ``floor + the 2 output columns``: the floor writing two more float32 list columns (the bytes
   ``ppo_fast`` writes);
 - ``ppo_fast``: ``ppo_fast.data.advantages_file`` (what ``ppo-fast advantages`` runs), warm;
+- ``ppo_fast, no whitening (1 pass)``: the same without whitening: no first pass;
 - ``ppo-fast advantages (cold)``: the command in a fresh process: imports and first compiles;
 - ``lists + verl``: what a user writes today: the table to Python lists, padded torch tensors,
   verl 0.9.1's ``compute_gae_advantage_return`` (the verbatim copy in ``ppo_fast._peers``),
   back to lists and a Parquet file. Its output is checked against ppo_fast's.
 
 Peak memory: the peak resident set of ``ppo-fast advantages --batch-rows N`` in a fresh process,
-minus that of the same command on the tiny example file (the interpreter, numpy, numba,
+minus that of the same command on an 8-row file (the interpreter, numpy, numba,
 pyarrow), against the bytes of one batch (its input and output columns), on the whole file and on
 half of it: bounded by the batch, whatever the file size. Ratios of one run; the machine is shared,
 so run it on a quiet one and repeat.
@@ -73,9 +77,17 @@ def generate(path: str, n_rows: int, seed: int = 0) -> int:
     return n
 
 
-def floor(source: str, output: str, batch_rows: int) -> None:
+def _writer(output: str, schema: pa.Schema, default: bool = False) -> pq.ParquetWriter:
+    """ppo_fast's Parquet settings (no dictionary for the list columns), or pyarrow's."""
+    if default:
+        return pq.ParquetWriter(output, schema)
+    flat = [f.name for f in schema if not pa.types.is_nested(f.type)]
+    return pq.ParquetWriter(output, schema, use_dictionary=flat)
+
+
+def floor(source: str, output: str, batch_rows: int, default: bool = False) -> None:
     with pq.ParquetFile(source) as file:
-        writer = pq.ParquetWriter(output, file.schema_arrow)
+        writer = _writer(output, file.schema_arrow, default)
         for batch in file.iter_batches(batch_size=batch_rows):
             writer.write_batch(batch)
         writer.close()
@@ -88,13 +100,24 @@ def floor_with_outputs(source: str, output: str, batch_rows: int) -> None:
         for batch in file.iter_batches(batch_size=batch_rows):
             values = batch.column("values")
             batch = batch.append_column("advantages", values).append_column("returns", values)
-            writer = writer or pq.ParquetWriter(output, batch.schema)
+            writer = writer or _writer(output, batch.schema)
             writer.write_batch(batch)
         writer.close()
 
 
+def floor_default(source: str, output: str, batch_rows: int) -> None:
+    """The floor with pyarrow's default writer (a dictionary tried on every column)."""
+    floor(source, output, batch_rows, default=True)
+
+
 def ours(source: str, output: str, batch_rows: int) -> None:
     data.advantages_file(source, output, columns=COLUMNS, batch_rows=batch_rows, **OPTIONS)
+
+
+def one_pass(source: str, output: str, batch_rows: int) -> None:
+    """ppo_fast without whitening: no statistics, so one read of the file."""
+    options = {**OPTIONS, "whiten": False}
+    data.advantages_file(source, output, columns=COLUMNS, batch_rows=batch_rows, **options)
 
 
 def cold(source: str, output: str, batch_rows: int) -> None:
@@ -144,12 +167,14 @@ def timed(run, source: str, folder: str, repeats: int, batch_rows: int) -> float
 
 
 def peak_rss_mib(source: str, output: str, batch_rows: int) -> float:
-    """Peak resident set (MiB) of ``ppo-fast advantages`` in a fresh process (VmHWM)."""
+    """Peak resident set (MiB) of ``ppo-fast advantages`` in a fresh process: VmHWM, which
+    starts again at exec (ru_maxrss would carry this process's peak over into the child)."""
     script = (
-        "import resource, sys\n"
+        "import sys\n"
         "from ppo_fast import cli\n"
         "status = cli.main(sys.argv[1:])\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "with open('/proc/self/status') as f:\n"
+        "    print(next(line.split()[1] for line in f if line.startswith('VmHWM')))\n"
         "raise SystemExit(status)\n"
     )
     command = [sys.executable, "-c", script, "advantages", source, "-o", output, *CLI_OPTIONS]
@@ -162,9 +187,9 @@ def peak_rss_mib(source: str, output: str, batch_rows: int) -> float:
     return int(out.stdout.split()[-1]) / 1024
 
 
-def check(folder: str) -> float:
+def check(folder: str, repeats: int) -> float:
     """The largest difference between ppo_fast's and verl's advantages (float32)."""
-    ours_table = pq.read_table(os.path.join(folder, "ours-0.parquet"))
+    ours_table = pq.read_table(os.path.join(folder, f"ours-{repeats - 1}.parquet"))
     theirs = pq.read_table(os.path.join(folder, "lists_and_verl-0.parquet"))
     a = ours_table["advantages"].combine_chunks().flatten().to_numpy()
     b = theirs["advantages"].combine_chunks().flatten().to_numpy()
@@ -203,6 +228,9 @@ def main() -> None:
                 floor_with_outputs, source, folder, args.repeats, args.batch_rows
             ),
             "ppo_fast (warm)": timed(ours, source, folder, args.repeats, args.batch_rows),
+            "ppo_fast, no whitening (1 pass)": timed(
+                one_pass, source, folder, args.repeats, args.batch_rows
+            ),
             "ppo-fast advantages (cold)": timed(cold, source, folder, 1, args.batch_rows),
             "lists + verl": timed(lists_and_verl, source, folder, 1, args.batch_rows),
         }
@@ -212,7 +240,7 @@ def main() -> None:
                 f"{name:32s} {tokens / seconds / 1e6:8.2f} M tokens/s  {seconds / base:6.2f}x floor"
             )
         print(f"ppo_fast vs lists + verl: {times['lists + verl'] / times['ppo_fast (warm)']:.1f}x")
-        print(f"largest |ppo_fast - verl| advantage: {check(folder):.2e} (float32)")
+        print(f"largest |ppo_fast - verl| advantage: {check(folder, args.repeats):.2e} (float32)")
         half = os.path.join(folder, "half.parquet")
         generate(half, args.rows // 2, seed=1)
         tiny = os.path.join(folder, "tiny.parquet")

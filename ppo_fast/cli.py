@@ -572,7 +572,7 @@ def _parser() -> argparse.ArgumentParser:
     advantages = commands.add_parser(
         "advantages",
         help="advantages and returns of a rollout dataset (Parquet, Arrow IPC, JSON lines)",
-        description=data_cli.__doc__.split("\n")[0],
+        description="The advantages and returns of a rollout dataset (ppo_fast.data).",
     )
     data_cli.add_arguments(advantages)
     return parser

@@ -133,6 +133,15 @@ def test_token_values_are_views_of_the_arrow_buffers_and_outputs_share_the_offse
     )
 
 
+def test_uids_of_any_arrow_type_are_numbered_in_first_seen_order():
+    chunks = [
+        pa.array(["b", "a"]).dictionary_encode(),
+        pa.array(["c", "a", "b"]).dictionary_encode(),
+    ]
+    assert _columns.group_ids(chunks).tolist() == [0, 1, 2, 1, 0]
+    assert _columns.group_ids([pa.array([7, 3]), pa.array([7, 9])]).tolist() == [0, 1, 0, 2]
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
 def test_group_estimators_over_batches_equal_the_whole_table(estimator):
     table = rollouts(n_rows=70, seed=6)

@@ -160,8 +160,8 @@ def group_ids(labels: list[Any]) -> np.ndarray:
     dictionary encoding of the whole column: no Python loop over the labels)."""
     if not labels:
         return np.zeros(0, dtype=np.int64)
-    column = pa.chunked_array(labels).combine_chunks()
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
+    # Dictionary chunks (a categorical uid) may each have their own dictionary: decode first.
+    decoded = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in labels]
+    column = pa.chunked_array(decoded).combine_chunks()
     encoded = pc.dictionary_encode(column)
     return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)

@@ -221,8 +221,6 @@ def trace_dataset(path: str | None = None) -> str:
     """The dataset path on a tiny table: ``EXAMPLE`` (or the file ``path``, read whole, with
     ppo_fast's column names and a ``mask`` column if it has one) through ``ppo_fast.data`` with
     ``EXAMPLE_OPTIONS``, gae whitened over the table; one line per token."""
-    import numpy as np
-
     from .. import data
     from ..cli import _table
     from . import _stream
@@ -240,11 +238,10 @@ def trace_dataset(path: str | None = None) -> str:
                 + [float(row[k][t]) for k in ("logprobs", "ref_logprobs", "values")]
                 + [float(row["advantages"][t]), float(row["returns"][t])]
             )
-    mean = np.mean([line[-2] for line in lines if line[3]]) if lines else 0.0
     header = (
         f"ppo_fast.data on {path or 'the example dataset (ppo-fast advantages --example FILE)'}: "
         f"{out.num_rows} rows, gae, kl_coef={EXAMPLE_OPTIONS['kl_coef']}, "
         f"gamma={EXAMPLE_OPTIONS['gamma']}, lam={EXAMPLE_OPTIONS['lam']}, advantages whitened "
-        f"over every valid token of the dataset (mean {mean + 0.0:.4f}); masked tokens get 0"
+        "over every valid token of the dataset; masked tokens get 0"
     )
     return header + "\n" + _table((*TRACE_COLUMNS, "advantage", "return"), lines)
