@@ -24,10 +24,11 @@ token - 0.05 * KL (k1), GAE (gamma 1, lambda 0.95), advantages whitened over the
   verl 0.9.1's ``compute_gae_advantage_return`` (the verbatim copy in ``ppo_fast._peers``),
   back to lists and a Parquet file. Its output is checked against ppo_fast's.
 
-Peak memory: the peak resident set of ``ppo-fast advantages --batch-rows N`` in a fresh process,
-minus that of the same command on an 8-row file (the interpreter, numpy, numba,
-pyarrow), against the bytes of one batch (its input and output columns), on the whole file and on
-half of it: bounded by the batch, whatever the file size. Ratios of one run; the machine is shared,
+Peak memory: the peak resident set of ``advantages_file(batch_rows=N)`` in a fresh process, minus
+that of the same code on an 8-row file (the interpreter, numpy, numba, pyarrow), against the bytes
+of one batch (its input and output columns), on the whole file and on half of it (bounded by the
+batch, whatever the file size), and the same for the floor (pyarrow's reader and writer hold row
+groups and pages of their own). Ratios of one run; the machine is shared,
 so run it on a quiet one and repeat.
 """
 
@@ -166,25 +167,18 @@ def timed(run, source: str, folder: str, repeats: int, batch_rows: int) -> float
     return best
 
 
-def peak_rss_mib(source: str, output: str, batch_rows: int) -> float:
-    """Peak resident set (MiB) of ``ppo-fast advantages`` in a fresh process: VmHWM, which
+def peak_rss_mib(run: str, source: str, output: str, batch_rows: int) -> float:
+    """Peak resident set (MiB) of ``run`` ("floor" or "ours") in a fresh process: VmHWM, which
     starts again at exec (ru_maxrss would carry this process's peak over into the child)."""
-    script = (
-        "import sys\n"
-        "from ppo_fast import cli\n"
-        "status = cli.main(sys.argv[1:])\n"
-        "with open('/proc/self/status') as f:\n"
-        "    print(next(line.split()[1] for line in f if line.startswith('VmHWM')))\n"
-        "raise SystemExit(status)\n"
-    )
-    command = [sys.executable, "-c", script, "advantages", source, "-o", output, *CLI_OPTIONS]
-    out = subprocess.run(
-        [*command, "--batch-rows", str(batch_rows), "--no-progress"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    command = [sys.executable, __file__, "--child", run, source, output, str(batch_rows)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True)
     return int(out.stdout.split()[-1]) / 1024
+
+
+def child(run: str, source: str, output: str, batch_rows: str) -> None:
+    {"floor": floor, "ours": ours}[run](source, output, int(batch_rows))
+    with open("/proc/self/status") as status:
+        print(next(line.split()[1] for line in status if line.startswith("VmHWM")))
 
 
 def check(folder: str, repeats: int) -> float:
@@ -212,7 +206,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-rows", type=int, default=4096)
     parser.add_argument("--memory-batch-rows", type=int, default=2048)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        return child(*args.child)
     with tempfile.TemporaryDirectory() as folder:
         source = os.path.join(folder, "rollouts.parquet")
         tokens = generate(source, args.rows)
@@ -223,6 +220,9 @@ def main() -> None:
         times = {
             "floor (pyarrow read + write)": timed(
                 floor, source, folder, args.repeats, args.batch_rows
+            ),
+            "floor, pyarrow's default writer": timed(
+                floor_default, source, folder, args.repeats, args.batch_rows
             ),
             "floor + the 2 output columns": timed(
                 floor_with_outputs, source, folder, args.repeats, args.batch_rows
@@ -246,15 +246,20 @@ def main() -> None:
         tiny = os.path.join(folder, "tiny.parquet")
         generate(tiny, 8, seed=2)
         rows = args.memory_batch_rows
-        baseline = peak_rss_mib(tiny, os.path.join(folder, "m0.parquet"), rows)
         per_token = 4 * 4 + 2 * 4  # four float32 columns in, two out
         batch_mib = rows * (tokens / args.rows) * per_token / 2**20
-        for name, path in (("whole file", source), ("half the file", half)):
-            peak = peak_rss_mib(path, os.path.join(folder, "m.parquet"), rows)
+        print(f"peak RSS, --batch-rows {rows} (one batch's data: {batch_mib:.0f} MiB), above the")
+        print("same code on an 8-row file (the interpreter and the imports):")
+        for run, name, path in (
+            ("floor", "floor, whole file", source),
+            ("ours", "ppo_fast, whole file", source),
+            ("ours", "ppo_fast, half the file", half),
+        ):
+            base = peak_rss_mib(run, tiny, os.path.join(folder, "m0.parquet"), rows)
+            peak = peak_rss_mib(run, path, os.path.join(folder, "m.parquet"), rows)
             print(
-                f"peak RSS, --batch-rows {rows}, {name}: {peak:.0f} MiB, {peak - baseline:.0f} MiB "
-                f"above the tiny file's {baseline:.0f} MiB; one batch's data {batch_mib:.0f} MiB "
-                f"({(peak - baseline) / batch_mib:.1f}x)"
+                f"  {name:24s} {peak - base:5.0f} MiB ({(peak - base) / batch_mib:.1f} batches; "
+                f"{peak:.0f} MiB in all)"
             )
 
 
