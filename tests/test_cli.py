@@ -682,3 +682,18 @@ def test_trace_dataset_shows_the_example_through_ppo_fast_data(tmp_path, capsys)
     capsys.readouterr()
     assert cli.main(["trace", "--dataset", str(example)]) == 0
     assert rows_of(capsys.readouterr().out) == rows
+
+
+def test_advantages_refuses_a_folder_it_cannot_write(tmp_path, capsys, monkeypatch):
+    source = tmp_path / "in.parquet"
+    write_rollouts(source)
+
+    def refuse(*args, **kwargs):  # what a read-only folder answers (root would write anyway)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    output = tmp_path / "out.parquet"
+    status = cli.main(["advantages", str(source), "-o", str(output)])
+    error = one_error_line(capsys, status, f"ppo-fast advantages: -o {output}: ")
+    assert error.startswith(f"cannot write in {tmp_path} (Permission denied)")
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]

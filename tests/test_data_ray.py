@@ -76,10 +76,10 @@ def test_gae_whitened_over_blocks_equals_one_table():
 
 
 def test_grpo_by_groupby_equals_one_table():
-    table = rollouts(seed=5)
+    table = rollouts(n_rows=120, seed=5)
     expected = data.advantages(table, estimator="grpo")
-    dataset = ray.data.from_arrow(table).repartition(3)
-    got = collected(ppo_ray.advantages(dataset, estimator="grpo"))
+    dataset = ray.data.from_arrow(table).repartition(2)  # groups spread over both blocks
+    got = collected(ppo_ray.advantages(dataset, estimator="grpo", num_partitions=2))
     assert got.num_rows == table.num_rows
     np.testing.assert_allclose(
         flat(got, "advantages"), flat(expected, "advantages"), rtol=RTOL, atol=RTOL
@@ -87,7 +87,9 @@ def test_grpo_by_groupby_equals_one_table():
     assert got.select(["id", "score"]).equals(expected.select(["id", "score"]))
 
 
-def test_estimators_that_need_the_whole_batch_are_refused():
-    dataset = ray.data.from_arrow(rollouts(n_rows=10))
+def test_estimators_that_need_the_whole_batch_and_missing_columns_are_refused():
+    dataset = ray.data.from_arrow(rollouts(n_rows=10).drop_columns(["values"]))
     with pytest.raises(data.DataError, match="gpg needs statistics of the whole batch"):
         ppo_ray.advantages(dataset, estimator="gpg")
+    with pytest.raises(data.DataError, match="no column 'values' in the dataset"):
+        ppo_ray.advantages(dataset, estimator="gae")

@@ -74,17 +74,25 @@ def advantages(
     columns: Columns | str | None = None,
     names: tuple[str, str] = ("advantages", "returns"),
     batch_size: int | None = 65_536,
+    num_partitions: int | None = None,
     **options: Any,
 ) -> Any:
     """``dataset`` (a ``ray.data.Dataset``) with ``advantages`` and ``returns`` list columns,
     lazily (the moments of a whitened token estimator are computed now); ``options`` and
     ``columns`` as for ``ppo_fast.data.advantages``; ``batch_size``: rows per ``map_batches``
-    batch."""
+    batch; ``num_partitions``: of the group estimators' ``groupby`` (Ray's default when None;
+    a few per CPU of the cluster is plenty: each partition is a task)."""
     from ._compute import Statistics, as_moments, fields_used, merge_moments
 
     config = Options(**options)
     fields = resolve_columns(columns)
     used = fields_used(config, fields)
+    if config.grouped and config.estimator not in GROUP_LOCAL:
+        raise DataError(
+            f"{config.estimator} needs statistics of the whole batch, not only of each group; "
+            f"on Ray the group estimators are {', '.join(GROUP_LOCAL)}: run "
+            "ppo_fast.data.advantages_file on one machine for this one"
+        )
     missing = [name for name in used.values() if name not in dataset.schema().names]
     if missing:
         raise DataError(
@@ -93,16 +101,11 @@ def advantages(
             "preset"
         )
     if config.grouped:
-        if config.estimator not in GROUP_LOCAL:
-            raise DataError(
-                f"{config.estimator} needs statistics of the whole batch, not only of each group; "
-                f"on Ray the group estimators are {', '.join(GROUP_LOCAL)}: run "
-                "ppo_fast.data.advantages_file on one machine for this one"
-            )
         compute = functools.partial(
             _with_advantages, options=config, columns=fields, names=names, statistics=None
         )
-        return dataset.groupby(used["uid"]).map_groups(compute, batch_format="pyarrow")
+        groups = dataset.groupby(used["uid"], num_partitions=num_partitions)
+        return groups.map_groups(compute, batch_format="pyarrow")
     statistics = Statistics()
     if config.whiten:
         parts = dataset.select_columns(list(dict.fromkeys(used.values()))).map_batches(
