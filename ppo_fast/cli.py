@@ -3,7 +3,9 @@
     ppo-fast trace                 the worked example of shared/seeds/000 (score 0.7, beta 0.2)
     ppo-fast trace --json FILE     a small batch given as JSON ('-' reads standard input)
     ppo-fast trace --groups        the group estimators (GRPO and relatives) on a small batch
+    ppo-fast trace --dataset [FILE]  the dataset path (ppo_fast.data) on a tiny example table
     ppo-fast bench                 time the kernels against the peers (ppo_fast.bench)
+    ppo-fast advantages IN -o OUT  advantages and returns of a rollout dataset (ppo_fast.data)
 
 The JSON object holds ``logprobs``, ``ref_logprobs`` and ``values`` as lists of rows (rows may
 have different lengths), ``scores`` (one per row), and optionally ``kl_coef``, ``gamma``,
@@ -549,6 +551,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="trace the group estimators (GRPO, RLOO, ...) on scores and group labels",
     )
+    trace.add_argument(
+        "--dataset",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="trace the dataset path (ppo_fast.data) on the example table or a small FILE",
+    )
     trace.add_argument("--backend", choices=("auto", *_backend.BACKENDS), default=None)
     # numpy only: torch, scipy and matplotlib load when a row or the plot needs them.
     from . import bench as benchmark
@@ -557,6 +566,15 @@ def _parser() -> argparse.ArgumentParser:
         "bench", help="time the kernels against the peers and the memory floor"
     )
     benchmark.add_arguments(bench)
+    # The data command's options import no pyarrow: the command does, when it runs.
+    from .data import cli as data_cli
+
+    advantages = commands.add_parser(
+        "advantages",
+        help="advantages and returns of a rollout dataset (Parquet, Arrow IPC, JSON lines)",
+        description="The advantages and returns of a rollout dataset (ppo_fast.data).",
+    )
+    data_cli.add_arguments(advantages)
     return parser
 
 
@@ -568,6 +586,15 @@ def _trace(args: argparse.Namespace) -> int:
         print(f"ppo-fast trace: --backend {args.backend}: {one_line(error)}", file=sys.stderr)
         return 2
     where = "" if args.json is None else f"--json {args.json}: "
+    if args.dataset is not None:
+        from .data import cli as data_cli
+
+        try:
+            print(data_cli.trace_dataset(args.dataset or None))
+        except (ValueError, TypeError, KeyError, ImportError) as error:
+            print(f"ppo-fast trace: --dataset: {one_line(error)}", file=sys.stderr)
+            return 2
+        return 0
     if args.groups:
         try:
             print(trace_groups(_load_batch(args.json, groups=True)))
@@ -600,6 +627,10 @@ def _run(argv: Sequence[str] | None) -> int:
         from . import bench as benchmark
 
         return benchmark.run_command(args)
+    if args.command == "advantages":
+        from .data import cli as data_cli
+
+        return data_cli.run_command(args)
     return _trace(args)
 
 

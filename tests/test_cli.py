@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import pytest
 
 from ppo_fast import cli
@@ -525,3 +526,174 @@ def test_trace_groups_reads_json_and_names_bad_input(tmp_path, capsys):
             capsys, cli.main(["trace", "--groups", "--json", str(path)]), "ppo-fast trace: "
         )
         assert message in error
+
+
+# ppo-fast advantages: rollout datasets (ppo_fast.data)
+
+
+def write_rollouts(path, **columns) -> None:
+    """A small Parquet rollout file: three rows, ppo_fast's column names, ``columns`` replaced
+    (a pyarrow array, or None to leave the column out)."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = {
+        "uid": pa.array(["a", "a", "b"]),
+        "score": pa.array([1.0, 0.0, 0.5]),
+        "logprobs": pa.array([[-0.5, -1.0], [-0.2], [-0.3, -0.4, -0.1]]),
+        "ref_logprobs": pa.array([[-0.6, -1.0], [-0.1], [-0.3, -0.5, -0.1]]),
+        "values": pa.array([[0.1, 0.2], [0.3], [0.0, 0.5, 0.4]]),
+    }
+    table.update(columns)
+    pq.write_table(pa.table({k: v for k, v in table.items() if v is not None}), path)
+
+
+def test_advantages_writes_the_input_with_advantages_and_a_json_summary(tmp_path, capsys):
+    pq = pytest.importorskip("pyarrow.parquet")
+    from ppo_fast import data
+
+    source, output = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    write_rollouts(source)
+    arguments = ["advantages", str(source), "-o", str(output), "--kl-coef", "0.1", "--json"]
+    assert cli.main([*arguments, "--batch-rows", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["rows"], summary["tokens"], summary["passes"]) == (3, 6, 2)
+    expected = data.advantages(pq.read_table(source), kl_coef=0.1)
+    got = pq.read_table(output)
+    assert got.column_names == expected.column_names
+    np.testing.assert_allclose(
+        got["advantages"].combine_chunks().flatten().to_numpy(),
+        expected["advantages"].combine_chunks().flatten().to_numpy(),
+        rtol=1e-12,
+    )
+    assert got["returns"].equals(expected["returns"])
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet", "out.parquet"]
+
+
+def _list(values, kind):
+    pa = pytest.importorskip("pyarrow")
+    return pa.array(values, pa.list_(kind))
+
+
+BAD_ROLLOUTS = {
+    "missing column": (
+        {"values": None},
+        "no column 'values' (the values column); the columns are uid, score, logprobs, "
+        "ref_logprobs: name it with --values-column",
+    ),
+    "list of ints": (
+        {"values": ("int64", [[1, 2], [3], [0, 5, 4]])},
+        "column 'values' (the values column) is list<int64>; per-token data are list<float> "
+        "or list<double>: cast it",
+    ),
+    "list of strings": (
+        {"logprobs": ("string", [["a", "b"], ["c"], ["d", "e", "f"]])},
+        "column 'logprobs' (the logprobs column) is list<string>",
+    ),
+    "null row": (
+        {"values": ("float64", [[0.1, 0.2], [0.3], None])},
+        "column 'values' (the values column) is null at row 2; every row needs a list",
+    ),
+    "null token": (
+        {"ref_logprobs": ("float64", [[-0.6, -1.0], [None], [-0.3, -0.5, -0.1]])},
+        "column 'ref_logprobs' (the ref_logprobs column) has a null inside the list of row 1 "
+        "(token 0)",
+    ),
+    "lengths differ": (
+        {"values": ("float64", [[0.1, 0.2], [0.3, 0.0], [0.0, 0.5, 0.4]])},
+        "row 1 has 1 tokens in column 'logprobs' but 2 in column 'values'",
+    ),
+    "null score": (
+        {"score": [1.0, None, 0.5]},
+        "column 'score' (the score column) is null at row 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ROLLOUTS))
+def test_advantages_refuses_bad_rollouts_naming_column_row_and_fix(case, tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    columns, message = BAD_ROLLOUTS[case]
+    arrays = {
+        name: value
+        if value is None or not isinstance(value, tuple)
+        else _list(value[1], getattr(pa, value[0])())
+        for name, value in columns.items()
+    }
+    arrays = {k: (pa.array(v) if isinstance(v, list) else v) for k, v in arrays.items()}
+    source, output = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    write_rollouts(source, **arrays)
+    status = cli.main(["advantages", str(source), "-o", str(output), "--kl-coef", "0.1"])
+    error = one_error_line(capsys, status, f"ppo-fast advantages: {source}: ")
+    assert message in error
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]  # nothing at OUTPUT, no temporary
+
+
+def test_advantages_refuses_bad_paths(tmp_path, capsys):
+    source = tmp_path / "in.parquet"
+    write_rollouts(source)
+    text = tmp_path / "notes.parquet"
+    text.write_text("score,values\n1.0,0.5\n")
+    cases = [
+        ([str(source), "-o", str(source)], f"-o {source} is the input file"),
+        ([str(source), "-o", f"{tmp_path}/missing/out.parquet"], "does not exist"),
+        ([str(source), "-o", f"{text}/out.parquet"], "is not a folder"),
+        ([str(source), "-o", f"{tmp_path}/out.csv"], "end the name with .parquet"),
+        ([str(text), "-o", f"{tmp_path}/out.parquet"], "is not a Parquet, Arrow IPC or JSON"),
+        ([f"{tmp_path}/none.parquet", "-o", f"{tmp_path}/o.parquet"], "no such file"),
+    ]
+    for arguments, message in cases:
+        error = one_error_line(
+            capsys, cli.main(["advantages", *arguments]), "ppo-fast advantages: "
+        )
+        assert message in error, (arguments, error)
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1" + b"\0" * 40)
+    status = cli.main(["advantages", str(tmp_path / "broken.parquet"), "-o", f"{tmp_path}/o.arrow"])
+    assert "cannot read it" in one_error_line(capsys, status, "ppo-fast advantages: ")
+    assert sorted(os.listdir(tmp_path)) == ["broken.parquet", "in.parquet", "notes.parquet"]
+
+
+def test_advantages_interrupted_leaves_no_output(tmp_path, capsys, monkeypatch):
+    from ppo_fast.data import _stream
+
+    source, output = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    write_rollouts(source)
+    real = _stream.Writer.write
+
+    def write_then_interrupt(self, batch):
+        real(self, batch)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_stream.Writer, "write", write_then_interrupt)
+    assert cli.main(["advantages", str(source), "-o", str(output)]) == 130
+    assert capsys.readouterr().err == "ppo-fast: interrupted\n"
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
+
+
+def test_trace_dataset_shows_the_example_through_ppo_fast_data(tmp_path, capsys):
+    pytest.importorskip("pyarrow")
+    assert cli.main(["trace", "--dataset"]) == 0
+    rows = rows_of(capsys.readouterr().out)
+    # Row 0 is the seed's example: its returns are the trace's (0.7212, 0.7960, 0.6800).
+    assert [r[-1] for r in rows[:3]] == ["0.7212", "0.7960", "0.6800"]
+    assert rows[4][3] == "0" and rows[4][-2:] == ["0.0000", "0.0000"]  # the masked tool token
+    example = tmp_path / "rollouts.parquet"
+    assert cli.main(["advantages", "--example", str(example)]) == 0
+    capsys.readouterr()
+    assert cli.main(["trace", "--dataset", str(example)]) == 0
+    assert rows_of(capsys.readouterr().out) == rows
+
+
+def test_advantages_refuses_a_folder_it_cannot_write(tmp_path, capsys, monkeypatch):
+    source = tmp_path / "in.parquet"
+    write_rollouts(source)
+
+    def refuse(*args, **kwargs):  # what a read-only folder answers (root would write anyway)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    output = tmp_path / "out.parquet"
+    status = cli.main(["advantages", str(source), "-o", str(output)])
+    error = one_error_line(capsys, status, f"ppo-fast advantages: -o {output}: ")
+    assert error.startswith(f"cannot write in {tmp_path} (Permission denied)")
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]

@@ -1,0 +1,267 @@
+"""``ppo-fast advantages`` on a generated rollout file, against the I/O floor and today's code.
+
+    python bench/data_advantages.py                       5.2 M tokens, 3 repeats (~2 min)
+    python bench/data_advantages.py --rows 2048 --repeats 1   a quick look
+
+The file: ``--rows`` responses of 64 .. 1,216 tokens (uniform), 8 per prompt, float32 per-token
+columns (logprobs, ref_logprobs, values, verl's names) and a score and uid per row, Parquet in
+row groups of 4,096 rows. Every row of the result (best of ``--repeats``, each run writing a new
+file) is end-to-end from the file to a new file, verl's computation: rewards = score on the last
+token - 0.05 * KL (k1), GAE (gamma 1, lambda 0.95), advantages whitened over the whole dataset
+(unbiased variance, verl's ``masked_whiten``):
+
+- ``floor``: pyarrow alone, reading the file in batches and writing it back (what no pipeline
+  beats), with ppo_fast's Parquet settings (no dictionary for the list columns); ``ppo_fast``
+  reads it twice (the statistics, then the advantages);
+- ``floor, pyarrow's default writer``: the same with pyarrow's defaults (a dictionary tried on
+  every column);
+- ``floor + the 2 output columns``: the floor writing two more float32 list columns (the bytes
+  ``ppo_fast`` writes);
+- ``ppo_fast``: ``ppo_fast.data.advantages_file`` (what ``ppo-fast advantages`` runs), warm;
+- ``ppo_fast, no whitening (1 pass)``: the same without whitening: no first pass;
+- ``ppo-fast advantages (cold)``: the command in a fresh process: imports and first compiles;
+- ``lists + verl``: what a user writes today: the table to Python lists, padded torch tensors,
+  verl 0.9.1's ``compute_gae_advantage_return`` (the verbatim copy in ``ppo_fast._peers``),
+  back to lists and a Parquet file. Its output is checked against ppo_fast's.
+
+Peak memory: the peak resident set of ``advantages_file(batch_rows=N)`` in a fresh process, minus
+that of the same code on an 8-row file (the interpreter, numpy, numba, pyarrow), against the bytes
+of one batch (its input and output columns), on the whole file and on half of it (bounded by the
+batch, whatever the file size), and the same for the floor (pyarrow's reader and writer hold row
+groups and pages of their own). Ratios of one run; the machine is shared,
+so run it on a quiet one and repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ppo_fast import data
+
+OPTIONS = {"estimator": "gae", "kl_coef": 0.05, "gamma": 1.0, "lam": 0.95, "unbiased": True}
+COLUMNS = data.resolve_columns("verl", mask="")  # the rows hold only response tokens
+CLI_OPTIONS = ["--preset", "verl", "--mask-column", "", "--kl-coef", "0.05", "--unbiased"]
+
+
+def generate(path: str, n_rows: int, seed: int = 0) -> int:
+    """A verl-named rollout file (token_level_scores: the score on the last token); its tokens."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(64, 1217, n_rows)
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    n = int(offsets[-1])
+    scores = np.zeros(n, dtype=np.float32)
+    scores[offsets[1:] - 1] = rng.random(n_rows) < 0.5
+
+    def tokens(x):
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(x.astype(np.float32)))
+
+    table = pa.table(
+        {
+            "uid": pa.array([f"prompt-{i // 8}" for i in range(n_rows)]),
+            "token_level_scores": tokens(scores),
+            "old_log_probs": tokens(rng.normal(-1.0, 0.5, n)),
+            "ref_log_prob": tokens(rng.normal(-1.0, 0.5, n)),
+            "values": tokens(rng.normal(0.0, 1.0, n)),
+        }
+    )
+    pq.write_table(table, path, row_group_size=4096)
+    return n
+
+
+def _writer(output: str, schema: pa.Schema, default: bool = False) -> pq.ParquetWriter:
+    """ppo_fast's Parquet settings (no dictionary for the list columns), or pyarrow's."""
+    if default:
+        return pq.ParquetWriter(output, schema)
+    flat = [f.name for f in schema if not pa.types.is_nested(f.type)]
+    return pq.ParquetWriter(output, schema, use_dictionary=flat)
+
+
+def floor(source: str, output: str, batch_rows: int, default: bool = False) -> None:
+    with pq.ParquetFile(source) as file:
+        writer = _writer(output, file.schema_arrow, default)
+        for batch in file.iter_batches(batch_size=batch_rows):
+            writer.write_batch(batch)
+        writer.close()
+
+
+def floor_with_outputs(source: str, output: str, batch_rows: int) -> None:
+    """The floor writing two more float32 list columns (the size of ppo_fast's output)."""
+    with pq.ParquetFile(source) as file:
+        writer = None
+        for batch in file.iter_batches(batch_size=batch_rows):
+            values = batch.column("values")
+            batch = batch.append_column("advantages", values).append_column("returns", values)
+            writer = writer or _writer(output, batch.schema)
+            writer.write_batch(batch)
+        writer.close()
+
+
+def floor_default(source: str, output: str, batch_rows: int) -> None:
+    """The floor with pyarrow's default writer (a dictionary tried on every column)."""
+    floor(source, output, batch_rows, default=True)
+
+
+def ours(source: str, output: str, batch_rows: int) -> None:
+    data.advantages_file(source, output, columns=COLUMNS, batch_rows=batch_rows, **OPTIONS)
+
+
+def one_pass(source: str, output: str, batch_rows: int) -> None:
+    """ppo_fast without whitening: no statistics, so one read of the file."""
+    options = {**OPTIONS, "whiten": False}
+    data.advantages_file(source, output, columns=COLUMNS, batch_rows=batch_rows, **options)
+
+
+def cold(source: str, output: str, batch_rows: int) -> None:
+    command = [sys.executable, "-m", "ppo_fast.cli", "advantages", source, "-o", output]
+    subprocess.run([*command, *CLI_OPTIONS, "--batch-rows", str(batch_rows)], check=True)
+
+
+def lists_and_verl(source: str, output: str, batch_rows: int) -> None:
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    from ppo_fast._peers import verl_0_9_1 as verl
+
+    table = pq.read_table(source)
+    rows = {k: table[k].to_pylist() for k in ("token_level_scores", "old_log_probs")}
+    rows |= {k: table[k].to_pylist() for k in ("ref_log_prob", "values")}
+
+    def padded(key):
+        return pad_sequence([torch.tensor(r) for r in rows[key]], batch_first=True)
+
+    lengths = torch.tensor([len(r) for r in rows["values"]])
+    mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).float()
+    kl = verl.kl_penalty(padded("old_log_probs"), padded("ref_log_prob"), "kl")
+    rewards = padded("token_level_scores") - 0.05 * kl
+    advantages, returns = verl.compute_gae_advantage_return(
+        rewards, padded("values"), mask, torch.tensor(1.0), torch.tensor(0.95)
+    )
+    as_lists = {
+        "advantages": [a[:n].tolist() for a, n in zip(advantages, lengths.tolist(), strict=True)],
+        "returns": [r[:n].tolist() for r, n in zip(returns, lengths.tolist(), strict=True)],
+    }
+    for name, values in as_lists.items():
+        table = table.append_column(name, pa.array(values, pa.list_(pa.float32())))
+    pq.write_table(table, output)
+
+
+def timed(run, source: str, folder: str, repeats: int, batch_rows: int) -> float:
+    best = float("inf")
+    for repeat in range(repeats):
+        output = os.path.join(folder, f"{run.__name__}-{repeat}.parquet")
+        start = time.perf_counter()
+        run(source, output, batch_rows)
+        best = min(best, time.perf_counter() - start)
+        if repeat < repeats - 1:
+            os.unlink(output)
+    return best
+
+
+def peak_rss_mib(run: str, source: str, output: str, batch_rows: int) -> float:
+    """Peak resident set (MiB) of ``run`` ("floor" or "ours") in a fresh process: VmHWM, which
+    starts again at exec (ru_maxrss would carry this process's peak over into the child)."""
+    command = [sys.executable, __file__, "--child", run, source, output, str(batch_rows)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    return int(out.stdout.split()[-1]) / 1024
+
+
+def child(run: str, source: str, output: str, batch_rows: str) -> None:
+    {"floor": floor, "ours": ours}[run](source, output, int(batch_rows))
+    with open("/proc/self/status") as status:
+        print(next(line.split()[1] for line in status if line.startswith("VmHWM")))
+
+
+def check(folder: str, repeats: int) -> float:
+    """The largest difference between ppo_fast's and verl's advantages (float32)."""
+    ours_table = pq.read_table(os.path.join(folder, f"ours-{repeats - 1}.parquet"))
+    theirs = pq.read_table(os.path.join(folder, "lists_and_verl-0.parquet"))
+    a = ours_table["advantages"].combine_chunks().flatten().to_numpy()
+    b = theirs["advantages"].combine_chunks().flatten().to_numpy()
+    return float(np.abs(a - b).max())
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        return next(
+            line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line
+        )
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-rows", type=int, default=4096)
+    parser.add_argument("--memory-batch-rows", type=int, default=2048)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(*args.child)
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "rollouts.parquet")
+        tokens = generate(source, args.rows)
+        size = os.path.getsize(source) / 2**20
+        print(f"{cpu_name()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+        print(f"file: {args.rows:,} rows, {tokens:,} tokens, {size:.0f} MiB Parquet")
+        ours(source, os.path.join(folder, "warm.parquet"), args.batch_rows)  # compiles
+        times = {
+            "floor (pyarrow read + write)": timed(
+                floor, source, folder, args.repeats, args.batch_rows
+            ),
+            "floor, pyarrow's default writer": timed(
+                floor_default, source, folder, args.repeats, args.batch_rows
+            ),
+            "floor + the 2 output columns": timed(
+                floor_with_outputs, source, folder, args.repeats, args.batch_rows
+            ),
+            "ppo_fast (warm)": timed(ours, source, folder, args.repeats, args.batch_rows),
+            "ppo_fast, no whitening (1 pass)": timed(
+                one_pass, source, folder, args.repeats, args.batch_rows
+            ),
+            "ppo-fast advantages (cold)": timed(cold, source, folder, 1, args.batch_rows),
+            "lists + verl": timed(lists_and_verl, source, folder, 1, args.batch_rows),
+        }
+        base = times["floor (pyarrow read + write)"]
+        for name, seconds in times.items():
+            print(
+                f"{name:32s} {tokens / seconds / 1e6:8.2f} M tokens/s  {seconds / base:6.2f}x floor"
+            )
+        print(f"ppo_fast vs lists + verl: {times['lists + verl'] / times['ppo_fast (warm)']:.1f}x")
+        print(f"largest |ppo_fast - verl| advantage: {check(folder, args.repeats):.2e} (float32)")
+        half = os.path.join(folder, "half.parquet")
+        generate(half, args.rows // 2, seed=1)
+        tiny = os.path.join(folder, "tiny.parquet")
+        generate(tiny, 8, seed=2)
+        rows = args.memory_batch_rows
+        per_token = 4 * 4 + 2 * 4  # four float32 columns in, two out
+        batch_mib = rows * (tokens / args.rows) * per_token / 2**20
+        print(f"peak RSS, --batch-rows {rows} (one batch's data: {batch_mib:.0f} MiB), above the")
+        print("same code on an 8-row file (the interpreter and the imports):")
+        for run, name, path in (
+            ("floor", "floor, whole file", source),
+            ("ours", "ppo_fast, whole file", source),
+            ("ours", "ppo_fast, half the file", half),
+        ):
+            base = peak_rss_mib(run, tiny, os.path.join(folder, "m0.parquet"), rows)
+            peak = peak_rss_mib(run, path, os.path.join(folder, "m.parquet"), rows)
+            print(
+                f"  {name:24s} {peak - base:5.0f} MiB ({(peak - base) / batch_mib:.1f} batches; "
+                f"{peak:.0f} MiB in all)"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""Inputs, outputs and the streaming driver: record batches of at most ``batch_rows`` rows from a
+Parquet, Arrow IPC or JSON lines file (or a Table), the two passes of ``_compute``, and the
+output written whole or not at all.
+
+Memory: a pass holds one record batch (and, for Parquet, the row group being decoded) and its
+results; between the passes it keeps the statistics (three floats, or one float64 a row for the
+group estimators). Arrow IPC files are memory-mapped, so their batches are read in place. JSON
+lines are parsed whole by ``pyarrow.json`` (there is no streaming JSON reader in pyarrow), then
+cut into batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .._atomic import atomic_write, output_problem
+from . import _columns
+from ._arrow import pa
+from ._compute import Statistics, fields_used, first_pass, first_pass_fields
+from ._compute import second_pass_batch as _second_pass_batch
+from ._names import DEFAULT_BATCH_ROWS, Columns, DataError, Options
+
+FORMATS = ("parquet", "arrow", "arrow-stream", "jsonl")
+OUTPUT_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow"}
+Progress = Callable[[str, int, int], None]  # (pass name, rows, tokens) after each batch
+
+
+def _no_progress(phase: str, rows: int, tokens: int) -> None:
+    return None
+
+
+class _Source:
+    """Record batches of at most ``batch_rows`` rows, of some ``columns`` or all (None)."""
+
+    schema: Any
+
+    def batches(self, columns: list[str] | None) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def table(self) -> Any:
+        """The whole input as one Table (for small inputs: ``ppo-fast trace --dataset``)."""
+        return pa.Table.from_batches(list(self.batches(None)), schema=self.schema)
+
+
+class TableSource(_Source):
+    """Record batches of an in-memory Table (its chunks, cut to ``batch_rows``: zero-copy)."""
+
+    format = "table"
+
+    def __init__(self, table: Any, batch_rows: int | None = None) -> None:
+        self.table = table
+        self.schema = table.schema
+        self.num_rows = table.num_rows
+        self.batch_rows = batch_rows
+
+    def batches(self, columns: list[str] | None) -> Iterator[Any]:
+        table = self.table if columns is None else self.table.select(columns)
+        yield from table.to_batches(max_chunksize=self.batch_rows)
+
+
+class ParquetSource(_Source):
+    format = "parquet"
+
+    def __init__(self, path: str, batch_rows: int) -> None:
+        import pyarrow.parquet as pq
+
+        self.path, self.batch_rows, self._pq = path, batch_rows, pq
+        file = pq.ParquetFile(path)
+        self.schema = file.schema_arrow
+        self.num_rows = file.metadata.num_rows
+
+    def batches(self, columns: list[str] | None) -> Iterator[Any]:
+        with self._pq.ParquetFile(self.path) as file:
+            yield from file.iter_batches(batch_size=self.batch_rows, columns=columns)
+
+
+class IpcSource(_Source):
+    """An Arrow IPC file or stream, memory-mapped: its batches are views of the mapping."""
+
+    def __init__(self, path: str, batch_rows: int, stream: bool) -> None:
+        self.path, self.batch_rows, self.stream = path, batch_rows, stream
+        self.format = "arrow-stream" if stream else "arrow"
+        with self._reader() as reader:
+            self.schema = reader.schema
+            self.num_rows = (
+                None
+                if stream
+                else sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+            )
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[Any]:
+        with pa.memory_map(self.path) as source:
+            yield pa.ipc.open_stream(source) if self.stream else pa.ipc.open_file(source)
+
+    def batches(self, columns: list[str] | None) -> Iterator[Any]:
+        with self._reader() as reader:
+            stored = (
+                iter(reader)
+                if self.stream
+                else (reader.get_batch(i) for i in range(reader.num_record_batches))
+            )
+            for batch in stored:
+                if columns is not None:
+                    batch = batch.select(columns)
+                for start in range(0, batch.num_rows, self.batch_rows):
+                    yield batch.slice(start, self.batch_rows)
+
+
+def _kind(path: str) -> str:
+    """The file's format from its first bytes (not its name)."""
+    with open(path, "rb") as file:
+        head = file.read(64)
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if head.startswith(b"ARROW1"):
+        return "arrow"
+    if head.startswith(b"\xff\xff\xff\xff"):
+        return "arrow-stream"
+    if head.lstrip()[:1] == b"{":
+        return "jsonl"
+    raise DataError(
+        f"is not a Parquet, Arrow IPC or JSON lines file (it begins with {head[:8]!r}); give a "
+        ".parquet file, an Arrow IPC file or stream, or JSON lines (one object per line)"
+    )
+
+
+def open_source(path: str, batch_rows: int) -> Any:
+    """The source reading ``path`` in batches of ``batch_rows``, or a DataError saying why not."""
+    if not os.path.exists(path):
+        raise DataError("no such file; give the path of a Parquet, Arrow IPC or JSON lines file")
+    if os.path.isdir(path):
+        raise DataError("is a folder; give a file (a dataset folder: pass one file at a time)")
+    try:
+        kind = _kind(path)
+        if kind == "parquet":
+            return ParquetSource(path, batch_rows)
+        if kind == "jsonl":
+            import pyarrow.json as pj
+
+            return TableSource(pj.read_json(path), batch_rows)
+        return IpcSource(path, batch_rows, stream=kind == "arrow-stream")
+    except (pa.ArrowException, OSError) as error:
+        raise DataError(f"cannot read it: {error}") from None
+
+
+def output_format(path: str) -> str:
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in OUTPUT_SUFFIXES:
+        raise DataError(
+            f"cannot tell the output format from {suffix or 'no suffix'!r}: end the name with "
+            ".parquet (Parquet) or .arrow (an Arrow IPC file)"
+        )
+    return OUTPUT_SUFFIXES[suffix]
+
+
+def check_paths(source_path: str, output: str) -> str:
+    """The output's format, or a DataError: the output is the input, or cannot be written."""
+    kind = output_format(output)
+    if os.path.exists(output) and os.path.exists(source_path):
+        if os.path.samefile(source_path, output):
+            raise DataError(
+                f"-o {output} is the input file; write to another path (the input is read "
+                "twice and must stay as it is)"
+            )
+    problem = output_problem(output)
+    if problem is not None:
+        raise DataError(f"-o {output}: {problem}")
+    return kind
+
+
+class Writer:
+    """Record batches into an open binary file, as Parquet or an Arrow IPC file. In Parquet, the
+    flat columns (uids, scores) keep pyarrow's default dictionary encoding and the list columns
+    (token data: floats that rarely repeat) are written without one: pyarrow would try a
+    dictionary and drop it once it outgrows its page, which took more than half of the
+    writing time on the rollouts of bench/data_advantages.py."""
+
+    def __init__(self, file: Any, kind: str) -> None:
+        self.file, self.kind, self.writer = file, kind, None
+
+    def write(self, batch: Any) -> None:
+        if self.writer is None:
+            if self.kind == "parquet":
+                import pyarrow.parquet as pq
+
+                flat = [f.name for f in batch.schema if not pa.types.is_nested(f.type)]
+                self.writer = pq.ParquetWriter(
+                    self.file, batch.schema, use_dictionary=flat or False
+                )
+            else:
+                self.writer = pa.ipc.new_file(self.file, batch.schema)
+        self.writer.write_batch(batch) if self.kind == "arrow" else self.writer.write(batch)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def run(
+    source: Any,
+    emit: Callable[[Any], None],
+    options: Options,
+    columns: Columns,
+    names: tuple[str, str],
+    progress: Progress = _no_progress,
+    statistics: Statistics | None = None,
+) -> dict[str, Any]:
+    """Both passes over ``source``; ``emit`` receives every output batch in order. Returns the
+    summary (rows, tokens, batches, passes, and the whitening moments where there are some).
+    ``statistics`` given (by ``ppo_fast.data.ray``, from the whole dataset): no first pass."""
+    used = fields_used(options, columns)
+    _columns.require(source.schema, used)
+    if names[0] == names[1]:
+        raise DataError(f"the advantages and returns columns have one name {names[0]!r}")
+    for name in names:
+        if name in used.values():
+            raise DataError(
+                f"the output column {name!r} is an input column of the computation; name the "
+                "outputs otherwise (--advantages-column, --returns-column)"
+            )
+    passes = 1
+    if statistics is None and not options.needs_first_pass:
+        statistics = Statistics()
+    elif statistics is None:
+        wanted = first_pass_fields(options, used)
+        order = [n for n in source.schema.names if n in set(wanted.values())]
+        totals = [0, 0]
+
+        def counted(rows: int, tokens: int) -> None:
+            totals[0] += rows
+            totals[1] += tokens
+            progress("statistics", *totals)
+
+        statistics = first_pass(source.batches(order), options, wanted, counted)
+        passes = 2
+    rows = tokens = batches = 0
+    for batch in source.batches(None):
+        out, batch_tokens = _second_pass_batch(batch, options, used, statistics, rows, names)
+        emit(out)
+        rows, tokens, batches = rows + batch.num_rows, tokens + batch_tokens, batches + 1
+        progress("advantages", rows, tokens)
+    if batches == 0:  # an input of no rows still gets its output columns
+        empty = pa.RecordBatch.from_pylist([], schema=source.schema)
+        emit(_second_pass_batch(empty, options, used, statistics, 0, names)[0])
+    summary: dict[str, Any] = {
+        "rows": rows,
+        "tokens": tokens,
+        "batches": batches,
+        "passes": passes,
+        "estimator": options.estimator,
+    }
+    if statistics.moments is not None:
+        summary["whiten_mean"] = statistics.moments.mean
+        summary["whiten_std"] = statistics.moments.var(options.unbiased) ** 0.5
+    return summary
+
+
+def advantages_file(
+    input: str | os.PathLike,
+    output: str | os.PathLike,
+    options: Options,
+    columns: Columns,
+    *,
+    names: tuple[str, str] = ("advantages", "returns"),
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    progress: Progress = _no_progress,
+) -> dict[str, Any]:
+    """Read ``input`` in batches of ``batch_rows`` rows, write it with the advantages and returns
+    to ``output`` (a temporary file in its folder, renamed at the end: an interrupted run leaves
+    no partial output). Returns the summary, with the time and tokens/s."""
+    input, output = os.fspath(input), os.fspath(output)
+    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
+        raise DataError(f"batch_rows must be a positive integer, got {batch_rows!r}")
+    kind = check_paths(input, output)
+    source = open_source(input, batch_rows)
+    start = time.perf_counter()
+    try:
+        with atomic_write(output, "wb") as file:
+            writer = Writer(file, kind)
+            try:
+                summary = run(source, writer.write, options, columns, names, progress)
+            except BaseException:
+                # Closed now, while its file is open (the temporary file is removed next),
+                # rather than by the garbage collector after it is closed.
+                with contextlib.suppress(Exception):
+                    writer.close()
+                raise
+            writer.close()
+    except pa.ArrowException as error:
+        raise DataError(f"cannot read it: {error}") from None
+    seconds = time.perf_counter() - start
+    return {
+        "input": input,
+        "output": output,
+        "input_format": source.format,
+        "output_format": kind,
+        **summary,
+        "seconds": seconds,
+        "tokens_per_s": summary["tokens"] / seconds if seconds > 0 else None,
+    }

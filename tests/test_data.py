@@ -1,0 +1,270 @@
+"""ppo_fast.data: Arrow tables and files through the public stages, zero-copy, in batches.
+
+Each result is held to the stages called once on the whole input (packed with cu_seqlens, or
+padded with a mask): bit for bit where no statistic of the whole input is merged, and to 1e-12
+(float64) where the whitening moments of several batches are merged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import ppo_fast  # noqa: E402
+from ppo_fast import data  # noqa: E402
+from ppo_fast.data import _columns, _compute  # noqa: E402
+
+MERGED_RTOL = 1e-12
+
+
+def rollouts(n_rows=60, seed=0, dtype=np.float64, max_len=9, n_groups=9) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, max_len, n_rows)
+    offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))).astype(np.int32))
+    n = int(lengths.sum())
+
+    def tokens(x):
+        return pa.ListArray.from_arrays(offsets, pa.array(np.asarray(x, dtype=dtype)))
+
+    return pa.table(
+        {
+            "uid": pa.array([f"q{i}" for i in rng.integers(0, n_groups, n_rows)]),
+            "score": rng.normal(size=n_rows),
+            "logprobs": tokens(rng.normal(-1, 0.5, n)),
+            "ref_logprobs": tokens(rng.normal(-1, 0.5, n)),
+            "values": tokens(rng.normal(size=n)),
+            "mask": pa.ListArray.from_arrays(offsets, pa.array(rng.random(n) > 0.2)),
+            "bootstrap": rng.normal(size=n_rows),
+        }
+    )
+
+
+def flat(table, name) -> np.ndarray:
+    return table[name].combine_chunks().flatten().to_numpy(zero_copy_only=False)
+
+
+def packed(table):
+    cu = np.concatenate(([0], np.cumsum(pa.compute.list_value_length(table["values"]))))
+    return {k: flat(table, k) for k in ("logprobs", "ref_logprobs", "values")}, cu
+
+
+def test_gae_whitened_in_batches_equals_the_stages_on_the_whole_table():
+    table = rollouts()
+    out = data.advantages(table, kl_coef=0.1, lam=0.9, batch_rows=7)
+    x, cu = packed(table)
+    rewards = ppo_fast.shape_rewards(
+        table["score"].to_numpy(), x["logprobs"], x["ref_logprobs"], kl_coef=0.1, cu_seqlens=cu
+    )
+    expected = ppo_fast.gae(rewards, x["values"], lam=0.9, cu_seqlens=cu)
+    np.testing.assert_array_equal(flat(out, "returns"), expected.returns)
+    whitened = ppo_fast.whiten(expected.advantages, cu_seqlens=cu)
+    np.testing.assert_allclose(flat(out, "advantages"), whitened, rtol=MERGED_RTOL, atol=1e-14)
+    assert out.select(table.column_names).equals(table)  # the input columns, the row order
+
+
+def test_mask_and_bootstrap_equal_the_padded_masked_stages():
+    table = rollouts(seed=1, dtype=np.float32)
+    columns = data.resolve_columns(mask="mask", bootstrap="bootstrap")
+    out = data.advantages(table, columns=columns, gamma=0.99, whiten=False, batch_rows=11)
+    assert out.schema.field("advantages").type == pa.list_(pa.float32())
+    rows = table.to_pylist()
+    width = max(len(r["values"]) for r in rows)
+    padded = {
+        k: np.array([r[k] + [0] * (width - len(r[k])) for r in rows], dtype=np.float32)
+        for k in ("logprobs", "values")
+    }
+    mask = np.array([r["mask"] + [False] * (width - len(r["mask"])) for r in rows])
+    rewards = ppo_fast.shape_rewards(
+        table["score"].to_numpy(), padded["logprobs"], padded["logprobs"], kl_coef=0.0, mask=mask
+    )
+    expected = ppo_fast.gae(
+        rewards,
+        padded["values"],
+        gamma=0.99,
+        mask=mask,
+        bootstrap=table["bootstrap"].to_numpy(),
+    )
+    got = out.to_pylist()
+    for b, row in enumerate(got):
+        n = len(row["values"])
+        np.testing.assert_array_equal(row["advantages"], expected.advantages[b, :n])
+        np.testing.assert_array_equal(row["returns"], expected.returns[b, :n])
+
+
+def test_sliced_and_chunked_columns_give_the_contiguous_result():
+    table = rollouts(n_rows=80, seed=2)
+    whole = data.advantages(table, estimator="reinforce_plus_plus", gamma=0.97)
+    # Offsets of a slice do not start at 0; a chunked table is several arrays.
+    sliced = table.slice(13, 50)
+    chunked = pa.concat_tables([table.slice(0, 13), table.slice(13, 30), table.slice(43)])
+    from_slice = data.advantages(sliced, estimator="reinforce_plus_plus", gamma=0.97)
+    alone = data.advantages(
+        pa.Table.from_pylist(sliced.to_pylist(), schema=table.schema),
+        estimator="reinforce_plus_plus",
+        gamma=0.97,
+    )
+    assert from_slice["advantages"].to_pylist() == alone["advantages"].to_pylist()
+    out = data.advantages(chunked, estimator="reinforce_plus_plus", gamma=0.97)
+    assert out["returns"].to_pylist() == whole["returns"].to_pylist()
+    np.testing.assert_allclose(flat(out, "advantages"), flat(whole, "advantages"), rtol=1e-12)
+    batch = data.advantages(table.to_batches()[0], estimator="reinforce_plus_plus", gamma=0.97)
+    assert isinstance(batch, pa.RecordBatch)
+    assert batch.column("returns").to_pylist() == whole["returns"].to_pylist()
+
+
+def test_token_values_are_views_of_the_arrow_buffers_and_outputs_share_the_offsets():
+    table = rollouts(n_rows=20, seed=4)
+    batch = table.to_batches()[0].slice(3, 10)
+    column = _columns.token_column(batch, "values", "values", 0)
+    buffer = np.frombuffer(batch.column("values").values.buffers()[1], dtype=np.float64)
+    assert np.shares_memory(column.values, buffer)
+    assert column.cu_seqlens[0] == 0 and column.values.shape[0] == column.cu_seqlens[-1]
+    out = data.advantages(table, whiten=False)
+    assert (
+        out["advantages"].chunk(0).offsets.buffers()[1].address
+        == table["values"].chunk(0).offsets.buffers()[1].address
+    )
+
+
+def test_uids_of_any_arrow_type_are_numbered_in_first_seen_order():
+    chunks = [
+        pa.array(["b", "a"]).dictionary_encode(),
+        pa.array(["c", "a", "b"]).dictionary_encode(),
+    ]
+    assert _columns.group_ids(chunks).tolist() == [0, 1, 2, 1, 0]
+    assert _columns.group_ids([pa.array([7, 3]), pa.array([7, 9])]).tolist() == [0, 1, 0, 2]
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_group_estimators_over_batches_equal_the_whole_table(estimator):
+    table = rollouts(n_rows=70, seed=6)
+    out = data.advantages(table, estimator=estimator, batch_rows=8)
+    _, cu = packed(table)
+    scores, uids = table["score"].to_numpy(), table["uid"].to_pylist()
+    if estimator == "reinforce_plus_plus_baseline":
+        expected = ppo_fast.reinforce_plus_plus_baseline(scores, uids, cu_seqlens=cu)
+    else:
+        expected = getattr(ppo_fast, estimator)(scores, uids, cu_seqlens=cu)
+    np.testing.assert_array_equal(flat(out, "advantages"), expected)
+    np.testing.assert_array_equal(flat(out, "returns"), expected)
+
+
+def test_verl_preset_equals_verls_gae_and_whitening():
+    torch = pytest.importorskip("torch")
+    from ppo_fast._peers import verl_0_9_1 as verl
+
+    source = rollouts(n_rows=30, seed=7, dtype=np.float32)
+    offsets = source["values"].chunk(0).offsets
+    scores = np.zeros(int(offsets[-1].as_py()), dtype=np.float32)
+    ends = np.asarray(offsets)[1:][np.diff(np.asarray(offsets)) > 0] - 1
+    scores[ends] = source["score"].to_numpy()[np.diff(np.asarray(offsets)) > 0]
+    table = pa.table(
+        {
+            "uid": source["uid"],
+            "token_level_scores": pa.ListArray.from_arrays(offsets, pa.array(scores)),
+            "old_log_probs": source["logprobs"],
+            "ref_log_prob": source["ref_logprobs"],
+            "values": source["values"],
+            "response_mask": source["mask"],
+        }
+    )
+    out = data.advantages(table, columns="verl", kl_coef=0.05, unbiased=True, batch_rows=9)
+    rows = table.to_pylist()
+    width = max(len(r["values"]) for r in rows)
+
+    def pad(key):
+        return torch.tensor([r[key] + [0] * (width - len(r[key])) for r in rows])
+
+    mask = pad("response_mask").float()
+    kl = pad("old_log_probs") - pad("ref_log_prob")
+    rewards = pad("token_level_scores") - 0.05 * kl
+    advantages, returns = verl.compute_gae_advantage_return(
+        rewards, pad("values"), mask, torch.tensor(1.0), torch.tensor(0.95)
+    )
+    got = out.to_pylist()
+    for b, row in enumerate(got):
+        # verl leaves values at masked positions; ppo_fast puts 0 there (not actions).
+        valid = np.array(row["response_mask"], dtype=bool)
+        n = valid.shape[0]
+        assert not np.any(np.array(row["advantages"])[~valid])
+        for name, theirs in (("advantages", advantages), ("returns", returns)):
+            np.testing.assert_allclose(
+                np.array(row[name])[valid], theirs[b, :n].numpy()[valid], rtol=2e-5, atol=2e-5
+            )
+
+
+def test_files_in_every_format_equal_the_table_api(tmp_path):
+    table = rollouts(n_rows=40, seed=8)
+    expected = data.advantages(table, estimator="grpo")
+    paths = {"parquet": tmp_path / "in.parquet", "arrow": tmp_path / "in.arrow"}
+    pq.write_table(table, paths["parquet"], row_group_size=9)
+    with pa.OSFile(str(paths["arrow"]), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table, max_chunksize=11)
+    jsonl = tmp_path / "in.jsonl"
+    small = table.select(["uid", "score", "logprobs"])
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in small.to_pylist()))
+    for kind, path in paths.items():
+        output = tmp_path / f"out-{kind}.arrow"
+        summary = data.advantages_file(path, output, estimator="grpo", batch_rows=5)
+        assert summary["input_format"] == kind and summary["rows"] == 40
+        with pa.memory_map(str(output)) as source:
+            got = pa.ipc.open_file(source).read_all()
+        assert got.equals(expected)
+    output = tmp_path / "out.parquet"
+    data.advantages_file(jsonl, output, estimator="grpo", batch_rows=5)
+    np.testing.assert_array_equal(
+        flat(pq.read_table(output), "advantages"), flat(expected, "advantages")
+    )
+
+
+def test_an_interrupted_run_leaves_no_output(tmp_path):
+    source = tmp_path / "in.parquet"
+    pq.write_table(rollouts(n_rows=40, seed=9), source, row_group_size=10)
+    output = tmp_path / "out.parquet"
+
+    def interrupt(phase, rows, tokens):
+        if phase == "advantages" and rows >= 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        data.advantages_file(source, output, batch_rows=10, progress=interrupt)
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
+
+
+def test_merged_moments_equal_the_moments_of_the_whole():
+    rng = np.random.default_rng(10)
+    # A large mean: E[x^2] - E[x]^2 in float64 would be off by about 1e-5 relative here; the
+    # rounding of the data themselves (ulp 1e-10 at 1e6 against a spread of 3) bounds the rest.
+    x = rng.normal(1e6, 3.0, 1000)
+    cuts = [0, 1, 200, 201, 650, 1000]
+    parts = [
+        _compute.batch_moments(x[a:b], np.array([0, b - a]), None)
+        for a, b in itertools.pairwise(cuts)
+    ]
+    count, mean, m2 = _compute.merge_moments(parts)
+    assert count == 1000
+    np.testing.assert_allclose(mean, x.mean(), rtol=1e-15)
+    np.testing.assert_allclose(m2 / count, x.var(), rtol=1e-10)
+
+
+def test_options_and_columns_are_checked():
+    table = rollouts(n_rows=5)
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        data.advantages(table, estimator="ppo")
+    with pytest.raises(ValueError, match="group estimator grpo compares row scores"):
+        data.advantages(table, estimator="grpo", kl_coef=0.1)
+    with pytest.raises(ValueError, match="gamma"):
+        data.advantages(table, gamma=1.5)
+    with pytest.raises(data.DataError, match=r"kl_coef=0\.1 needs the logprobs column"):
+        data.advantages(table, kl_coef=0.1, columns=data.resolve_columns(logprobs=""))
+    with pytest.raises(TypeError, match="unknown column field 'logprob'"):
+        data.resolve_columns(logprob="x")
+    with pytest.raises(TypeError, match=r"pyarrow\.Table or RecordBatch"):
+        data.advantages({"score": [1.0]})
