@@ -709,7 +709,8 @@ def compute_opo_outcome_advantage(
     with torch.no_grad():
         scores = _row_scores(token_level_rewards)
         groups = _loop_groups(index, scores.shape[0])
-        token_counts = ppo_torch.to_numpy(response_mask.sum(dim=-1), "response_mask")
+        # verl weights by the row sums of the mask, float for a float mask: counts here.
+        token_counts = ppo_torch.to_numpy(response_mask.sum(dim=-1).long(), "response_mask")
         advantages = outcome_rows(_REWARDS, _outcome.opo, scores, groups, token_counts=token_counts)
         advantages = _broadcast(advantages, response_mask)
     return advantages, advantages
