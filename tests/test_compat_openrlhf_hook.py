@@ -32,7 +32,9 @@ from ppo_fast.compat import openrlhf as compat
 _STANDIN = {
     "openrlhf/__init__.py": "",
     "openrlhf/models/__init__.py": "from .loss import PolicyLoss, ValueLoss\n",
-    "openrlhf/models/loss.py": "from ppo_fast._peers.openrlhf_0_11_2 import PolicyLoss, ValueLoss\n",
+    "openrlhf/models/loss.py": (
+        "from ppo_fast._peers.openrlhf_0_11_2 import PolicyLoss, ValueLoss\n"
+    ),
     "openrlhf/trainer/__init__.py": "",
     "openrlhf/trainer/ray/__init__.py": "",
     "openrlhf/trainer/ray/ppo_actor.py": "from openrlhf.models import PolicyLoss\n",
@@ -161,7 +163,7 @@ def test_install_refuses_another_openrlhf(monkeypatch, standin):
 def test_a_module_without_a_target_fails_its_import_with_the_reason(standin, tmp_path):
     (tmp_path / "openrlhf/trainer/ray/ppo_actor.py").write_text("Actor = None\n")
     hook.install()
-    with pytest.raises(RuntimeError, match="openrlhf.trainer.ray.ppo_actor has no PolicyLoss"):
+    with pytest.raises(RuntimeError, match=r"openrlhf\.trainer\.ray\.ppo_actor has no PolicyLoss"):
         import openrlhf.trainer.ray.ppo_actor  # noqa: F401
 
 
