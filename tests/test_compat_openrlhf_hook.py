@@ -175,6 +175,33 @@ def test_runtime_env_runs_the_setup_hook_with_openrlhfs_environment(monkeypatch)
     assert env["env_vars"]["TOKENIZERS_PARALLELISM"] == "true"
 
 
+def test_the_launcher_starts_ray_with_the_hook_and_runs_openrlhfs_train_ppo_ray(
+    monkeypatch, standin
+):
+    """``python -m ppo_fast.compat.openrlhf ARGS`` (``main``): ray.init with ``runtime_env()``,
+    then OpenRLHF's ``train_ppo_ray`` as ``__main__`` with ARGS (Ray and OpenRLHF's script
+    recorded, not run: the script imports vLLM)."""
+    import runpy
+
+    import ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: bool(calls))
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(("init", kwargs)))
+    monkeypatch.setattr(
+        runpy, "run_module", lambda name, **kwargs: calls.append((name, list(sys.argv), kwargs))
+    )
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    hook.main(["--pretrain", "m", "--algo.advantage.estimator", "gae"])
+    assert compat.installed()
+    assert calls[0] == ("init", {"runtime_env": compat.runtime_env()})
+    name, argv, kwargs = calls[1]
+    assert name == "openrlhf.cli.train_ppo_ray" and kwargs["run_name"] == "__main__"
+    assert argv[1:] == ["--pretrain", "m", "--algo.advantage.estimator", "gae"]
+    with pytest.raises(RuntimeError, match=r"already initialised.*runtime_env"):
+        hook.main([])
+
+
 @pytest.mark.slow
 def test_the_hook_is_in_place_inside_a_ray_worker(tmp_path):
     """ray.init with the launcher's runtime_env on a local cluster: the worker ran the setup hook
