@@ -78,7 +78,13 @@ from .._peers.openrlhf_0_11_2 import (
     masked_mean,
 )
 from ._fused_loss import fused_loss, non_empty_rows
-from ._openrlhf_hook import install, installed, runtime_env, setup_worker, uninstall
+
+# The worker hook (not OpenRLHF functions: outside __all__, whose names are OpenRLHF's).
+from ._openrlhf_hook import install as install
+from ._openrlhf_hook import installed as installed
+from ._openrlhf_hook import runtime_env as runtime_env
+from ._openrlhf_hook import setup_worker as setup_worker
+from ._openrlhf_hook import uninstall as uninstall
 from ._outcome import outcome_rows
 
 __all__ = [
@@ -91,12 +97,7 @@ __all__ = [
     "compute_reward",
     "get_advantages_and_returns",
     "get_cumulative_returns",
-    "install",
-    "installed",
     "masked_mean",
-    "runtime_env",
-    "setup_worker",
-    "uninstall",
 ]
 
 _logger = logging.getLogger(__name__)
