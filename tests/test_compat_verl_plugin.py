@@ -55,9 +55,10 @@ def patched():
     verl_plugin.unpatch_core_algos()
 
 
-def _data(reward_baselines: bool = False) -> DataProto:
+def _data(reward_baselines: bool = False, mask_dtype: torch.dtype = torch.float64) -> DataProto:
     """12 rows of width 7 in four groups of three string uids, right-padded with a hole in one
-    row and one row with a single valid token; float64."""
+    row and one row with a single valid token; float64 (the mask ``mask_dtype``: verl's trainer
+    slices it from the int64 attention mask)."""
     g = torch.Generator().manual_seed(15)
     rows, width = 12, 7
     lengths = torch.tensor([7, 5, 3, 1, 6, 7, 2, 4, 7, 5, 3, 6])
@@ -68,7 +69,7 @@ def _data(reward_baselines: bool = False) -> DataProto:
     rewards += 0.01 * torch.randn(rows, width, generator=g, dtype=torch.float64) * mask
     tensors = {
         "token_level_rewards": rewards,
-        "response_mask": mask,
+        "response_mask": mask.to(mask_dtype),
         "values": torch.randn(rows, width, generator=g, dtype=torch.float64),
         "old_log_probs": -torch.rand(rows, width, generator=g, dtype=torch.float64),
         "sum_pi_squared": torch.rand(rows, width, generator=g, dtype=torch.float64),
@@ -128,11 +129,18 @@ def _verl_branch_kwargs(verl_name: str, data: DataProto, config: AlgoConfig) -> 
     return kwargs
 
 
-@pytest.mark.parametrize("norm", [True, False], ids=["std", "no-std"])
-def test_each_estimator_in_compute_advantage_equals_verls(norm):
+@pytest.mark.parametrize(
+    ("norm", "mask_dtype"),
+    [(True, torch.float64), (False, torch.int64)],
+    ids=["std-float-mask", "no-std-int-mask"],
+)
+def test_each_estimator_in_compute_advantage_equals_verls(norm, mask_dtype):
     config = _algo(norm_adv_by_std_in_grpo=norm)
-    data = _data()
-    for ppo_name, (verl_name, _) in ESTIMATORS.items():
+    data = _data(mask_dtype=mask_dtype)
+    for ppo_name, (verl_name, function) in ESTIMATORS.items():
+        registered = core_algos.get_adv_estimator_fn(ppo_name)
+        assert registered.__ppo_fast_compat__ is function  # ppo_fast's, not verl's, runs
+        assert function.__module__.startswith("ppo_fast.compat")
         if verl_name in NAME_GATED:
             continue
         expected = _compute_advantage(verl_name, data, config)
@@ -257,7 +265,9 @@ def test_each_policy_loss_as_verls_actor_calls_it_equals_verls(agg, global_batch
         "rollout_is_weights": torch.rand(rows, width, generator=g) + 0.5,
     }
     new = old + 0.3 * torch.randn(rows, width, generator=g)
-    for ppo_name, (verl_name, _) in POLICY_LOSSES.items():
+    for ppo_name, (verl_name, function) in POLICY_LOSSES.items():
+        assert core_algos.get_policy_loss_fn(ppo_name) is function
+        assert function.__module__.startswith("ppo_fast.compat")
         results = []
         for name in (ppo_name, verl_name):
             log_prob = new.clone().requires_grad_()
