@@ -45,6 +45,12 @@ What runs where:
   argument checks) and GSPO are OpenRLHF's own code; only ``forward`` is replaced where it runs
   on the kernels.
 
+Without editing OpenRLHF: ``install()`` (idempotent, undone by ``uninstall()``) puts
+``PolicyLoss`` and the experience maker's three methods above in OpenRLHF's modules, and
+``python -m ppo_fast.compat.openrlhf ARGS`` runs ``openrlhf.cli.train_ppo_ray`` with ARGS on a Ray
+whose ``worker_process_setup_hook`` installs it in every worker (``runtime_env()``); see
+``ppo_fast.compat._openrlhf_hook``.
+
 Differences, by design: masks must hold 0/1; values stored at masked positions never reach the
 fused losses (OpenRLHF's ``x * 0`` turns a NaN there into a NaN loss), so parity holds for finite
 inputs; the fused losses are differentiated with respect to ``log_probs`` / ``values`` only and
@@ -72,6 +78,13 @@ from .._peers.openrlhf_0_11_2 import (
     masked_mean,
 )
 from ._fused_loss import fused_loss, non_empty_rows
+
+# The worker hook (not OpenRLHF functions: outside __all__, whose names are OpenRLHF's).
+from ._openrlhf_hook import install as install
+from ._openrlhf_hook import installed as installed
+from ._openrlhf_hook import runtime_env as runtime_env
+from ._openrlhf_hook import setup_worker as setup_worker
+from ._openrlhf_hook import uninstall as uninstall
 from ._outcome import outcome_rows
 
 __all__ = [
@@ -549,3 +562,9 @@ def compute_advantages_and_returns(self: Any, experiences: list) -> list:
     if args.algo.advantage.estimator in _NORMALISED_ESTIMATORS:
         _normalise_advantages(experiences, args.algo.advantage.no_std_norm)
     return experiences
+
+
+if __name__ == "__main__":  # python -m ppo_fast.compat.openrlhf ARGS: the launcher
+    from ._openrlhf_hook import main
+
+    main()
