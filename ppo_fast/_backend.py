@@ -148,3 +148,22 @@ def run(name: str, backend: str | None, **arguments) -> None:
     first_input = arguments[kernel.inputs[0].name]
     arguments["n_threads"] = _threads.threads_for(arguments["starts"].shape[0], first_input.size)
     getattr(_cached_resolve(backend), name)(*kernel.bind(arguments))
+
+
+# The kernel function each (kernel, backend=, set_backend, raw PPO_FAST_BACKEND) resolves to, for
+# ``call`` (as ``_resolved``; a failure is never cached).
+_functions: dict[tuple[str, str | None, str | None, object], object] = {}
+
+
+def call(name: str, backend: str | None, n_rows: int, n_positions: int, *arguments) -> None:
+    """Run kernel ``name`` on ``backend`` with every argument but ``n_threads`` given in the
+    table's order: the stages' fast paths (binding them by name, as ``run`` does, costs about a
+    microsecond). The threads follow the thread policy for the batch, as in ``run``."""
+    key = (name, backend, _selected, _environment_backend())
+    function = _functions.get(key)
+    if function is None:
+        function = getattr(_cached_resolve(backend), name)
+        if len(_functions) > 256:  # bounded, as _resolved
+            _functions.clear()
+        _functions[key] = function
+    function(*arguments, _threads.threads_for(n_rows, n_positions))

@@ -152,5 +152,7 @@ def _threads_setting() -> int:
 
 def threads_for(n_rows: int, n_positions: int) -> int:
     """Threads for one call: never more than rows, none extra for small batches."""
-    wanted = min(_threads_setting(), n_rows, n_positions // MIN_POSITIONS_PER_THREAD)
-    return max(1, wanted)
+    setting = _threads_setting()  # read even for a small batch: a bad variable always raises
+    if n_positions < 2 * MIN_POSITIONS_PER_THREAD:
+        return 1
+    return max(1, min(setting, n_rows, n_positions // MIN_POSITIONS_PER_THREAD))

@@ -342,21 +342,25 @@ def _padded_layout(n_rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     return layout
 
 
-def _common_padded(arrays: tuple[Any, ...], mask: Any) -> Rows | None:
-    """The rows of the common case, checked in a few attribute reads, or None when it is not.
+def common_layout(
+    arrays: tuple[Any, ...], mask: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The layout arguments (starts, spans, the flat mask) of the common case, checked in a few
+    attribute reads, or None when it is not; lengths are the spans.
 
     The common case: NumPy arrays (not subclasses) of one float dtype (float32 or float64, native
     byte order), 2-D, of one shape, C-contiguous, with no mask or a C-contiguous bool mask of that
     shape. Those are exactly the inputs that ``token_arrays`` returns unchanged and ``rows`` accepts
-    as they are; anything else goes the general way, which returns the same or raises.
+    as they are; anything else goes the general way, which returns the same or raises. The stages'
+    fast paths and ``batch`` start here.
     """
     first = arrays[0]
-    if type(first) is not np.ndarray:
+    if type(first) is not np.ndarray or not first.flags.c_contiguous:
         return None
     dtype, shape = first.dtype, first.shape
     if (dtype is not FLOAT_DTYPES[0] and dtype is not FLOAT_DTYPES[1]) or len(shape) != 2:
         return None
-    for array in arrays:
+    for array in arrays[1:]:
         if (
             type(array) is not np.ndarray
             or array.dtype is not dtype
@@ -364,19 +368,26 @@ def _common_padded(arrays: tuple[Any, ...], mask: Any) -> Rows | None:
             or not array.flags.c_contiguous
         ):
             return None
+    starts, spans = _padded_layouts.get(shape) or _padded_layout(*shape)
     if mask is None:
-        flat_mask = _EMPTY_MASK
-    elif (
+        return starts, spans, _EMPTY_MASK
+    if (
         type(mask) is np.ndarray
         and mask.dtype is _BOOL
         and mask.shape == shape
         and mask.flags.c_contiguous
     ):
-        flat_mask = mask.ravel().view(_UINT8)
-    else:
+        return starts, spans, mask.ravel().view(_UINT8)
+    return None
+
+
+def common_padded(arrays: tuple[Any, ...], mask: Any) -> Rows | None:
+    """The rows of the common case (``common_layout``), or None when it is not."""
+    layout = common_layout(arrays, mask)
+    if layout is None:
         return None
-    starts, spans = _padded_layout(*shape)
-    return Rows(shape, starts, spans, spans, flat_mask, False)
+    starts, spans, flat_mask = layout
+    return Rows(arrays[0].shape, starts, spans, spans, flat_mask, False)
 
 
 def batch(
@@ -388,12 +399,12 @@ def batch(
 ) -> tuple[tuple[np.ndarray, ...], Rows]:
     """``token_arrays(**arrays)`` and the ``rows`` of their shape, in one call.
 
-    The common case (``_common_padded``) is recognised first and costs about a microsecond; any
+    The common case (``common_padded``) is recognised first and costs about a microsecond; any
     other input takes the general way, with its checks and its error messages.
     """
     if lengths is None and cu_seqlens is None:
         values = tuple(arrays.values())
-        fast = _common_padded(values, mask)
+        fast = common_padded(values, mask)
         if fast is not None:
             return values, fast
     checked = token_arrays(**arrays)
@@ -464,18 +475,20 @@ def rows(
     return Rows(shape, starts, spans, spans, flat_mask, False)
 
 
-# np.full(n_rows, value) by (value, its sign, n_rows): a scalar hyperparameter is the same on
-# every call. Shared by every call; nothing writes into them (the kernels read row inputs only).
-_constant_rows: dict[tuple[float, float, int], np.ndarray] = {}
+# np.full(n_rows, value, dtype) by (value, the sign of a zero, n_rows, dtype): a scalar
+# hyperparameter is the same on every call. Shared by every call; nothing writes into them (the
+# kernels read row inputs only).
+_constant_rows: dict[tuple[Any, ...], np.ndarray] = {}
 
 
-def constant_rows(number: float, n_rows: int) -> np.ndarray:
-    """``np.full(n_rows, number)``, float64, from a cache: do not write into it."""
-    # The sign is part of the key: 0.0 == -0.0, and they may give different bits.
-    key = (number, math.copysign(1.0, number), n_rows)
+def constant_rows(number: float, n_rows: int, dtype: np.dtype = FLOAT_DTYPES[1]) -> np.ndarray:
+    """``np.full(n_rows, number, dtype)`` (float64 by default), from a cache: do not write into
+    it."""
+    # The sign of a zero is part of the key: 0.0 == -0.0, and they may give different bits.
+    key = (number, n_rows, dtype) if number else (number, math.copysign(1.0, number), n_rows, dtype)
     array = _constant_rows.get(key)
     if array is None:
-        array = np.full(n_rows, number, dtype=np.float64)
+        array = np.full(n_rows, number, dtype=dtype)
         if number == number:  # NaN is never equal to a key: it would fill the cache
             if len(_constant_rows) >= 64:  # bounded: a program whose values never repeat
                 _constant_rows.clear()

@@ -73,6 +73,19 @@ def gae(
     GAEResult(advantages, returns), each shaped like ``rewards`` with its dtype (the arrays of
     ``out`` when given); 0 at positions that are not valid. Inputs are never modified.
     """
+    if (
+        type(gamma) is float
+        and type(lam) is float
+        and 0.0 <= gamma <= 1.0  # NaN fails the comparisons: it goes the general way
+        and 0.0 <= lam <= 1.0
+        and lengths is None
+        and cu_seqlens is None
+        and bootstrap is None
+        and out is None
+    ):
+        layout = _validate.common_layout((rewards, values), mask)
+        if layout is not None:
+            return _gae_common(rewards, values, gamma, lam, layout, backend)
     (token_rewards, token_values), rows = _validate.batch(
         {"rewards": rewards, "values": values}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens
     )
@@ -115,5 +128,42 @@ def gae(
         bootstrap=next_values,
         advantages=advantages.ravel(),
         returns=returns.ravel(),
+    )
+    return GAEResult(advantages, returns)
+
+
+def _gae_common(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    gamma: float,
+    lam: float,
+    layout: tuple[np.ndarray, np.ndarray, np.ndarray],
+    backend: str | None,
+) -> GAEResult:
+    """The common case, checked by the caller (``_validate.common_layout``: two C-contiguous
+    (B, T) arrays of one float dtype, no mask or a bool one; float gamma and lam in [0, 1], no
+    bootstrap, no ``out``): what the general way computes, from the same arrays, without its
+    per-call cost (tests/test_fast_path.py compares the two)."""
+    starts, spans, flat_mask = layout
+    shape, dtype = rewards.shape, rewards.dtype
+    n_rows = shape[0]
+    advantages = np.empty(shape, dtype)
+    returns = np.empty(shape, dtype)
+    _backend.call(
+        "gae",
+        backend,
+        n_rows,
+        n_rows * shape[1],
+        rewards.ravel(),
+        values.ravel(),
+        starts,
+        spans,
+        spans,
+        flat_mask,
+        _validate.constant_rows(gamma, n_rows),
+        _validate.constant_rows(lam, n_rows),
+        _validate.constant_rows(0.0, n_rows),
+        advantages.ravel(),
+        returns.ravel(),
     )
     return GAEResult(advantages, returns)

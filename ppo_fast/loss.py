@@ -147,7 +147,7 @@ def _row_scales(
         scale = _validate.scalar("loss_scale", loss_scale, lo=0.0, open_lo=True)
         return np.full(rows.n_rows, 1.0 / scale), valid
     if rows.mask.shape[0]:
-        counts = np.count_nonzero(rows.mask.reshape(rows.shape), axis=1)
+        counts = _valid_counts(rows)
     else:
         counts = rows.lengths
     valid = float(counts.sum())
@@ -163,6 +163,23 @@ def _row_scales(
     with np.errstate(divide="ignore"):
         per_token = np.where(counts > 0, 1.0 / (seqs * counts), 0.0)
     return per_token, valid
+
+
+# From this row width on, the valid positions are counted row by row (``_valid_counts``).
+_COUNT_BY_ROW = 1024
+
+
+def _valid_counts(rows: _validate.Rows) -> np.ndarray:
+    """Each row's valid positions (mask != 0) of a padded batch with a mask, int64 (B,).
+
+    ``np.count_nonzero(mask, axis=1)`` copies the mask to bool and sums that through a cast: 14
+    times the time of one count over the whole mask at 1024 x 4096 (measured on an AMD EPYC).
+    ``np.count_nonzero`` of each row runs at the whole count's speed plus about 0.4 us a row, so
+    it takes over from rows of ``_COUNT_BY_ROW`` positions, where the two cost about the same."""
+    mask = rows.mask.reshape(rows.shape)
+    if rows.shape[1] >= _COUNT_BY_ROW:
+        return np.fromiter(map(np.count_nonzero, mask), np.int64, rows.shape[0])
+    return np.count_nonzero(mask, axis=1)
 
 
 def _totals(row_outputs: np.ndarray, scales: np.ndarray) -> list[float]:
@@ -242,6 +259,26 @@ def clipped_surrogate(
     / d logprobs shaped like ``logprobs`` (0 where not valid), and the statistics (floats, NaN
     with no valid token).
     """
+    if (
+        agg == "token-mean"
+        and type(clip_low) is float
+        and 0.0 <= clip_low <= 1.0  # NaN fails the comparisons: it goes the general way
+        and (clip_high is None or (type(clip_high) is float and clip_high >= 0.0))
+        and dual_clip is None
+        and log_ratio_clamp is None
+        and weights is None
+        and grad_out is None
+        and lengths is None
+        and cu_seqlens is None
+        and num_tokens is None
+        and num_seqs is None
+        and loss_scale is None
+    ):
+        layout = _validate.common_layout((logprobs, old_logprobs, advantages), mask)
+        if layout is not None:
+            return _clipped_surrogate_common(
+                logprobs, old_logprobs, advantages, clip_low, clip_high, layout, backend
+            )
     arrays: dict[str, Any] = {
         "logprobs": logprobs,
         "old_logprobs": old_logprobs,
@@ -303,6 +340,74 @@ def clipped_surrogate(
         row_clipped=row_clipped,
         row_dual=row_dual,
         row_kl=row_kl,
+    )
+    loss, clipped, dual_clipped, kl = _totals(row_outputs, scales)
+    return PolicyLossResult(
+        loss=loss,
+        grad=grad,
+        clipfrac=_mean(clipped, valid),
+        clipfrac_lower=_mean(dual_clipped, valid),
+        approx_kl=_mean(kl, valid),
+    )
+
+
+# The token scalars of the common case by (dtype, clip_low, clip_high): the trust region's bounds
+# and no dual clip nor clamp, as the general way rounds them. Bounded as _validate's caches.
+_common_bounds: dict[tuple[np.dtype, float, float | None], tuple[Any, ...]] = {}
+
+
+def _clipped_surrogate_common(
+    logprobs: np.ndarray,
+    old_logprobs: np.ndarray,
+    advantages: np.ndarray,
+    clip_low: float,
+    clip_high: float | None,
+    layout: tuple[np.ndarray, np.ndarray, np.ndarray],
+    backend: str | None,
+) -> PolicyLossResult:
+    """The common case, checked by the caller (``_validate.common_layout``: three C-contiguous
+    (B, T) arrays of one float dtype, no mask or a bool one; float clip bounds, token-mean with its
+    default count; no dual clip, clamp, weights nor ``grad_out``): what the general way computes,
+    from the same arrays, without its per-call cost (tests/test_fast_path.py compares the two)."""
+    starts, spans, flat_mask = layout
+    shape, dtype = logprobs.shape, logprobs.dtype
+    n_rows = shape[0]
+    n_positions = n_rows * shape[1]
+    bounds = _common_bounds.get((dtype, clip_low, clip_high))
+    if bounds is None:
+        token = dtype.type
+        high = clip_low if clip_high is None else clip_high
+        bounds = (token(1.0 - clip_low), token(1.0 + high), token(math.inf), token(math.inf))
+        if len(_common_bounds) >= 64:
+            _common_bounds.clear()
+        _common_bounds[(dtype, clip_low, clip_high)] = bounds
+    # _row_scales' token-mean: counted as the kernels test validity, mask != 0.
+    valid = float(np.count_nonzero(flat_mask) if flat_mask.shape[0] else n_positions)
+    scale = 1.0 / valid if valid else 0.0
+    scales = _validate.constant_rows(scale, n_rows)
+    grad = np.empty(shape, dtype)
+    row_outputs = np.empty((4, n_rows))
+    row_loss, row_clipped, row_dual, row_kl = row_outputs
+    _backend.call(
+        "clipped_surrogate",
+        backend,
+        n_rows,
+        n_positions,
+        logprobs.ravel(),
+        old_logprobs.ravel(),
+        advantages.ravel(),
+        _NO_WEIGHTS[dtype],
+        starts,
+        spans,
+        spans,
+        flat_mask,
+        _validate.constant_rows(scale, n_rows, dtype),
+        *bounds,
+        grad.ravel(),
+        row_loss,
+        row_clipped,
+        row_dual,
+        row_kl,
     )
     loss, clipped, dual_clipped, kl = _totals(row_outputs, scales)
     return PolicyLossResult(

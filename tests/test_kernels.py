@@ -30,10 +30,6 @@ def _backend_parameters(backend: str, name: str) -> list[str]:
     if backend == "numba":
         # The Python source of the compiled kernel; n_threads is the wrapper's.
         return [*_parameters(kernel.function), "n_threads"]
-    if backend == "cython":
-        # Cython's fused functions keep their signature as the first line of the docstring.
-        specialised = next(iter(kernel.__signatures__.values()))
-        return _parameters(specialised)
     return _parameters(kernel)
 
 
