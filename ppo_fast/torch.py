@@ -13,7 +13,8 @@ How tensors reach the kernels:
 - A CUDA (or any non-CPU) tensor takes a host round trip: it is copied to host memory, computed
   there, and the result is copied back to the input's device, until a GPU backend exists. It is
   correct but pays two transfers and a synchronisation per call.
-- Except in the policy-loss family (``reinforce_loss``, ``cispo_loss``, ``sapo_loss``): there a
+- Except in the policy-loss family (``reinforce_loss``, ``cispo_loss``, ``sapo_loss``,
+  ``dppo_loss``, ``kl_cov_loss``): there a
   tensor on another device is computed on that device by a torch implementation of the kernel's
   formula, with the same closed-form gradient and statistics (per-token arithmetic in the input
   dtype, sums in float64), and nothing is copied to the host. Checking the values of a mask that
@@ -868,3 +869,7 @@ def sapo_loss(
 
 for _function in (reinforce_loss, cispo_loss, sapo_loss):
     _function.__doc__ = (_function.__doc__ or "") + _FAMILY_DOC
+
+
+# DPPO and KL-Cov, in a module of their own (which reads the machinery above).
+from ._torch_token_losses import dppo_loss, kl_cov_loss  # noqa: E402, F401
