@@ -67,7 +67,13 @@ X86_64_FLAGS = {
     AVX2: ["-mavx2", "-mfma"],
     AVX512: ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq"],
 }
-HEADERS = ["src/lanes.h", "src/exp.h", "src/log.h", "src/rows.h", *sorted(glob.glob("src/rows_*.h"))]
+HEADERS = [
+    "src/lanes.h",
+    "src/exp.h",
+    "src/log.h",
+    "src/rows.h",
+    *sorted(glob.glob("src/rows_*.h")),
+]
 EXTENSIONS = [
     Extension(
         name,
