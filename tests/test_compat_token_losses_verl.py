@@ -24,6 +24,7 @@ from ppo_fast.compat import verl as compat
 
 pytestmark = pytest.mark.skipif(not REAL, reason=f"needs verl 0.9.1 ({PEER.label} found)")
 NAMES = ("dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "reinforce")
+SIGNATURES = (*NAMES, "bypass_mode")
 
 
 def config(name: str, variant: int, global_batch_info: dict):
@@ -114,8 +115,52 @@ def test_the_batch_takes_both_sides_of_the_masks_and_selects_tokens():
     assert kl_cov.item() != pytest.approx(plain.item(), rel=1e-6)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", SIGNATURES)
 def test_same_arguments_as_verl(name):
     function = f"compute_policy_loss_{name}"
     assert_same_arguments(getattr(compat, function), verl_function(function), function)
     assert function in compat.__all__
+
+
+def _bypass_config(loss_type: str, variant: int, global_batch_info: dict):
+    algorithm = importlib.import_module("verl.trainer.config.algorithm")
+    policy_loss = importlib.import_module("verl.workers.config.actor").PolicyLossConfig
+    correction = (
+        {"rollout_is": "token", "rollout_is_threshold": 1.5, "rollout_rs": "token_k1",
+         "rollout_rs_threshold": 3.0},
+        {"rollout_is": "sequence", "rollout_is_threshold": 50.0, "rollout_rs": "seq_mean_k3",
+         "rollout_rs_threshold": 0.5, "rollout_is_batch_normalize": True},
+    )[variant]  # fmt: skip
+    rollout = algorithm.RolloutCorrectionConfig(loss_type=loss_type, bypass_mode=True, **correction)
+    return PEER.make_config(
+        policy_loss=policy_loss(rollout_correction=rollout), global_batch_info=global_batch_info
+    )
+
+
+@pytest.mark.parametrize("loss_type", ["reinforce", "ppo_clip"])
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_bypass_mode_equals_verl(loss_type, mode):
+    """The weights, the rejection mask and their metrics are verl's own helper's; the loss,
+    its gradient and its metrics ppo_fast's, equal to verl's."""
+    for dtype in (torch.float32, torch.float64):
+        b = batch("holes", dtype, seed=29)
+        old, logp = b.old_logprobs, b.old_logprobs + (b.logprobs - b.old_logprobs) * 0.2
+        for variant, arguments in enumerate(global_args(mode, b)[:2]):
+            cfg = _bypass_config(loss_type, variant, arguments)
+            outputs = []
+            for function in (
+                compat.compute_policy_loss_bypass_mode,
+                verl_function("compute_policy_loss_bypass_mode"),
+            ):
+                x = logp.clone().requires_grad_()
+                loss, metrics = function(old, x, b.advantages, b.mask, mode, cfg)
+                loss.backward()
+                outputs.append((loss, metrics, x.grad))
+            (loss, metrics, grad), (loss_ref, metrics_ref, grad_ref) = outputs
+            what = f"bypass {loss_type} {mode} {dtype} {arguments} variant={variant}"
+            assert metrics_ref["rollout_corr/rollout_rs_masked_fraction"] > 0, what
+            assert_parity(loss, loss_ref, what, dtype)
+            assert_parity(grad, grad_ref, f"d {what}", dtype)
+            assert metrics.keys() == metrics_ref.keys(), what
+            for key in metrics:
+                assert_parity(metrics[key], metrics_ref[key], f"{what} {key}", dtype)

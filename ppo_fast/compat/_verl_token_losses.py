@@ -2,8 +2,9 @@
 
 Re-exported by ``ppo_fast.compat.verl`` (call them from there): ``compute_policy_loss_dppo_tv``,
 ``compute_policy_loss_dppo_kl``, ``compute_policy_loss_clip_cov``,
-``compute_policy_loss_kl_cov`` with verl's signature ``(old_log_prob, log_prob, advantages,
-response_mask, loss_agg_mode, config, rollout_is_weights)`` and ``compute_policy_loss_reinforce``
+``compute_policy_loss_kl_cov``, ``compute_policy_loss_bypass_mode`` with verl's signature
+``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+rollout_is_weights)`` and ``compute_policy_loss_reinforce``
 with its own (``rollout_log_prob`` first, "seq-mean-token-sum" by default), each returning
 verl's ``(loss, metrics)``. The loss runs as in ``._verl_policy_losses`` (one fused
 ``ppo_fast.torch`` loss for the masked sum, verl's ``agg_loss`` normalisation in torch).
@@ -285,3 +286,84 @@ def compute_policy_loss_reinforce(
     )
     ppo_kl = _as_verl_mean(result.approx_kl, response_mask, _promoted(log_prob, rollout_log_prob))
     return pg_loss, {"actor/ppo_kl": ppo_kl.item()}
+
+
+def _rollout_correction_helper():
+    """verl's own ``compute_rollout_correction_and_rejection_mask`` (rollout_corr_helper.py):
+    the rollout importance weights, the rejection mask and their metrics."""
+    try:
+        from verl.trainer.ppo.rollout_corr_helper import (
+            compute_rollout_correction_and_rejection_mask,
+        )
+    except ImportError as error:
+        raise ImportError(
+            "compute_policy_loss_bypass_mode computes its rollout importance weights, rejection "
+            "mask and metrics with verl's own rollout_corr_helper, which could not be imported "
+            f"({error}): install verl==0.9.1 (ppo_fast fuses the loss that follows them)"
+        ) from error
+    return compute_rollout_correction_and_rejection_mask
+
+
+def compute_policy_loss_bypass_mode(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl.trainer.ppo.core_algos.compute_policy_loss_bypass_mode: ``(pg_loss, metrics)``.
+
+    As verl: ``old_log_prob`` is the rollout policy's; the rollout importance weights (of
+    ``log_prob`` against it, held constant) and the rejection mask come from
+    ``config.policy_loss.rollout_correction`` (``loss_type``, ``rollout_is``,
+    ``rollout_is_threshold``, ``rollout_is_batch_normalize``, ``rollout_rs``,
+    ``rollout_rs_threshold``); ``rollout_is_weights`` is ignored. "reinforce" runs
+    ``compute_policy_loss_reinforce`` with the weights on the rejection mask, "ppo_clip"
+    ``compute_policy_loss_vanilla`` on it without them (the PPO ratio is the correction); the
+    metrics are that loss's and the helper's ``rollout_corr/...``.
+
+    Different: the weights, the mask and their metrics are computed by verl's own
+    ``rollout_corr_helper.compute_rollout_correction_and_rejection_mask`` (vectorised torch,
+    no gradient), so this function needs verl installed (ImportError otherwise); the loss is
+    ppo_fast's fused one (``compute_policy_loss_reinforce`` or ``_vanilla`` of this module).
+    """
+    from .verl import compute_policy_loss_vanilla
+
+    assert config is not None, "config is required for bypass_mode loss"
+    rollout_corr_config = (
+        config.policy_loss.get("rollout_correction", None)
+        if hasattr(config, "policy_loss")
+        else None
+    )
+    if rollout_corr_config is None:
+        raise ValueError(
+            "rollout_correction config not found in policy_loss. "
+            "When using loss_mode='bypass_mode', ensure rollout_correction config is passed."
+        )
+    loss_type = rollout_corr_config.get("loss_type", "ppo_clip")
+    with torch.no_grad():
+        weights_proto, effective_mask, rollout_metrics = _rollout_correction_helper()(
+            old_log_prob=log_prob,
+            rollout_log_prob=old_log_prob,
+            response_mask=response_mask,
+            rollout_is=rollout_corr_config.get("rollout_is", None),
+            rollout_is_threshold=rollout_corr_config.get("rollout_is_threshold", 2.0),
+            rollout_is_batch_normalize=rollout_corr_config.get("rollout_is_batch_normalize", False),
+            rollout_rs=rollout_corr_config.get("rollout_rs", None),
+            rollout_rs_threshold=rollout_corr_config.get("rollout_rs_threshold", None),
+        )
+    weights = weights_proto.batch["rollout_is_weights"] if weights_proto else None
+    if loss_type == "reinforce":
+        pg_loss, pg_metrics = compute_policy_loss_reinforce(
+            old_log_prob, log_prob, advantages, effective_mask, loss_agg_mode, config, weights
+        )
+    elif loss_type == "ppo_clip":
+        pg_loss, pg_metrics = compute_policy_loss_vanilla(
+            old_log_prob, log_prob, advantages, effective_mask, loss_agg_mode, config, None
+        )
+    else:
+        raise ValueError(f"Invalid loss_type: {loss_type}. Must be 'reinforce' or 'ppo_clip'.")
+    pg_metrics.update(rollout_metrics)
+    return pg_loss, pg_metrics

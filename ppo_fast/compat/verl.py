@@ -36,6 +36,8 @@ What runs where:
   ``ppo_fast.torch``'s ``dppo_loss``, ``clipped_surrogate``, ``kl_cov_loss`` and
   ``reinforce_loss``; Clip-Cov's and KL-Cov's token selections run verl's own torch expressions
   first (Clip-Cov's random draw on torch's global generator), so the tokens are verl's.
+  ``compute_policy_loss_bypass_mode`` fuses the loss that follows verl's own rollout-correction
+  helper (the weights, rejection mask and metrics: it needs verl installed).
 - The critic-free advantage estimators (``compute_grpo_outcome_advantage`` and the twelve
   others of ``__all__``): the rows are grouped by their ``index`` uids with ppo_fast's
   factorisation (O(B), where verl loops over the rows in Python, and never sized by a uid's
@@ -94,6 +96,7 @@ from ._verl_policy_losses import (
     compute_policy_loss_sapo,
 )
 from ._verl_token_losses import (
+    compute_policy_loss_bypass_mode,
     compute_policy_loss_clip_cov,
     compute_policy_loss_dppo_kl,
     compute_policy_loss_dppo_tv,
@@ -116,6 +119,7 @@ __all__ = [
     "compute_opo_outcome_advantage",
     "compute_optimal_token_baseline_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_dppo_kl",
