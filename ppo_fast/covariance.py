@@ -18,7 +18,8 @@ Over the valid tokens of the whole batch (n of them), with means over them (floa
   generator; ``ppo_fast.compat.verl`` does the same to reproduce verl's choice.
 
 Both return a bool array shaped like ``logprobs``, True at the selected tokens (never at a
-position that is not valid). A NaN covariance is never selected (it compares false).
+position that is not valid). A NaN covariance is never a Clip-Cov candidate (it compares
+false) and counts as the smallest in KL-Cov's top-k.
 """
 
 from __future__ import annotations
@@ -68,6 +69,16 @@ def _count(ratio: float, n_valid: int) -> int:
     return max(int(ratio * n_valid), 1)
 
 
+def _largest(values: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the k largest values, ties at the k-th value to the earliest indices, in
+    O(n) (a partition, not a sort); NaN counts as the smallest."""
+    keys = np.where(np.isnan(values), -np.inf, values)
+    kth = np.partition(keys, keys.size - k)[keys.size - k]  # the k-th largest
+    above = np.flatnonzero(keys > kth)
+    ties = np.flatnonzero(keys == kth)[: k - above.size]
+    return np.concatenate([above, ties])
+
+
 def kl_cov_selection(
     logprobs: ArrayLike,
     advantages: ArrayLike,
@@ -97,9 +108,7 @@ def kl_cov_selection(
         positions = np.flatnonzero(valid)
         values = cov[positions]
         k = min(_count(ratio, n_valid), n_valid)
-        # the k largest, ties at the k-th value to the earliest positions (a stable sort)
-        order = np.argsort(-values, kind="stable")[:k]
-        selected[positions[order]] = True
+        selected[positions[_largest(values, k)]] = True
     return selected.reshape(checked[0].shape)
 
 
