@@ -41,12 +41,11 @@ def valid_positions(
 ) -> np.ndarray:
     """Whether each position of the flat storage is valid (bool (N,)), for the layout given."""
     rows = _validate.rows(tuple(shape), mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
-    n = rows.n_positions
-    row_of = np.repeat(np.arange(rows.n_rows), rows.spans)
-    offset = np.arange(n) - np.repeat(rows.starts, rows.spans)
-    valid = np.zeros(n, dtype=bool)
-    positions = np.repeat(rows.starts, rows.spans) + offset
-    valid[positions] = offset < rows.lengths[row_of]
+    if rows.packed:  # every position of a packed row is valid
+        valid = np.ones(rows.n_positions, dtype=bool)
+    else:
+        width = rows.shape[1]
+        valid = (np.arange(width)[None, :] < rows.lengths[:, None]).ravel()
     if rows.mask.shape[0]:
         valid &= rows.mask != 0
     return valid
@@ -58,10 +57,19 @@ def _covariances(
     arrays = {"logprobs": logprobs, "advantages": advantages, **(others or {})}
     checked, rows = _validate.batch(arrays, **layout)
     valid = valid_positions(rows.shape, **layout)
-    logp, adv = (a.ravel().astype(np.float64) for a in checked[:2])
+    logp, adv = (a.ravel() for a in checked[:2])
+    count = np.count_nonzero(valid)
     cov = np.full(logp.shape, np.nan)
-    if valid.any():
-        cov[valid] = (adv[valid] - adv[valid].mean()) * (logp[valid] - logp[valid].mean())
+    if count:
+        # float64 means over the valid tokens, then the products (float64) at those tokens
+        mean_adv = np.sum(adv, where=valid, dtype=np.float64) / count
+        mean_logp = np.sum(logp, where=valid, dtype=np.float64) / count
+        np.multiply(
+            np.subtract(adv, mean_adv, dtype=np.float64),
+            np.subtract(logp, mean_logp, dtype=np.float64),
+            out=cov,
+            where=valid,
+        )
     return cov, valid, checked
 
 

@@ -19,6 +19,26 @@
 #define PPO_MIN(a, b) ((b) < (a) ? (b) : (a))
 #define PPO_MAX(a, b) ((b) > (a) ? (b) : (a))
 
+/* out[j] = exp(x[j]) (y NULL), or exp(x[j] - y[j]) clamped to [-clamp, clamp] when `clamped`,
+ * for j < n: eight lanes at a time with lanes.h's exp, the last partial block one at a time with
+ * exp.h's (the same function, lane for lane). */
+PPO_INLINE void PPO_ROW(ppo_exps_of)(
+    const ppo_real* x, const ppo_real* y, ptrdiff_t n, ppo_real clamp, int clamped,
+    ppo_real* out) {
+    ptrdiff_t j = 0;
+    ppo_vec high = PPO_V(splat)(clamp), low = PPO_V(splat)(-clamp);
+    for (; j + 8 <= n; j += 8) {
+        ppo_vec v = PPO_V(load)(x + j);
+        if (y) v = PPO_V(sub)(v, PPO_V(load)(y + j));
+        if (clamped) v = PPO_ROW(ppo_clip)(v, low, high);
+        PPO_V(store)(out + j, PPO_V(exp)(v));
+    }
+    for (; j < n; j++) {
+        ppo_real v = y ? x[j] - y[j] : x[j];
+        out[j] = ppo_exp_real(clamped ? PPO_MIN(PPO_MAX(v, -clamp), clamp) : v);
+    }
+}
+
 /* -- DPPO (binary TV or binary KL) ------------------------------------------------------------- */
 
 /* A row's valid prefix in chunks of PPO_CHUNK tokens, as the twin: the chunk's exps (the ratios,
@@ -42,9 +62,9 @@ static void PPO_ROW(ppo_dppo_row)(
     for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
         ptrdiff_t n = valid_end - first < PPO_CHUNK ? valid_end - first : PPO_CHUNK, j;
         const ppo_real *lp = logprobs + first, *op = old_logprobs + first;
-        for (j = 0; j < n; j++) ratios[j] = ppo_exp_real(PPO_MIN(PPO_MAX(lp[j] - op[j], -clamp), clamp));
-        for (j = 0; j < n; j++) probs[j] = ppo_exp_real(lp[j]);
-        for (j = 0; j < n; j++) old_probs[j] = ppo_exp_real(op[j]);
+        PPO_ROW(ppo_exps_of)(lp, op, n, clamp, 1, ratios);
+        PPO_ROW(ppo_exps_of)(lp, NULL, n, 0, 0, probs);
+        PPO_ROW(ppo_exps_of)(op, NULL, n, 0, 0, old_probs);
         if (binary_kl) {
             for (j = 0; j < n; j++)
                 logs[j] = (one - old_probs[j] + eps) / ((one - probs[j]) + eps);
@@ -99,7 +119,7 @@ static void PPO_ROW(ppo_kl_cov_row)(
     for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
         ptrdiff_t n = valid_end - first < PPO_CHUNK ? valid_end - first : PPO_CHUNK, j;
         const ppo_real *lp = logprobs + first, *op = old_logprobs + first;
-        for (j = 0; j < n; j++) ratios[j] = ppo_exp_real(lp[j] - op[j]);
+        PPO_ROW(ppo_exps_of)(lp, op, n, 0, 0, ratios);
         for (j = 0; j < n; j++) {
             ptrdiff_t i = first + j;
             int valid = !has_mask || mask[i] != 0;
