@@ -52,9 +52,7 @@ def _kl_cov_scalars(selected: Any, coef: float) -> dict[str, Any]:
 def _kl_cov_formula(logp, old, adv, *, selected, coef):
     """The kl_cov kernel's per-token terms, as ``_dppo_formula``; the approx_kl slot holds the
     negated |log-ratio| (its mean, negated back by the caller's -log_ratio, is verl's)."""
-    if not isinstance(selected, torch.Tensor) or tuple(selected.shape) != tuple(logp.shape):
-        _numpy_selection_error(selected, tuple(logp.shape))
-    picked = selected.to(device=logp.device).bool()
+    picked = _torch_selection(selected, logp)
     log_ratio = logp - old
     base = adv * log_ratio.exp()
     penalised = picked & (coef != 0.0)
@@ -63,11 +61,32 @@ def _kl_cov_formula(logp, old, adv, *, selected, coef):
     return objective, slope, -log_ratio.abs(), picked, None
 
 
-def _numpy_selection_error(selected: Any, shape: tuple[int, ...]) -> None:
-    from .policy import _selection
+def _torch_selection(selected: Any, like: torch.Tensor) -> torch.Tensor:
+    """``policy._selection`` on the device: a bool tensor shaped like ``like`` (bool, or
+    integers of 0/1, which costs one bool read back)."""
+    if not isinstance(selected, torch.Tensor):
+        try:
+            selected = torch.as_tensor(selected)
+        except (TypeError, ValueError, RuntimeError):
+            from .policy import _selection
 
-    _selection(None if selected is None else _pt.to_numpy(selected, "selected"), shape)
-    raise ValueError(f"selected must be shaped like logprobs {shape}")
+            _selection(selected, tuple(like.shape))  # raises its error
+            raise
+    selected = selected.to(device=like.device)
+    if tuple(selected.shape) != tuple(like.shape):
+        raise ValueError(
+            f"selected has shape {tuple(selected.shape)} but logprobs has shape "
+            f"{tuple(like.shape)}: pass the selection computed on these logprobs (one flag per "
+            "token, in their layout)"
+        )
+    if selected.dtype == torch.bool:
+        return selected
+    if _pt._is_integer(selected) and bool(((selected == 0) | (selected == 1)).all()):
+        return selected != 0
+    raise TypeError(
+        f"selected must be bool (or integers 0/1), got {selected.dtype}: pass the selection's "
+        "flags, e.g. selected.bool() for a 0/1 tensor"
+    )
 
 
 def _numpy_kl_cov(logprobs, old_logprobs, advantages, *, selected, **options):

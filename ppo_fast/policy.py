@@ -558,8 +558,13 @@ def clip_cov_loss(
     """
     shape = np.shape(logprobs)
     keep = ~_selection(selected, shape)
-    dtype = np.result_type(np.asarray(logprobs).dtype, np.float32)
-    kept = keep.astype(dtype) if weights is None else keep * np.asarray(weights)
+    if weights is None:
+        kept = keep.astype(np.result_type(np.asarray(logprobs).dtype, np.float32))
+    elif np.shape(weights) == shape:
+        given = np.asarray(weights)
+        kept = keep.astype(given.dtype) * given  # in the weights' dtype, which is checked next
+    else:
+        kept = weights  # for clipped_surrogate's error about their shape
     result = clipped_surrogate(
         logprobs,
         old_logprobs,
@@ -574,7 +579,7 @@ def clip_cov_loss(
         num_tokens=num_tokens,
         num_seqs=num_seqs,
         loss_scale=loss_scale,
-        weights=kept.astype(np.asarray(logprobs).dtype, copy=False),
+        weights=kept,
         grad_out=grad_out,
         backend=backend,
     )

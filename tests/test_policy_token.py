@@ -160,3 +160,20 @@ def test_the_kernels_log_is_within_one_ulp():
         out = np.empty_like(special)
         evaluate(special, out)
         np.testing.assert_array_equal(out, [-np.inf, -np.inf, np.nan, np.inf, np.nan, np.nan])
+
+
+def test_torch_selection_errors_name_selected(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import ppo_fast.torch as pt
+
+    logp, old, adv, mask = (torch.tensor(a) for a in _batch())
+    for forced in (False, True):
+        monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", forced)
+        with pytest.raises(ValueError, match="selected has shape"):
+            pt.kl_cov_loss(logp, old, adv, mask[:, :2], mask=mask)
+        with pytest.raises(TypeError, match="selected must be bool"):
+            pt.kl_cov_loss(logp, old, adv, mask * 0.5, mask=mask)
+        as_integers = pt.kl_cov_loss(logp, old, adv, mask.long(), mask=mask)
+        assert (
+            as_integers.loss.item() == pt.kl_cov_loss(logp, old, adv, mask, mask=mask).loss.item()
+        )
