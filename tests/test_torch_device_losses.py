@@ -95,3 +95,28 @@ def test_device_path_refuses_what_the_kernel_path_refuses(monkeypatch):
         pt.value_loss(x, x.clone().requires_grad_(), x)
     with pytest.raises(ValueError, match="shape"):
         pt.value_loss(x, torch.zeros(2, 4), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dppo_and_kl_cov_device_path_equals_the_kernels(dtype, monkeypatch):
+    rng = np.random.default_rng(6)
+    for shape, layout in _layouts(rng):
+        old = torch.tensor(rng.uniform(-2.5, -0.05, shape), dtype=dtype)
+        logp = (old + torch.tensor(rng.normal(0, 0.3, shape), dtype=dtype)).clamp(max=-1e-3)
+        adv = torch.tensor(rng.normal(size=shape), dtype=dtype)
+        weights = torch.tensor(rng.uniform(0.5, 1.5, shape), dtype=dtype)
+        selected = torch.tensor(rng.random(shape) < 0.3)
+        for agg in AGGS:
+            scale = {"loss_scale": 7.0} if agg == "seq-mean-token-sum-norm" else {}
+            for divergence in ("tv", "kl"):
+                kernel, device = _both(
+                    pt.dppo_loss, logp, (old, adv), monkeypatch, agg=agg, divergence=divergence,
+                    divergence_low=0.05, ratio_cap=1.1, log_ratio_clamp=0.5, weights=weights,
+                    **layout, **scale,
+                )  # fmt: skip
+                _assert_same(kernel, device, dtype)
+            kernel, device = _both(
+                pt.kl_cov_loss, logp, (old, adv, selected), monkeypatch, agg=agg, coef=0.7,
+                weights=weights, **layout, **scale,
+            )  # fmt: skip
+            _assert_same(kernel, device, dtype)
