@@ -67,7 +67,13 @@ X86_64_FLAGS = {
     AVX2: ["-mavx2", "-mfma"],
     AVX512: ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq"],
 }
-HEADERS = ["src/lanes.h", "src/exp.h", "src/rows.h", *sorted(glob.glob("src/rows_*.h"))]
+HEADERS = [
+    "src/lanes.h",
+    "src/exp.h",
+    "src/log.h",
+    "src/rows.h",
+    *sorted(glob.glob("src/rows_*.h")),
+]
 EXTENSIONS = [
     Extension(
         name,
@@ -101,7 +107,12 @@ def render_kernels() -> None:
     with open(TEMPLATE) as f:
         template = Tempita.Template(f.read(), name=TEMPLATE)
     text = template.substitute(
-        KERNELS=table.KERNELS, ESTIMATORS=table.ESTIMATORS, EXP32=table.EXP32, EXP64=table.EXP64
+        KERNELS=table.KERNELS,
+        ESTIMATORS=table.ESTIMATORS,
+        EXP32=table.EXP32,
+        EXP64=table.EXP64,
+        LOG32=table.LOG32,
+        LOG64=table.LOG64,
     )
     old = open(GENERATED).read() if os.path.exists(GENERATED) else None
     if text != old:  # an unchanged file keeps its time, so that nothing rebuilds for nothing

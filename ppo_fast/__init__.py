@@ -9,6 +9,7 @@ with a mask or lengths, or packed with cu_seqlens), on numba, Cython or the pure
 from ._backend import BackendUnavailableError, available_backends, get_backend, set_backend
 from ._threads import get_num_threads, set_num_threads
 from ._warmup import warmup
+from .covariance import clip_cov_selection, kl_cov_selection
 from .gae import GAEResult, gae
 from .loss import PolicyLossResult, ValueLossResult, clipped_surrogate, value_loss
 from .outcome import (
@@ -21,7 +22,14 @@ from .outcome import (
     reinforce_plus_plus_baseline,
     rloo,
 )
-from .policy import cispo_loss, reinforce_loss, sapo_loss
+from .policy import (
+    cispo_loss,
+    clip_cov_loss,
+    dppo_loss,
+    kl_cov_loss,
+    reinforce_loss,
+    sapo_loss,
+)
 from .returns import (
     AdvantagesResult,
     discounted_returns,
@@ -44,14 +52,19 @@ __all__ = [
     "available_backends",
     "broadcast_to_tokens",
     "cispo_loss",
+    "clip_cov_loss",
+    "clip_cov_selection",
     "clipped_surrogate",
     "discounted_returns",
+    "dppo_loss",
     "gae",
     "gdpo",
     "get_backend",
     "get_num_threads",
     "gpg",
     "grpo",
+    "kl_cov_loss",
+    "kl_cov_selection",
     "kl_penalty",
     "masked_moments",
     "opo",

@@ -35,7 +35,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic, overload
 
-from ._spec import EXP32, EXP64
+from ._spec import EXP32, EXP64, LOG32, LOG64
 
 _CACHE = os.environ.get("PPO_FAST_NUMBA_CACHE", "") == "1"
 if _CACHE:
@@ -181,6 +181,89 @@ def _exp_poly_overload(x):
         return lambda x: _exp32(x)
     if x == types.float64:
         return lambda x: _exp64(x)
+    return None
+
+
+# log by range reduction and a series, with the constants of the kernel table (_spec.LOG64 and
+# _spec.LOG32, which the Cython build reads too; the method is described there): plain arithmetic
+# and selects that LLVM vectorizes, as exp. Within 1 ulp of math.log in both dtypes
+# (tests/test_policy_token.py), subnormal arguments included (scaled by 2^54 or 2^25 first);
+# +0 and -0 give -inf, a negative argument NaN, inf inf and NaN NaN, as numpy's log. Its rounding
+# depends on the order of the operations: it runs in functions compiled without fastmath.
+_L64_OFFSET, _L64_SQRT_HALF = np.int64(LOG64.offset), np.int64(LOG64.sqrt_half_bits)
+_L64_MANTISSA = np.int64((1 << LOG64.mantissa_bits) - 1)
+_L64_SHIFT, _L64_BIAS = np.int64(LOG64.mantissa_bits), np.int64(LOG64.bias)
+_L64_TINY, _L64_SCALE = LOG64.smallest_normal, float(2**LOG64.subnormal_scale_bits)
+_L64_SCALE_BITS = np.int64(LOG64.subnormal_scale_bits)
+_Q64 = LOG64.polynomial
+_L32_OFFSET, _L32_SQRT_HALF = np.int64(LOG32.offset), np.int64(LOG32.sqrt_half_bits)
+_L32_MANTISSA = np.int64((1 << LOG32.mantissa_bits) - 1)
+_L32_SHIFT, _L32_BIAS = np.int64(LOG32.mantissa_bits), np.int64(LOG32.bias)
+_L32_TINY, _L32_SCALE = _F32(LOG32.smallest_normal), _F32(2**LOG32.subnormal_scale_bits)
+_L32_SCALE_BITS = np.int64(LOG32.subnormal_scale_bits)
+_Q32 = tuple(_F32(c) for c in LOG32.polynomial)
+
+
+@_jit
+def _log64(x):
+    tiny = x < _L64_TINY
+    scaled = _select(tiny, x * _L64_SCALE, x)
+    bits = _as_int_bits(scaled) + _L64_OFFSET
+    k = (bits >> _L64_SHIFT) - _L64_BIAS - (_L64_SCALE_BITS if tiny else np.int64(0))
+    m = _as_float_bits((bits & _L64_MANTISSA) + _L64_SQRT_HALF)
+    f = m - 1.0
+    half_square = 0.5 * f * f
+    s = f / (2.0 + f)
+    z = s * s
+    r = fma(_Q64[0], z, _Q64[1])
+    r = fma(r, z, _Q64[2])
+    r = fma(r, z, _Q64[3])
+    r = fma(r, z, _Q64[4])
+    r = fma(r, z, _Q64[5])
+    r = fma(r, z, _Q64[6])
+    r = fma(r, z, _Q64[7])
+    r = fma(r, z, _Q64[8])
+    r = fma(r, z, _Q64[9]) * z
+    n = np.float64(k)
+    y = n * _E64_LN2_HIGH - ((half_square - (s * (half_square + r) + n * _E64_LN2_LOW)) - f)
+    y = _select(x == np.inf, x, y)
+    y = _select(x == 0.0, -np.inf, y)
+    return _select(x < 0.0, np.nan, _select(x == x, y, x))
+
+
+@_jit
+def _log32(x):
+    tiny = x < _L32_TINY
+    scaled = _select(tiny, x * _L32_SCALE, x)
+    bits = np.int64(_as_int_bits(scaled)) + _L32_OFFSET
+    k = (bits >> _L32_SHIFT) - _L32_BIAS - (_L32_SCALE_BITS if tiny else np.int64(0))
+    # numba widens int32 arithmetic to int64: narrow back so the bits are a float32's.
+    m = _as_float_bits(np.int32((bits & _L32_MANTISSA) + _L32_SQRT_HALF))
+    one = _F32(1.0)
+    f = m - one
+    half_square = _F32(0.5) * f * f
+    s = f / (_F32(2.0) + f)
+    z = s * s
+    r = fma(_Q32[0], z, _Q32[1])
+    r = fma(r, z, _Q32[2])
+    r = fma(r, z, _Q32[3]) * z
+    n = _F32(k)
+    y = n * _E32_LN2_HIGH - ((half_square - (s * (half_square + r) + n * _E32_LN2_LOW)) - f)
+    y = _select(x == _F32(np.inf), x, y)
+    y = _select(x == _F32(0.0), _F32(-np.inf), y)
+    return _select(x < _F32(0.0), _F32(np.nan), _select(x == x, y, x))
+
+
+def log_poly(x):
+    """log in the dtype of x (float32 or float64), vectorizable; see _log64 and _log32."""
+
+
+@overload(log_poly, inline="always")
+def _log_poly_overload(x):
+    if x == types.float32:
+        return lambda x: _log32(x)
+    if x == types.float64:
+        return lambda x: _log64(x)
     return None
 
 

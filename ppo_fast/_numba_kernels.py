@@ -24,7 +24,15 @@ from ._numba_core import (
     _valid_count,
     fma,
 )
-from ._numba_losses import cispo, clipped_surrogate, reinforce, sapo, value_loss
+from ._numba_losses import (
+    cispo,
+    clipped_surrogate,
+    dppo,
+    kl_cov,
+    reinforce,
+    sapo,
+    value_loss,
+)
 from ._spec import ESTIMATORS, KERNELS
 
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
@@ -420,3 +428,5 @@ value_loss = _Kernel(value_loss, fastmath={"reassoc"})
 reinforce = _Kernel(reinforce, fastmath={"reassoc"})
 cispo = _Kernel(cispo, fastmath={"reassoc"})
 sapo = _Kernel(sapo, fastmath={"reassoc"})
+dppo = _Kernel(dppo, fastmath={"reassoc"})
+kl_cov = _Kernel(kl_cov, fastmath={"reassoc"})

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import prange
+from numba.core import types
+from numba.extending import intrinsic
 
 from ._numba_core import (
     _CACHE,
@@ -19,6 +21,7 @@ from ._numba_core import (
     _prefer_wide_vectors,
     _select,
     exp_poly,
+    log_poly,
 )
 
 _CHUNK = 256  # tokens per chunk of the loss kernels: their scratch rows stay in L1
@@ -396,6 +399,213 @@ def sapo(
                 kl_total += kls[j]
         row_loss[b] = total
         row_kl[b] = kl_total
+
+
+@numba.njit(nogil=True, cache=_CACHE, error_model="numpy")
+def _exps(values, first, out, n):
+    """out[j] = exp(values[first + j]) for j < n: one inlined exp per function (numba's SSA pass
+    loses track of a second, as _sapo_sigmoids says)."""
+    _prefer_wide_vectors()
+    for j in range(n):
+        out[j] = exp_poly(values[first + j])
+
+
+@numba.njit(nogil=True, cache=_CACHE, error_model="numpy")
+def _dppo_inside(
+    logprobs, old_logprobs, advantages, first, probs, old_probs, kept, n, low, high, binary_kl
+):
+    """kept[j] = 1 where the token at position first + j is within DPPO's trust region, else 0
+    (the oracle's v), for the n tokens from first, given their probabilities. A function of its
+    own, compiled without fastmath: the binary KL is compared with a threshold, and its rounding
+    is the oracle's order of operations."""
+    _prefer_wide_vectors()
+    zero = low - low
+    one = _one_like(zero)
+    eps = _eps_like(zero)
+    for j in range(n):
+        i = first + j
+        prob = probs[j]
+        old_prob = old_probs[j]
+        positive = advantages[i] > zero
+        if binary_kl:
+            complement = one - old_prob
+            quotient = (complement + eps) / ((one - prob) + eps)
+            distance = old_prob * (old_logprobs[i] - logprobs[i]) + complement * log_poly(quotient)
+            inside_positive = (distance <= high) | (prob <= old_prob)
+            inside_negative = (distance <= low) | (prob >= old_prob)
+        else:
+            difference = prob - old_prob
+            inside_positive = difference <= high
+            inside_negative = difference >= -low
+        kept[j] = _select(_select_bool(positive, inside_positive, inside_negative), one, zero)
+
+
+@_jit
+def _select_bool(condition, a, b):
+    return (condition & a) | ((not condition) & b)
+
+
+@intrinsic
+def _eps_like(typingctx, x):
+    """verl's 1e-8 of the binary KL, rounded to the type of the float x (``x * 1e-8`` would be
+    float64: numba's literal is)."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return context.get_constant(sig.return_type, 1e-8)
+
+    return x(x), codegen
+
+
+def dppo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    divergence,
+    divergence_low,
+    divergence_high,
+    ratio_cap,
+    log_ratio_clamp,
+    grad,
+    row_loss,
+    row_outside,
+    row_capped,
+    row_kl,
+):
+    """Twin: src/rows_token.h ppo_dppo_row. As cispo, with the probabilities' exps and then the
+    trust region's 0/1 (``_dppo_inside``) in pre-passes per chunk into L1 scratch rows."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    binary_kl = divergence == 1  # _spec.DIVERGENCES
+    cap, clamp = ratio_cap, log_ratio_clamp
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale
+        ratios = np.empty(_CHUNK, logprobs.dtype)
+        kept = np.empty(_CHUNK, logprobs.dtype)
+        probs = np.empty(_CHUNK, logprobs.dtype)
+        old_probs = np.empty(_CHUNK, logprobs.dtype)
+        losses = np.empty(_CHUNK, np.float64)
+        kls = np.empty(_CHUNK, np.float64)
+        total = 0.0
+        outside_count = 0.0
+        capped_count = 0.0
+        kl_total = 0.0
+        for chunk in range((span + _UCHUNK - _U1) // _UCHUNK):
+            first = chunk * _UCHUNK
+            n = min(_UCHUNK, span - first)
+            for j in range(n):
+                i = start + first + j
+                ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            _exps(logprobs, start + first, probs, n)
+            _exps(old_logprobs, start + first, old_probs, n)
+            _dppo_inside(
+                logprobs, old_logprobs, advantages, start + first, probs, old_probs, kept, n,
+                divergence_low, divergence_high, binary_kl,
+            )  # fmt: skip
+            for j in range(n):
+                t = first + j
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                logprob = logprobs[i]
+                weight = np.float64(weights[i]) if has_weights else 1.0
+                log_ratio = min(max(logprob - old_logprobs[i], -clamp), clamp)
+                ratio = ratios[j]
+                keep = kept[j]
+                slope = advantages[i] * min(ratio, cap)
+                grad[i] = _select(valid, -weight * (slope * keep) * scale, zero)
+                losses[j] = _select(valid, -weight * ((slope * logprob) * keep), 0.0)
+                kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
+                inside = keep != zero
+                # whole numbers: exact in any order of addition
+                outside_count += _select(valid & (not inside), 1.0, 0.0)
+                capped_count += _select(valid & inside & (ratio > cap), 1.0, 0.0)
+            for j in range(n):
+                total += losses[j]
+            for j in range(n):
+                kl_total += kls[j]
+        row_loss[b] = total
+        row_outside[b] = outside_count
+        row_capped[b] = capped_count
+        row_kl[b] = kl_total
+
+
+def kl_cov(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    penalties,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    grad,
+    row_loss,
+    row_penalised,
+    row_abs_kl,
+):
+    """Twin: src/rows_token.h ppo_kl_cov_row. As cispo: the ratios' exp in a pre-pass per chunk,
+    then one pass with selects."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale
+        one = _one_like(zero)
+        ratios = np.empty(_CHUNK, logprobs.dtype)
+        losses = np.empty(_CHUNK, np.float64)
+        distances = np.empty(_CHUNK, np.float64)
+        total = 0.0
+        penalised_count = 0.0
+        abs_total = 0.0
+        for chunk in range((span + _UCHUNK - _U1) // _UCHUNK):
+            first = chunk * _UCHUNK
+            n = min(_UCHUNK, span - first)
+            for j in range(n):
+                i = start + first + j
+                ratios[j] = exp_poly(logprobs[i] - old_logprobs[i])
+            for j in range(n):
+                t = first + j
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                weight = np.float64(weights[i]) if has_weights else 1.0
+                log_ratio = logprobs[i] - old_logprobs[i]
+                penalty = penalties[i]
+                penalised = penalty != zero
+                distance = abs(log_ratio)
+                # sign(log_ratio): 0 at 0, NaN at NaN (log_ratio itself, where it is not < or >)
+                sign = _select(log_ratio > zero, one, _select(log_ratio < zero, -one, log_ratio))
+                base = advantages[i] * ratios[j]
+                objective = _select(penalised, base - penalty * distance, base)
+                slope = _select(penalised, base - penalty * sign, base)
+                grad[i] = _select(valid, -weight * slope * scale, zero)
+                losses[j] = _select(valid, -weight * objective, 0.0)
+                distances[j] = _select(valid, np.float64(distance), 0.0)
+                penalised_count += _select(valid & penalised, 1.0, 0.0)
+            for j in range(n):
+                total += losses[j]
+            for j in range(n):
+                abs_total += distances[j]
+        row_loss[b] = total
+        row_penalised[b] = penalised_count
+        row_abs_kl[b] = abs_total
 
 
 def value_loss(

@@ -18,9 +18,10 @@ import math
 
 import numpy as np
 
-from ._spec import ESTIMATORS, EXP32, EXP64
+from ._spec import DIVERGENCES, ESTIMATORS, EXP32, EXP64
 
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
+BINARY_KL = DIVERGENCES.index("kl")
 
 
 def in_dtype(dtype: np.dtype):
@@ -60,6 +61,20 @@ def saturated_exp(x: float, dtype: np.dtype) -> float:
         bounds = EXP64 if np.dtype(dtype) == np.float64 else EXP32
         x = min(max(x, bounds.low), bounds.high)
     return safe_exp(x)
+
+
+def safe_log(x: float) -> float:
+    """log as IEEE arithmetic (and numpy) has it, where math.log raises: log(0) = -inf and the
+    log of a negative number NaN."""
+    if x > 0.0:
+        return math.log(x)
+    return -math.inf if x == 0.0 else math.nan
+
+
+def safe_divide(a: float, b: float) -> float:
+    """a / b as IEEE arithmetic has it, where Python raises ZeroDivisionError."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.float64(a) / np.float64(b))
 
 
 def kl_value(log_ratio: float, estimator: int, clamp: float) -> float:
@@ -517,6 +532,135 @@ def sapo(
             kl_total += -log_ratio
         row_loss[b] = total
         row_kl[b] = kl_total
+
+
+def dppo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    divergence,
+    divergence_low,
+    divergence_high,
+    ratio_cap,
+    log_ratio_clamp,
+    grad,
+    row_loss,
+    row_outside,
+    row_capped,
+    row_kl,
+    n_threads,
+):
+    """Per token: l = -w * A * sg(min(rho, cap)) * logp * v, v = 1 where the token is within
+    the trust region and 0 outside (verl's DPPO-Binary-TV and -KL; v held constant).
+
+    rho = exp(clamp(logp - old, -clamp, clamp)); p = exp(logp), p_old = exp(old), exp
+    saturating as the compiled kernels'; lo, hi = divergence_low, divergence_high. "tv": v = (p -
+    p_old <= hi) where A > 0, (p - p_old >= -lo) elsewhere. "kl": with the binary KL d = p_old *
+    (old - logp) + (1 - p_old) * log((1 - p_old + 1e-8) / (1 - p + 1e-8)) (1e-8 in the dtype),
+    v = (d <= hi or p <= p_old) where A > 0, (d <= lo or p >= p_old) elsewhere. v multiplies (a
+    NaN stays NaN). Writes grad = scales[b] * -w * A * min(rho, cap) * v, and per row the
+    unscaled sum of l, the number of tokens outside (v = 0), of those inside whose ratio is
+    above the cap, and the sum of -log_ratio (clamped).
+    """
+    low, high = float(divergence_low), float(divergence_high)
+    cap, clamp = float(ratio_cap), float(log_ratio_clamp)
+    binary_kl = int(divergence) == BINARY_KL
+    dtype = logprobs.dtype
+    rnd = in_dtype(dtype)
+    eps = rnd(1e-8)
+    for b in range(starts.shape[0]):
+        total = outside_count = capped_count = kl_total = 0.0
+        for t in range(spans[b]):
+            i = starts[b] + t
+            if not _valid(mask, i, t, lengths[b]):
+                grad[i] = 0.0
+                continue
+            logprob, old, advantage = (float(a[i]) for a in (logprobs, old_logprobs, advantages))
+            weight = float(weights[i]) if weights.shape[0] else 1.0
+            log_ratio = _clip(rnd(logprob - old), -clamp, clamp)
+            ratio = rnd(saturated_exp(log_ratio, dtype))
+            prob, old_prob = rnd(saturated_exp(logprob, dtype)), rnd(saturated_exp(old, dtype))
+            if binary_kl:
+                complement = rnd(1.0 - old_prob)
+                quotient = safe_divide(rnd(complement + eps), rnd(rnd(1.0 - prob) + eps))
+                log_term = rnd(complement * rnd(safe_log(rnd(quotient))))
+                distance = rnd(rnd(old_prob * rnd(old - logprob)) + log_term)
+                if advantage > 0.0:
+                    inside = distance <= high or prob <= old_prob
+                else:
+                    inside = distance <= low or prob >= old_prob
+            else:
+                difference = rnd(prob - old_prob)
+                inside = difference <= high if advantage > 0.0 else difference >= -low
+            kept = 1.0 if inside else 0.0
+            slope = rnd(advantage * min(ratio, cap))
+            grad[i] = -weight * rnd(slope * kept) * float(scales[b])
+            total += -weight * rnd(rnd(slope * logprob) * kept)
+            outside_count += not inside
+            capped_count += inside and ratio > cap
+            kl_total += -log_ratio
+        row_loss[b] = total
+        row_outside[b] = outside_count
+        row_capped[b] = capped_count
+        row_kl[b] = kl_total
+
+
+def kl_cov(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    penalties,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    grad,
+    row_loss,
+    row_penalised,
+    row_abs_kl,
+    n_threads,
+):
+    """Per token: l = -w * (A * rho - p * |logp - old|), the penalty only where p != 0.
+
+    rho = exp(logp - old) (not clamped, as verl's KL-Cov), exp saturating as the compiled
+    kernels'; p = penalties[i] (verl: ppo_kl_coef at the tokens its covariance selection picked,
+    0 elsewhere). Writes grad = scales[b] * -w * (A * rho - p * sign(logp - old)), with sign(0) =
+    0 (torch's abs has gradient 0 at 0), and per row the unscaled sum of l, the number of
+    penalised tokens (p != 0) and the sum of |logp - old|.
+    """
+    rnd = in_dtype(logprobs.dtype)
+    for b in range(starts.shape[0]):
+        total = penalised_count = abs_total = 0.0
+        for t in range(spans[b]):
+            i = starts[b] + t
+            if not _valid(mask, i, t, lengths[b]):
+                grad[i] = 0.0
+                continue
+            advantage, penalty = float(advantages[i]), float(penalties[i])
+            weight = float(weights[i]) if weights.shape[0] else 1.0
+            log_ratio = rnd(float(logprobs[i]) - float(old_logprobs[i]))
+            distance = abs(log_ratio)
+            objective = slope = rnd(advantage * rnd(saturated_exp(log_ratio, logprobs.dtype)))
+            if penalty != 0.0:
+                sign = math.copysign(1.0, log_ratio) if log_ratio != 0.0 else 0.0
+                sign = log_ratio if log_ratio != log_ratio else sign  # NaN stays NaN
+                objective = rnd(objective - rnd(penalty * distance))
+                slope = rnd(slope - rnd(penalty * sign))
+            grad[i] = -weight * slope * float(scales[b])
+            total += -weight * objective
+            penalised_count += penalty != 0.0
+            abs_total += distance
+        row_loss[b] = total
+        row_penalised[b] = penalised_count
+        row_abs_kl[b] = abs_total
 
 
 def value_loss(

@@ -134,6 +134,8 @@ _POLICY_INPUTS = (
     Array("weights", optional=True, low=0.0, high=2.0),
 )
 _SCALES = Array("scales", TOKEN, low=0.0, high=1.0)
+# dppo's codes: the trust region's divergence between the sampled token's probabilities.
+DIVERGENCES = ("tv", "kl")
 # zero_tail's codes: whether the unique longest row of a group gets no baseline past the
 # second-longest row's length.
 ZERO_TAIL = ("off", "on")
@@ -298,6 +300,43 @@ KERNELS: dict[str, Kernel] = {
             gradients={"grad": "logprobs"},
         ),
         Kernel(
+            "dppo",
+            "DPPO: -A * sg(min(rho, cap)) * log pi where the binary TV or KL divergence of the "
+            "token's probability is within the trust region: per-row loss sums, d loss / d "
+            "logprobs and statistics",
+            inputs=_POLICY_INPUTS,
+            row_inputs=(_SCALES,),
+            scalars=(
+                Scalar("divergence", CODE, choices=DIVERGENCES),
+                Scalar("divergence_low", TOKEN, examples=(0.2, 0.0, 0.05)),
+                Scalar("divergence_high", TOKEN, examples=(0.28, math.inf, 0.01)),
+                Scalar("ratio_cap", TOKEN, examples=(20.0, math.inf, 1.0)),
+                Scalar("log_ratio_clamp", TOKEN, examples=(20.0, math.inf, 0.1)),
+            ),
+            outputs=(Array("grad"),),
+            row_outputs=(
+                Array("row_loss", FLOAT64),
+                Array("row_outside", FLOAT64),
+                Array("row_capped", FLOAT64),
+                Array("row_kl", FLOAT64),
+            ),
+            gradients={"grad": "logprobs"},
+        ),
+        Kernel(
+            "kl_cov",
+            "KL-Cov: -A * rho, plus p * |log rho| at the tokens given a penalty p: per-row loss "
+            "sums, d loss / d logprobs and statistics",
+            inputs=(*_POLICY_INPUTS, Array("penalties", low=0.0, high=2.0)),
+            row_inputs=(_SCALES,),
+            outputs=(Array("grad"),),
+            row_outputs=(
+                Array("row_loss", FLOAT64),
+                Array("row_penalised", FLOAT64),
+                Array("row_abs_kl", FLOAT64),
+            ),
+            gradients={"grad": "logprobs"},
+        ),
+        Kernel(
             "value_loss",
             "clipped value loss: per-row loss sums, d loss / d values and the clipped count",
             inputs=(Array("values"), Array("old_values"), Array("returns")),
@@ -378,4 +417,50 @@ EXP32 = ExpConstants(
             5.0000001201e-1,
         )
     ),
+)
+
+
+# -- log -----------------------------------------------------------------------------------------
+#
+# The compiled kernels' vectorizable log (numba's _log32/_log64 and src/log.h's): x = 2^k m with m
+# in [sqrt(2)/2, sqrt(2)), found from the bits (fdlibm's method: adding 1 - sqrt(2)/2 to the bits
+# carries into the exponent exactly when m >= sqrt(2)), f = m - 1 (exact), s = f / (2 + f) and
+# log(1 + f) = f - (f^2/2 - s (f^2/2 + R(s^2))), with R(z) = sum_k 2 z^k / (2k + 1) (the series of
+# 2 atanh(s) / s - 2, |s| <= 0.1716), and k ln2 added in the two parts of exp's ln2.
+
+
+@dataclass(frozen=True)
+class LogConstants:
+    offset: int  # the bits of 1.0 minus those of sqrt(2)/2 (rounded down)
+    sqrt_half_bits: int  # the bits of sqrt(2)/2
+    mantissa_bits: int  # the width of the mantissa
+    bias: int
+    smallest_normal: float
+    subnormal_scale_bits: int  # a subnormal is scaled by 2^this first
+    polynomial: tuple[float, ...]  # R(z) / z, highest power first
+
+
+def _series(terms: int, rounded: Callable[[float], float]) -> tuple[float, ...]:
+    return tuple(rounded(2.0 / (2 * k + 1)) for k in range(terms, 0, -1))
+
+
+LOG64 = LogConstants(
+    offset=0x3FF00000_00000000 - 0x3FE6A09E_00000000,
+    sqrt_half_bits=0x3FE6A09E_00000000,
+    mantissa_bits=52,
+    bias=1023,
+    smallest_normal=2.2250738585072014e-308,
+    subnormal_scale_bits=54,
+    # ten terms: the remainder is below 1e-18 relative on |s| <= 0.1716
+    polynomial=_series(10, float),
+)
+LOG32 = LogConstants(
+    offset=0x3F800000 - 0x3F3504F3,
+    sqrt_half_bits=0x3F3504F3,
+    mantissa_bits=23,
+    bias=127,
+    smallest_normal=_float32(1.1754943508222875e-38),
+    subnormal_scale_bits=25,
+    # four terms: the remainder is below 3e-9 relative (float32's half ulp is 3e-8)
+    polynomial=_series(4, _float32),
 )

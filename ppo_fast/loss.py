@@ -200,6 +200,40 @@ def _mean(total: float, count: float) -> float:
     return total / count if count else math.nan
 
 
+def _surrogate_scalars(
+    clip_low: float,
+    clip_high: float | None,
+    dual_clip: float | None,
+    log_ratio_clamp: float | None,
+) -> dict[str, float]:
+    """The clipped surrogate's hyperparameters, checked, as its kernel takes them (float64;
+    ``ppo_fast.torch`` hands the same values to its torch formula)."""
+    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
+    high = (
+        low
+        if clip_high is None
+        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
+    )
+    dual = (
+        math.inf
+        if dual_clip is None
+        else _validate.scalar("dual_clip", dual_clip, lo=1.0, open_lo=True, allow_inf=True)
+    )
+    clamp = (
+        math.inf
+        if log_ratio_clamp is None
+        else _validate.scalar(
+            "log_ratio_clamp", log_ratio_clamp, lo=0.0, open_lo=True, allow_inf=True
+        )
+    )
+    return {
+        "ratio_low": 1.0 - low,
+        "ratio_high": 1.0 + high,
+        "dual_clip": dual,
+        "log_ratio_clamp": clamp,
+    }
+
+
 def clipped_surrogate(
     logprobs: ArrayLike,
     old_logprobs: ArrayLike,
@@ -289,24 +323,7 @@ def clipped_surrogate(
     checked, rows = _validate.batch(arrays, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     logp, old, adv = checked[:3]
     token_weights = checked[3].ravel() if weights is not None else _NO_WEIGHTS[logp.dtype]
-    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
-    high = (
-        low
-        if clip_high is None
-        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
-    )
-    dual = (
-        math.inf
-        if dual_clip is None
-        else _validate.scalar("dual_clip", dual_clip, lo=1.0, open_lo=True, allow_inf=True)
-    )
-    clamp = (
-        math.inf
-        if log_ratio_clamp is None
-        else _validate.scalar(
-            "log_ratio_clamp", log_ratio_clamp, lo=0.0, open_lo=True, allow_inf=True
-        )
-    )
+    bounds = _surrogate_scalars(clip_low, clip_high, dual_clip, log_ratio_clamp)
     scales, valid = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
 
     token = logp.dtype.type  # the per-token arithmetic runs in the input dtype
@@ -331,10 +348,7 @@ def clipped_surrogate(
         weights=token_weights,
         **rows.arguments,
         scales=scales.astype(logp.dtype),
-        ratio_low=token(1.0 - low),
-        ratio_high=token(1.0 + high),
-        dual_clip=token(dual),
-        log_ratio_clamp=token(clamp),
+        **{name: token(value) for name, value in bounds.items()},
         grad=grad.ravel(),
         row_loss=row_loss,
         row_clipped=row_clipped,

@@ -19,6 +19,22 @@ Per valid token, with A the advantage, w the weight (1 without ``weights``; verl
                      log-ratio clamp is active (strictly beyond it: torch.clamp passes the
                      gradient at its bounds).
 
+    dppo_loss        l = -w * A * sg(min(rho, cap)) * logp * v  (DPPO, verl's "dppo_tv" and
+                     "dppo_kl"): v = 1 where the token is within the trust region of the binary
+                     TV or KL divergence between p = exp(logp) and p_old = exp(old), 0 outside
+                     (see ``dppo_loss``); v and the capped ratio are held constant.
+                     d l / d logp = -w * A * min(rho, cap) * v: the boundary of the region and
+                     the cap are not kinks of the gradient (both factors are constants).
+    kl_cov_loss      l = -w * (A * rho - p * |logp - old|)  (KL-Cov, verl's "kl_cov"; rho not
+                     clamped): the penalty p = coef at the tokens a selection picked
+                     (``ppo_fast.kl_cov_selection``), 0 elsewhere. d l / d logp = -w * (A * rho
+                     - p * sign(logp - old)); at logp = old the penalty's slope is 0 (torch's
+                     abs has gradient 0 at 0).
+    clip_cov_loss    PPO's clipped surrogate (no dual clip; no clamp unless given) with the
+                     tokens a selection picked (``ppo_fast.clip_cov_selection``) dropped: their
+                     loss and gradient are 0, and they still count in the aggregation's
+                     denominators (verl's "clip_cov"). Gradient: ``clipped_surrogate``'s.
+
 Aggregation (``agg``, ``num_tokens``, ``num_seqs``, ``loss_scale``) is ``clipped_surrogate``'s:
 "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", with the
 global counts of a data-parallel step; the gradient is d loss / d logprobs after aggregation, 0
@@ -28,7 +44,12 @@ Statistics (``PolicyLossResult``), over the valid tokens: ``approx_kl``, the mea
 (of the clamped log-ratio when a clamp is given, as verl's ``ppo_kl``); for CISPO ``clipfrac``,
 the fraction where the clipped ratio differs from the ratio (either bound, as verl's
 ``pg_clipfrac``), and ``clipfrac_lower``, where it is below the lower bound; REINFORCE and SAPO
-clip nothing, and their clip fractions are 0. All NaN without a valid token.
+clip nothing, and their clip fractions are 0; for DPPO ``clipfrac`` is the fraction outside the
+trust region and ``clipfrac_lower`` that inside it whose ratio is above the cap (verl's
+``pg_clipfrac`` and ``pg_clipfrac_lower``); for KL-Cov and Clip-Cov ``clipfrac`` is the fraction
+of the valid tokens the selection picked, ``clipfrac_lower`` is 0, and KL-Cov's ``approx_kl`` is
+the mean of |logp - old| (the "abs" estimator, verl's ``ppo_kl`` for KL-Cov). All NaN without a
+valid token.
 
 Per-token arithmetic runs in the input dtype, sums in float64, as in ``ppo_fast.loss`` (whose
 docstring says what exp does beyond float32's range and how NaN and inf propagate).
@@ -43,7 +64,16 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import _backend, _validate
-from .loss import _NO_WEIGHTS, Aggregation, PolicyLossResult, _mean, _row_scales, _totals
+from ._spec import DIVERGENCES
+from .loss import (
+    _NO_WEIGHTS,
+    Aggregation,
+    PolicyLossResult,
+    _mean,
+    _row_scales,
+    _totals,
+    clipped_surrogate,
+)
 
 
 def _run(
@@ -55,11 +85,22 @@ def _run(
     backend: str | None,
     scalars: dict[str, float],
     row_outputs: tuple[str, ...],
+    penalties: Any = None,
 ) -> tuple[np.ndarray, list[float], float]:
-    """Validate, run ``kernel`` and reduce: (grad, [loss, other row sums...], valid tokens)."""
+    """Validate, run ``kernel`` and reduce: (grad, [loss, other row sums...], valid tokens).
+    ``penalties`` (KL-Cov's): a selection shaped like ``logprobs`` and its penalty, checked
+    here and handed to the kernel as a token array."""
     # weights alone are optional: a None for any other array is for _validate to name
     given = {k: v for k, v in arrays.items() if k != "weights" or v is not None}
     checked, rows = _validate.batch(given, **layout)
+    extra = {}
+    if penalties is not None:
+        selected, coef = penalties
+        extra["penalties"] = (
+            np.where(_selection(selected, checked[0].shape), checked[0].dtype.type(coef), 0)
+            .astype(checked[0].dtype, copy=False)
+            .ravel()
+        )
     logp = checked[0]
     weights = checked[3].ravel() if "weights" in given else _NO_WEIGHTS[logp.dtype]
     scales, valid = _row_scales(rows=rows, **normalisers)
@@ -83,8 +124,32 @@ def _run(
         **{name: token(value) for name, value in scalars.items()},
         grad=grad.ravel(),
         **dict(zip(row_outputs, outputs, strict=True)),
+        **extra,
     )
     return grad, _totals(outputs, scales), valid
+
+
+def _selection(selected: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A token selection as a bool array shaped like ``logprobs``: bool, or integers of 0/1."""
+    if selected is None:
+        raise TypeError(
+            "selected must be an array shaped like logprobs (True where the token was picked): "
+            "get one from ppo_fast.kl_cov_selection or ppo_fast.clip_cov_selection"
+        )
+    array = np.asarray(selected)
+    if array.shape != shape:
+        raise ValueError(
+            f"selected has shape {array.shape} but logprobs has shape {shape}: pass the "
+            "selection computed on these logprobs (one flag per token, in their layout)"
+        )
+    if array.dtype == np.bool_:
+        return array
+    if np.issubdtype(array.dtype, np.integer) and np.isin(array, (0, 1)).all():
+        return array != 0
+    raise TypeError(
+        f"selected must be bool (or integers 0/1), got {array.dtype}: pass the selection's "
+        "flags, e.g. selected.astype(bool) for a 0/1 array"
+    )
 
 
 def _log_ratio_clamp(log_ratio_clamp: float | None) -> float:
@@ -304,7 +369,229 @@ def sapo_loss(
     return PolicyLossResult(loss, grad, nothing_clipped, nothing_clipped, _mean(kl, valid))
 
 
-for _function in (reinforce_loss, cispo_loss, sapo_loss):
+def _dppo_scalars(
+    divergence: str,
+    divergence_low: float,
+    divergence_high: float | None,
+    ratio_cap: float | None,
+    log_ratio_clamp: float | None,
+) -> dict[str, float]:
+    low = _validate.scalar("divergence_low", divergence_low, lo=0.0, allow_inf=True)
+    high = (
+        low
+        if divergence_high is None
+        else _validate.scalar("divergence_high", divergence_high, lo=0.0, allow_inf=True)
+    )
+    cap = (
+        math.inf
+        if ratio_cap is None
+        else _validate.scalar("ratio_cap", ratio_cap, lo=0.0, open_lo=True, allow_inf=True)
+    )
+    return {
+        "divergence": DIVERGENCES.index(_validate.choice("divergence", divergence, DIVERGENCES)),
+        "divergence_low": low,
+        "divergence_high": high,
+        "ratio_cap": cap,
+        "log_ratio_clamp": _log_ratio_clamp(log_ratio_clamp),
+    }
+
+
+def dppo_loss(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    *,
+    divergence: str = "tv",
+    divergence_low: float = 0.2,
+    divergence_high: float | None = None,
+    ratio_cap: float | None = 20.0,
+    log_ratio_clamp: float | None = None,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    agg: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """DPPO: -A * sg(min(rho, cap)) * log pi inside the trust region, 0 outside; see the module.
+
+    With p = exp(logprobs), p_old = exp(old_logprobs), lo = ``divergence_low`` and hi =
+    ``divergence_high``, a token is inside (v = 1) when (verl 0.9.1's masks):
+
+    - "tv" (DPPO-Binary-TV): p - p_old <= hi where A > 0; p - p_old >= -lo where A <= 0;
+    - "kl" (DPPO-Binary-KL): with d = p_old * (old - logp) + (1 - p_old) * log((1 - p_old +
+      1e-8) / (1 - p + 1e-8)), the binary KL (1e-8 in the input dtype): d <= hi or p <= p_old
+      where A > 0; d <= lo or p >= p_old where A <= 0.
+
+    v multiplies the token's loss and gradient, so a NaN there stays NaN.
+
+    Parameters
+    ----------
+    divergence
+        "tv" or "kl".
+    divergence_low, divergence_high
+        The region's bounds (>= 0; inf: no bound); ``divergence_high=None`` means
+        ``divergence_low`` (verl's clip_ratio_low / clip_ratio_high, read as divergences).
+    ratio_cap
+        The ratio is truncated at this value before it weighs the token (> 0; None or inf: no
+        cap; verl's clip_ratio_c, 20 by default in its DPPO).
+    log_ratio_clamp
+        Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (verl: 20; None or inf: no
+        clamp); the probabilities are exp of the unclamped log-probabilities, as verl's.
+    """
+    grad, (loss, outside, capped, kl), valid = _run(
+        "dppo",
+        {
+            "logprobs": logprobs,
+            "old_logprobs": old_logprobs,
+            "advantages": advantages,
+            "weights": weights,
+        },
+        {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
+        grad_out,
+        backend,
+        _dppo_scalars(divergence, divergence_low, divergence_high, ratio_cap, log_ratio_clamp),
+        ("row_loss", "row_outside", "row_capped", "row_kl"),
+    )
+    return PolicyLossResult(
+        loss, grad, _mean(outside, valid), _mean(capped, valid), _mean(kl, valid)
+    )
+
+
+def kl_cov_loss(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    selected: ArrayLike,
+    *,
+    coef: float = 1.0,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    agg: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """KL-Cov: -A * rho, plus coef * |logp - old| at the selected tokens; see the module.
+
+    Parameters
+    ----------
+    selected
+        bool (or 0/1 integers) shaped like ``logprobs``: the tokens that get the penalty
+        (``ppo_fast.kl_cov_selection``); a selected position that is not valid is ignored.
+    coef
+        The penalty's coefficient (>= 0, finite; verl's ppo_kl_coef).
+    """
+    coef = _validate.scalar("coef", coef, lo=0.0)
+    grad, (loss, penalised, abs_kl), valid = _run(
+        "kl_cov",
+        {
+            "logprobs": logprobs,
+            "old_logprobs": old_logprobs,
+            "advantages": advantages,
+            "weights": weights,
+        },
+        {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
+        grad_out,
+        backend,
+        {},
+        ("row_loss", "row_penalised", "row_abs_kl"),
+        penalties=(selected, coef),
+    )
+    if coef == 0.0:  # nothing is penalised, whatever is selected: count the selection itself
+        penalised = _selected_count(selected, logprobs, mask, lengths, cu_seqlens)
+    nothing = 0.0 if valid else math.nan
+    return PolicyLossResult(loss, grad, _mean(penalised, valid), nothing, _mean(abs_kl, valid))
+
+
+def _selected_count(selected, logprobs, mask, lengths, cu_seqlens) -> float:
+    from .covariance import valid_positions
+
+    shape = np.shape(logprobs)
+    valid = valid_positions(shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
+    return float(np.count_nonzero(_selection(selected, shape).ravel() & valid))
+
+
+def clip_cov_loss(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    selected: ArrayLike,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    log_ratio_clamp: float | None = None,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    agg: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """Clip-Cov: PPO's clipped surrogate with the selected tokens dropped; see the module.
+
+    Runs ``clipped_surrogate`` (no dual clip) with the weights 0 at the selected tokens (times
+    ``weights``): a dropped token's loss and gradient are 0 (0 * w: a NaN weight there stays
+    NaN, as in verl) and it still counts in the aggregation's denominators.
+
+    Parameters
+    ----------
+    selected
+        bool (or 0/1 integers) shaped like ``logprobs``: the tokens to drop
+        (``ppo_fast.clip_cov_selection``).
+    clip_low, clip_high, log_ratio_clamp
+        As for ``clipped_surrogate`` (verl's Clip-Cov clamps nothing: the default).
+    """
+    shape = np.shape(logprobs)
+    keep = ~_selection(selected, shape)
+    if weights is None:
+        kept = keep.astype(np.result_type(np.asarray(logprobs).dtype, np.float32))
+    elif np.shape(weights) == shape:
+        given = np.asarray(weights)
+        kept = keep.astype(given.dtype) * given  # in the weights' dtype, which is checked next
+    else:
+        kept = weights  # for clipped_surrogate's error about their shape
+    result = clipped_surrogate(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask=mask,
+        lengths=lengths,
+        cu_seqlens=cu_seqlens,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        log_ratio_clamp=log_ratio_clamp,
+        agg=agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        loss_scale=loss_scale,
+        weights=kept,
+        grad_out=grad_out,
+        backend=backend,
+    )
+    dropped = _selected_count(selected, logprobs, mask, lengths, cu_seqlens)
+    valid = _selected_count(np.ones(shape, dtype=bool), logprobs, mask, lengths, cu_seqlens)
+    return PolicyLossResult(
+        result.loss, result.grad, _mean(dropped, valid), 0.0 if valid else math.nan,
+        result.approx_kl,
+    )  # fmt: skip
+
+
+for _function in (reinforce_loss, cispo_loss, sapo_loss, dppo_loss, kl_cov_loss, clip_cov_loss):
     # One text for the parameters every loss of the family shares.
     _doc = _function.__doc__ or ""
     _head, _, _own = _doc.partition("    Parameters\n    ----------\n")

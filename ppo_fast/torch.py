@@ -10,10 +10,12 @@ How tensors reach the kernels:
   memory: no copy. The kernel's output array is wrapped by ``torch.from_numpy``, which shares it
   too, so a CPU call copies nothing. A non-contiguous tensor is copied once (into C order).
 - bfloat16 and float16 are computed in float32 and the result is cast back to the input's dtype.
-- A CUDA (or any non-CPU) tensor takes a host round trip: it is copied to host memory, computed
-  there, and the result is copied back to the input's device, until a GPU backend exists. It is
-  correct but pays two transfers and a synchronisation per call.
-- Except in the policy-loss family (``reinforce_loss``, ``cispo_loss``, ``sapo_loss``): there a
+- A CUDA (or any non-CPU) tensor takes a host round trip in the estimators (rewards, GAE,
+  whitening): it is copied to host memory, computed there, and the result is copied back to the
+  input's device, until a GPU backend exists. It is correct but pays two transfers and a
+  synchronisation per call.
+- Except in the losses (``clipped_surrogate``, ``value_loss`` and the policy-loss family:
+  ``reinforce_loss``, ``cispo_loss``, ``sapo_loss``, ``dppo_loss``, ``kl_cov_loss``): there a
   tensor on another device is computed on that device by a torch implementation of the kernel's
   formula, with the same closed-form gradient and statistics (per-token arithmetic in the input
   dtype, sums in float64), and nothing is copied to the host. Checking the values of a mask that
@@ -250,6 +252,15 @@ class ValueLoss(NamedTuple):
     clipfrac: torch.Tensor
 
 
+def _normalisers(agg: str, num_tokens: Any, num_seqs: Any, loss_scale: Any) -> dict[str, Any]:
+    return {
+        "agg": agg,
+        "num_tokens": to_numpy(num_tokens, "num_tokens"),
+        "num_seqs": to_numpy(num_seqs, "num_seqs"),
+        "loss_scale": to_numpy(loss_scale, "loss_scale"),
+    }
+
+
 def _no_grad_wanted(ctx: Any, names: tuple[str, ...], first: int) -> None:
     """The fused kernels differentiate with respect to their first input only: refuse to drop a
     gradient that autograd would otherwise have produced."""
@@ -345,7 +356,15 @@ def clipped_surrogate(
 ) -> PolicyLoss:
     """``ppo_fast.clipped_surrogate`` on tensors, differentiable in ``logprobs``:
     ``loss.backward()`` gives ``logprobs.grad``, the fused kernel's exact gradient."""
-    _main_tensor("logprobs", logprobs)
+    like = _main_tensor("logprobs", logprobs)
+    if like.device.type != "cpu" or _DEVICE_PATH_ON_CPU:  # on the device, in torch
+        own = {"clip_low": clip_low, "clip_high": clip_high, "dual_clip": dual_clip}
+        return _surrogate_on_device(
+            logprobs, old_logprobs, advantages, weights,
+            {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+            _normalisers(agg, num_tokens, num_seqs, loss_scale),
+            {**own, "log_ratio_clamp": log_ratio_clamp},
+        )  # fmt: skip
     options = {
         "clip_low": clip_low,
         "clip_high": clip_high,
@@ -382,7 +401,11 @@ def value_loss(
     backend: str | None = None,
 ) -> ValueLoss:
     """``ppo_fast.value_loss`` on tensors, differentiable in ``values``."""
-    _main_tensor("values", values)
+    like = _main_tensor("values", values)
+    if like.device.type != "cpu" or _DEVICE_PATH_ON_CPU:  # on the device, in torch
+        layout = {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens}
+        normalisers = _normalisers(agg, num_tokens, num_seqs, loss_scale)
+        return _value_on_device(values, old_values, returns, layout, normalisers, clip)
     options = {
         "clip": clip,
         "agg": agg,
@@ -724,12 +747,7 @@ def _policy_family(
     """Run a loss of the family: on the kernels for CPU tensors, in torch on another device."""
     like = _main_tensor("logprobs", logprobs)
     layout = {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens}
-    normalisers = {
-        "agg": agg,
-        "num_tokens": to_numpy(num_tokens, "num_tokens"),
-        "num_seqs": to_numpy(num_seqs, "num_seqs"),
-        "loss_scale": to_numpy(loss_scale, "loss_scale"),
-    }
+    normalisers = _normalisers(agg, num_tokens, num_seqs, loss_scale)
     if like.device.type == "cpu" and not _DEVICE_PATH_ON_CPU:
         options = {**own, **normalisers, "backend": backend}
         compute = functools.partial(_on_kernels, family.numpy, layout, options)
@@ -868,3 +886,10 @@ def sapo_loss(
 
 for _function in (reinforce_loss, cispo_loss, sapo_loss):
     _function.__doc__ = (_function.__doc__ or "") + _FAMILY_DOC
+
+
+# DPPO and KL-Cov, and the device path of clipped_surrogate and value_loss, in modules of their
+# own (which read the machinery above).
+from ._torch_device_losses import surrogate_on_device as _surrogate_on_device  # noqa: E402
+from ._torch_device_losses import value_on_device as _value_on_device  # noqa: E402
+from ._torch_token_losses import dppo_loss, kl_cov_loss  # noqa: E402, F401

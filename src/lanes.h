@@ -52,6 +52,7 @@ PPO_INLINE void ppo_prefetch(const void* base, ptrdiff_t bytes) {
 }
 
 #include "exp.h"
+#include "log.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* -- AVX2 and FMA ------------------------------------------------------------------------------ */

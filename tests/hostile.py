@@ -780,6 +780,21 @@ def _numpy_targets() -> list[Target]:
             **rows,
         ),
         Target(
+            "dppo_loss[kl]",
+            ppo_fast.dppo_loss,
+            lambda rng: family(rng, divergence="kl", log_ratio_clamp=20.0),
+            ("logprobs", "old_logprobs", "advantages", "weights"),
+            scalars={
+                "divergence_low": 0.05,
+                "divergence_high": 0.1,
+                "ratio_cap": 3.0,
+                "log_ratio_clamp": 20.0,
+                "num_tokens": 10.0,
+            },
+            options=("divergence",),
+            **rows,
+        ),
+        Target(
             "value_loss",
             ppo_fast.value_loss,
             value,

@@ -593,12 +593,24 @@ def trl_policy_loss(compiled: bool):
 
 # The policy-loss family: GPG (REINFORCE), CISPO and SAPO, as verl 0.9.1 registers them.
 SAPO_TAU_POS, SAPO_TAU_NEG = 1.0, 1.05  # verl's defaults
-FAMILY_AGG = {"reinforce": "token-mean", "cispo": "token-mean", "sapo": "seq-mean-token-mean"}
+FAMILY_AGG = {
+    "reinforce": "token-mean",
+    "cispo": "token-mean",
+    "sapo": "seq-mean-token-mean",
+    "dppo": "token-mean",
+    "kl_cov": "token-mean",
+}
 FAMILY_VERL = {
     "reinforce": "compute_policy_loss_gpg",
     "cispo": "compute_policy_loss_cispo",
     "sapo": "compute_policy_loss_sapo",
+    "dppo": "compute_policy_loss_dppo_kl",
+    "kl_cov": "compute_policy_loss_kl_cov",
 }
+# DPPO-KL's settings on verl's ActorConfig (clip_ratio 0.2 as the divergence bound, its cap
+# clip_ratio_c = 3) and KL-Cov's PolicyLossConfig defaults (kl_cov_ratio, ppo_kl_coef).
+DPPO_CAP = 3.0
+KL_COV_RATIO, KL_COV_COEF = 0.0002, 0.1
 
 
 def ours_policy_family(loss: str):
@@ -614,6 +626,18 @@ def ours_policy_family(loss: str):
             options.update(clip_low=CLIP, log_ratio_clamp=LOG_RATIO_CLAMP)
         elif loss == "sapo":
             options.update(tau_pos=SAPO_TAU_POS, tau_neg=SAPO_TAU_NEG, log_ratio_clamp=20.0)
+        elif loss == "dppo":
+            options.update(
+                divergence="kl", divergence_low=CLIP, ratio_cap=DPPO_CAP, log_ratio_clamp=20.0
+            )
+        elif loss == "kl_cov":
+            from .. import covariance
+
+            def run():  # the selection is part of the loss, as in verl's function
+                picked = covariance.kl_cov_selection(logp, adv, ratio=KL_COV_RATIO, mask=mask)
+                return policy.kl_cov_loss(logp, old, adv, picked, coef=KL_COV_COEF, **options)
+
+            return run
         function = getattr(policy, f"{loss}_loss")
         return lambda: function(logp, old, adv, **options)
 

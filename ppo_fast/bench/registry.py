@@ -709,6 +709,18 @@ KERNELS: dict[str, Kernel] = {
             "SAPO (tau 1 and 1.05, log-ratio clamp 20), seq-mean-token-mean",
             "sapo_loss(logp, old, adv, mask=mask, agg='seq-mean-token-mean', log_ratio_clamp=20)",
         ),
+        _policy_family(
+            "dppo",
+            "DPPO-Binary-KL (bound 0.2, ratio cap 3, log-ratio clamp 20), token mean",
+            "dppo_loss(logp, old, adv, mask=mask, divergence='kl', ratio_cap=3, "
+            "log_ratio_clamp=20)",
+        ),
+        _policy_family(
+            "kl_cov",
+            "KL-Cov (ratio 0.0002, coef 0.1; the covariance top-k included), token mean",
+            "kl_cov_loss(logp, old, adv, kl_cov_selection(logp, adv, mask=mask), coef=0.1, "
+            "mask=mask)",
+        ),
         Kernel(
             "value_loss",
             f"clipped value loss (clip {VALUE_CLIP:g}), token mean, loss and d loss / d values",

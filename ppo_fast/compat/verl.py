@@ -31,6 +31,13 @@ What runs where:
   ``ppo_fast.torch``'s ``reinforce_loss``, ``cispo_loss`` and ``sapo_loss``; verl's quirks kept
   (SAPO aggregates by "seq-mean-token-mean" whatever ``loss_agg_mode`` says, GPG returns no
   metrics, CISPO's ``pg_clipfrac_lower`` is 0) and named in each docstring.
+- ``compute_policy_loss_dppo_tv``, ``_dppo_kl``, ``_clip_cov``, ``_kl_cov`` and
+  ``compute_policy_loss_reinforce`` (from ``._verl_token_losses``): the same way, on
+  ``ppo_fast.torch``'s ``dppo_loss``, ``clipped_surrogate``, ``kl_cov_loss`` and
+  ``reinforce_loss``; Clip-Cov's and KL-Cov's token selections run verl's own torch expressions
+  first (Clip-Cov's random draw on torch's global generator), so the tokens are verl's.
+  ``compute_policy_loss_bypass_mode`` fuses the loss that follows verl's own rollout-correction
+  helper (the weights, rejection mask and metrics: it needs verl installed).
 - The critic-free advantage estimators (``compute_grpo_outcome_advantage`` and the twelve
   others of ``__all__``): the rows are grouped by their ``index`` uids with ppo_fast's
   factorisation (O(B), where verl loops over the rows in Python, and never sized by a uid's
@@ -88,6 +95,14 @@ from ._verl_policy_losses import (
     compute_policy_loss_gpg,
     compute_policy_loss_sapo,
 )
+from ._verl_token_losses import (
+    compute_policy_loss_bypass_mode,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_reinforce,
+)
 
 __all__ = [
     "AdaptiveKLController",
@@ -104,9 +119,15 @@ __all__ = [
     "compute_opo_outcome_advantage",
     "compute_optimal_token_baseline_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
     "compute_policy_loss_dro",
     "compute_policy_loss_gpg",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_reinforce",
     "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",

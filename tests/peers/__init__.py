@@ -65,8 +65,11 @@ _VERL_NAMES = (
 # verl's policy-loss family (in the verbatim copy too).
 _VERL_POLICY_LOSSES = (
     "compute_policy_loss_gpg compute_policy_loss_dro compute_policy_loss_cispo "
-    "compute_policy_loss_sapo"
+    "compute_policy_loss_sapo compute_policy_loss_dppo_tv compute_policy_loss_dppo_kl "
+    "compute_policy_loss_clip_cov compute_policy_loss_kl_cov compute_policy_loss_reinforce"
 ).split()
+# verl's own only (its rollout-correction helper has no verbatim copy here)
+_VERL_REAL_ONLY = ("compute_policy_loss_bypass_mode",)
 
 
 def _real_verl() -> Peer | str:
@@ -89,7 +92,8 @@ def _real_verl() -> Peer | str:
         **{
             n: getattr(verl_F if hasattr(verl_F, n) else core_algos, n)
             for n in _VERL_NAMES + _VERL_POLICY_LOSSES
-        }
+        },
+        **{n: getattr(core_algos, n) for n in _VERL_REAL_ONLY},
     )
     return Peer("verl-0.9.1-real", api, make_config, AlgoConfig)
 

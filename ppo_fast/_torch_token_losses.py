@@ -1,0 +1,186 @@
+"""``ppo_fast.torch``'s DPPO and KL-Cov losses (re-exported there: call them from there), as the
+rest of the policy-loss family: CPU tensors on the kernels, zero-copy; a tensor on another device
+computed there by the kernel's formula in torch, with the same closed-form gradient and
+statistics (tested on CPU by forcing that path; untested on real GPUs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import torch as _pt
+from .policy import _dppo_scalars
+from .policy import dppo_loss as _numpy_dppo_loss
+from .policy import kl_cov_loss as _numpy_kl_cov_loss
+
+
+def _dppo_formula(
+    logp, old, adv, *, divergence, divergence_low, divergence_high, ratio_cap, log_ratio_clamp
+):
+    """The dppo kernel's per-token terms (objective, slope, log-ratio, outside, capped), with
+    l = -w * objective and d l / d logp = -w * slope (``torch._reinforce_formula``'s)."""
+    log_ratio = _pt._clamped(logp - old, log_ratio_clamp)
+    ratio = log_ratio.exp()
+    prob, old_prob = logp.exp(), old.exp()
+    positive = adv > 0
+    if divergence == 1:  # binary KL; _spec.DIVERGENCES
+        complement = 1.0 - old_prob
+        distance = old_prob * (old - logp) + complement * torch.log(
+            (complement + 1e-8) / ((1.0 - prob) + 1e-8)
+        )
+        inside = torch.where(
+            positive,
+            (distance <= divergence_high) | (prob <= old_prob),
+            (distance <= divergence_low) | (prob >= old_prob),
+        )
+    else:
+        difference = prob - old_prob
+        inside = torch.where(positive, difference <= divergence_high, difference >= -divergence_low)
+    keep = inside.to(logp.dtype)
+    slope = adv * torch.clamp(ratio, max=ratio_cap)
+    return (slope * logp) * keep, slope * keep, log_ratio, ~inside, inside & (ratio > ratio_cap)
+
+
+def _kl_cov_scalars(selected: Any, coef: float) -> dict[str, Any]:
+    from . import _validate
+
+    return {"selected": selected, "coef": _validate.scalar("coef", coef, lo=0.0)}
+
+
+def _kl_cov_formula(logp, old, adv, *, selected, coef):
+    """The kl_cov kernel's per-token terms, as ``_dppo_formula``; the approx_kl slot holds the
+    negated |log-ratio| (its mean, negated back by the caller's -log_ratio, is verl's)."""
+    picked = _torch_selection(selected, logp)
+    log_ratio = logp - old
+    base = adv * log_ratio.exp()
+    penalised = picked & (coef != 0.0)
+    objective = torch.where(penalised, base - coef * log_ratio.abs(), base)
+    slope = torch.where(penalised, base - coef * torch.sign(log_ratio), base)
+    return objective, slope, -log_ratio.abs(), picked, None
+
+
+def _torch_selection(selected: Any, like: torch.Tensor) -> torch.Tensor:
+    """``policy._selection`` on the device: a bool tensor shaped like ``like`` (bool, or
+    integers of 0/1, which costs one bool read back)."""
+    if not isinstance(selected, torch.Tensor):
+        try:
+            selected = torch.as_tensor(selected)
+        except (TypeError, ValueError, RuntimeError):
+            from .policy import _selection
+
+            _selection(selected, tuple(like.shape))  # raises its error
+            raise
+    selected = selected.to(device=like.device)
+    if tuple(selected.shape) != tuple(like.shape):
+        raise ValueError(
+            f"selected has shape {tuple(selected.shape)} but logprobs has shape "
+            f"{tuple(like.shape)}: pass the selection computed on these logprobs (one flag per "
+            "token, in their layout)"
+        )
+    if selected.dtype == torch.bool:
+        return selected
+    if _pt._is_integer(selected) and bool(((selected == 0) | (selected == 1)).all()):
+        return selected != 0
+    raise TypeError(
+        f"selected must be bool (or integers 0/1), got {selected.dtype}: pass the selection's "
+        "flags, e.g. selected.bool() for a 0/1 tensor"
+    )
+
+
+def _numpy_kl_cov(logprobs, old_logprobs, advantages, *, selected, **options):
+    picked = selected.detach().cpu().numpy() if isinstance(selected, torch.Tensor) else selected
+    return _numpy_kl_cov_loss(logprobs, old_logprobs, advantages, picked, **options)
+
+
+_DPPO = _pt._FamilyLoss(_numpy_dppo_loss, _dppo_scalars, _dppo_formula)
+_KL_COV = _pt._FamilyLoss(_numpy_kl_cov, _kl_cov_scalars, _kl_cov_formula)
+
+
+@_pt._speaks_torch
+def dppo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    divergence: str = "tv",
+    divergence_low: float = 0.2,
+    divergence_high: float | None = None,
+    ratio_cap: float | None = 20.0,
+    log_ratio_clamp: float | None = None,
+    mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    agg: str = "token-mean",
+    num_tokens: Any = None,
+    num_seqs: Any = None,
+    loss_scale: Any = None,
+    weights: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> _pt.PolicyLoss:
+    """``ppo_fast.dppo_loss`` on tensors: DPPO-Binary-TV ("tv") or -KL ("kl")."""
+    own = {
+        "divergence": divergence,
+        "divergence_low": divergence_low,
+        "divergence_high": divergence_high,
+        "ratio_cap": ratio_cap,
+        "log_ratio_clamp": log_ratio_clamp,
+    }
+    return _pt._policy_family(
+        _DPPO,
+        logprobs,
+        old_logprobs,
+        advantages,
+        own,
+        mask=mask,
+        lengths=lengths,
+        cu_seqlens=cu_seqlens,
+        agg=agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        loss_scale=loss_scale,
+        weights=weights,
+        backend=backend,
+    )
+
+
+@_pt._speaks_torch
+def kl_cov_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    selected: torch.Tensor,
+    *,
+    coef: float = 1.0,
+    mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    agg: str = "token-mean",
+    num_tokens: Any = None,
+    num_seqs: Any = None,
+    loss_scale: Any = None,
+    weights: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> _pt.PolicyLoss:
+    """``ppo_fast.kl_cov_loss`` on tensors: -A * rho + coef * |log rho| at ``selected``."""
+    return _pt._policy_family(
+        _KL_COV,
+        logprobs,
+        old_logprobs,
+        advantages,
+        {"selected": selected, "coef": coef},
+        mask=mask,
+        lengths=lengths,
+        cu_seqlens=cu_seqlens,
+        agg=agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        loss_scale=loss_scale,
+        weights=weights,
+        backend=backend,
+    )
+
+
+for _function in (dppo_loss, kl_cov_loss):
+    _function.__doc__ = (_function.__doc__ or "") + _pt._FAMILY_DOC

@@ -1,0 +1,179 @@
+"""DPPO, KL-Cov and Clip-Cov (ppo_fast.policy), their selections (ppo_fast.covariance), their
+torch twins (both paths) and the kernels' log. Every backend against the oracle is
+tests/test_kernels.py's (the table); verl parity is tests/test_compat_token_losses_verl.py's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ppo_fast
+
+
+def _batch(seed=0, rows=4, width=9):
+    rng = np.random.default_rng(seed)
+    old = rng.uniform(-2.5, -0.05, (rows, width))
+    logp = np.minimum(old + rng.normal(0, 0.3, (rows, width)), -0.01)
+    adv = rng.normal(size=(rows, width))
+    mask = rng.random((rows, width)) < 0.8
+    return logp, old, adv, mask
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_kl_cov_gradient_is_the_derivative_of_the_loss(agg):
+    """Five-point differences in each valid logprob, the selection held. (DPPO's loss holds the
+    capped ratio and the region constant, which a difference of the loss does not: its gradient
+    is checked against torch autograd of verl's detached form below.)"""
+    logp, old, adv, mask = _batch()
+    selected = ppo_fast.kl_cov_selection(logp, adv, mask=mask, ratio=0.2)
+    assert selected.any()
+    base = ppo_fast.kl_cov_loss(logp, old, adv, selected, coef=0.5, mask=mask, agg=agg)
+    h = 1e-6
+    for b, t in zip(*np.nonzero(mask), strict=True):
+        values = []
+        for step in (-2, -1, 1, 2):
+            moved = logp.copy()
+            moved[b, t] += step * h
+            values.append(
+                ppo_fast.kl_cov_loss(moved, old, adv, selected, coef=0.5, mask=mask, agg=agg).loss
+            )
+        slope = (values[0] - 8 * values[1] + 8 * values[2] - values[3]) / (12 * h)
+        assert base.grad[b, t] == pytest.approx(slope, rel=1e-5, abs=1e-8), (b, t)
+    assert np.all(base.grad[~mask] == 0)
+
+
+@pytest.mark.parametrize("divergence", ["tv", "kl"])
+def test_dppo_gradient_is_the_held_ratio_times_the_advantage_inside_the_region(divergence):
+    torch = pytest.importorskip("torch")
+    logp, old, adv, mask = _batch(3)
+    result = ppo_fast.dppo_loss(
+        logp, old, adv, mask=mask, divergence=divergence, divergence_low=0.05, ratio_cap=1.1
+    )
+    x = torch.tensor(logp, requires_grad=True)
+    o, a, m = torch.tensor(old), torch.tensor(adv), torch.tensor(mask, dtype=torch.float64)
+    prob, old_prob = x.exp(), o.exp()
+    if divergence == "tv":
+        inside = torch.where(a > 0, prob - old_prob <= 0.05, prob - old_prob >= -0.05)
+    else:
+        d = old_prob * (o - x) + (1 - old_prob) * torch.log(
+            (1 - old_prob + 1e-8) / (1 - prob + 1e-8)
+        )
+        inside = torch.where(
+            a > 0, (d <= 0.05) | (prob <= old_prob), (d <= 0.05) | (prob >= old_prob)
+        )
+    ratio = torch.clamp((x - o).exp(), max=1.1).detach()
+    loss = (-a * ratio * x * inside.detach().double() * m).sum() / m.sum()
+    loss.backward()
+    assert result.loss == pytest.approx(loss.item(), rel=1e-12)
+    np.testing.assert_allclose(result.grad, x.grad.numpy(), rtol=1e-12, atol=1e-15)
+    assert result.clipfrac == pytest.approx(float(((~inside).double() * m).sum() / m.sum()))
+    assert 0 < result.clipfrac < 1
+
+
+def test_kl_cov_selection_is_the_top_k_and_clip_cov_selection_follows_its_seed():
+    logp, old, adv, mask = _batch(5, rows=6, width=30)
+    picked = ppo_fast.kl_cov_selection(logp, adv, mask=mask, ratio=0.1)
+    valid = mask.ravel()
+    cov = (adv.ravel() - adv.ravel()[valid].mean()) * (logp.ravel() - logp.ravel()[valid].mean())
+    k = max(int(0.1 * valid.sum()), 1)
+    expected = np.flatnonzero(valid)[np.argsort(-cov[valid])[:k]]
+    np.testing.assert_array_equal(np.flatnonzero(picked), np.sort(expected))
+    first = ppo_fast.clip_cov_selection(logp, old, adv, mask=mask, seed=3, ratio=0.1, lower=0.0)
+    again = ppo_fast.clip_cov_selection(logp, old, adv, mask=mask, seed=3, ratio=0.1, lower=0.0)
+    np.testing.assert_array_equal(first, again)
+    assert first.sum() == k and not (first & ~mask).any()
+    dropped = ppo_fast.clip_cov_loss(logp, old, adv, first, mask=mask)
+    plain = ppo_fast.clipped_surrogate(logp, old, adv, mask=mask, weights=(~first).astype(float))
+    assert dropped.loss == plain.loss and dropped.clipfrac == pytest.approx(k / valid.sum())
+
+
+def test_bad_input_is_an_error_naming_the_argument():
+    logp, old, adv, mask = _batch()
+    with pytest.raises(ValueError, match="divergence_low must"):
+        ppo_fast.dppo_loss(logp, old, adv, mask=mask, divergence_low=-0.1)
+    with pytest.raises(ValueError, match="divergence_high must"):
+        ppo_fast.dppo_loss(logp, old, adv, mask=mask, divergence_high=-0.1)
+    with pytest.raises(ValueError, match="ratio_cap must"):
+        ppo_fast.dppo_loss(logp, old, adv, mask=mask, ratio_cap=0.0)
+    with pytest.raises(ValueError, match="divergence"):
+        ppo_fast.dppo_loss(logp, old, adv, mask=mask, divergence="js")
+    with pytest.raises(ValueError, match="selected has shape"):
+        ppo_fast.kl_cov_loss(logp, old, adv, mask[:, :3], mask=mask)
+    with pytest.raises(TypeError, match="selected must be bool"):
+        ppo_fast.clip_cov_loss(logp, old, adv, mask * 0.5, mask=mask)
+    with pytest.raises(TypeError, match="seed must be"):
+        ppo_fast.clip_cov_selection(logp, old, adv, mask=mask, seed=None)
+    with pytest.raises(ValueError, match="lower must be <= upper"):
+        ppo_fast.clip_cov_selection(logp, old, adv, mask=mask, seed=0, lower=2, upper=1)
+
+
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl", "kl_cov"])
+def test_torch_device_path_equals_the_kernels(name, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import ppo_fast.torch as pt
+
+    logp, old, adv, mask = _batch(7)
+    tensors = [torch.tensor(a, dtype=torch.float32) for a in (logp, old, adv)]
+    m = torch.tensor(mask)
+
+    def run():
+        x = tensors[0].clone().requires_grad_()
+        if name == "kl_cov":
+            picked = torch.tensor(ppo_fast.kl_cov_selection(logp, adv, mask=mask, ratio=0.2))
+            out = pt.kl_cov_loss(x, *tensors[1:], picked, coef=0.5, mask=m)
+        else:
+            out = pt.dppo_loss(x, *tensors[1:], divergence=name[-2:], divergence_low=0.1, mask=m)
+        out.loss.backward()
+        return out, x.grad
+
+    kernels, grad = run()
+    monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", True)
+    device, device_grad = run()
+    for a, b in zip(kernels, device, strict=True):
+        assert a.item() == pytest.approx(b.item(), rel=1e-5, abs=1e-7)
+    np.testing.assert_allclose(device_grad.numpy(), grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_the_kernels_log_is_within_one_ulp():
+    numba = pytest.importorskip("numba")
+    from ppo_fast._numba_core import log_poly
+
+    @numba.njit
+    def evaluate(xs, out):
+        for i in range(xs.shape[0]):
+            out[i] = log_poly(xs[i])
+
+    rng = np.random.default_rng(0)
+    for dtype, span in ((np.float32, 85.0), (np.float64, 700.0)):
+        info = np.finfo(dtype)
+        xs = np.concatenate(
+            [np.exp(rng.uniform(-span, span, 200_000)), 1 + rng.uniform(-1e-3, 1e-3, 20_000),
+             [info.tiny, info.tiny / 3, info.smallest_subnormal, info.max, 1.0, 0.5]]
+        ).astype(dtype)  # fmt: skip
+        xs = xs[np.isfinite(xs) & (xs > 0)]
+        out = np.empty_like(xs)
+        evaluate(xs, out)
+        exact = np.log(xs.astype(np.longdouble)).astype(dtype)
+        error = np.abs(out.astype(np.float64) - exact) / np.spacing(np.abs(exact)).astype(float)
+        assert error.max() <= 1, (dtype, xs[np.argmax(error)])
+        special = np.array([0.0, -0.0, -1.0, np.inf, -np.inf, np.nan], dtype=dtype)
+        out = np.empty_like(special)
+        evaluate(special, out)
+        np.testing.assert_array_equal(out, [-np.inf, -np.inf, np.nan, np.inf, np.nan, np.nan])
+
+
+def test_torch_selection_errors_name_selected(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import ppo_fast.torch as pt
+
+    logp, old, adv, mask = (torch.tensor(a) for a in _batch())
+    for forced in (False, True):
+        monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", forced)
+        with pytest.raises(ValueError, match="selected has shape"):
+            pt.kl_cov_loss(logp, old, adv, mask[:, :2], mask=mask)
+        with pytest.raises(TypeError, match="selected must be bool"):
+            pt.kl_cov_loss(logp, old, adv, mask * 0.5, mask=mask)
+        as_integers = pt.kl_cov_loss(logp, old, adv, mask.long(), mask=mask)
+        assert (
+            as_integers.loss.item() == pt.kl_cov_loss(logp, old, adv, mask, mask=mask).loss.item()
+        )
