@@ -221,9 +221,41 @@ def token_arrays(elementwise: bool = False, **arrays: Any) -> tuple[np.ndarray, 
                     f"{name} is {array.dtype} but {first_name} is {first.dtype}: "
                     f"pass one dtype: {_cast_hint(name, str(first.dtype))}"
                 )
-        # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
-        out.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
+        out.append(array if array.flags.carray else kernel_array(array))
     return tuple(out)
+
+
+class _WriteableAlias:
+    """The ``__array_interface__`` of a read-only array with its data flagged writeable, holding
+    the array (so that its memory outlives the alias)."""
+
+    __slots__ = ("__array_interface__", "array")
+
+    def __init__(self, array: np.ndarray) -> None:
+        interface = dict(array.__array_interface__)
+        interface["data"] = (interface["data"][0], False)
+        self.__array_interface__ = interface
+        self.array = array
+
+
+def kernel_array(array: np.ndarray) -> np.ndarray:
+    """``array`` as the compiled kernels read it: C-contiguous, aligned and writeable, without a
+    copy where it is only read-only.
+
+    numba types a read-only array apart from a writeable one, so a read-only input (a view of an
+    Arrow buffer, a memory map, ``flags.writeable = False``) would compile every kernel it reaches
+    once more (0.5-10 s each, per combination of read-only inputs): a read-only array is passed as
+    a writeable alias of the same memory. Kernels never write their inputs (the tests check every
+    input after every call); outputs are always ppo_fast's own arrays or a checked ``out=``. A
+    non-contiguous or misaligned array is copied (not np.ascontiguousarray: it turns a 0-d array
+    into shape (1,), and keeps a misaligned one misaligned).
+    """
+    flags = array.flags
+    if flags.carray:
+        return array
+    if flags.c_contiguous and flags.aligned:
+        return np.asarray(_WriteableAlias(array))
+    return np.array(array, order="C")
 
 
 def out_array(
@@ -314,7 +346,7 @@ def _mask_array(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
             "pass a 0/1 mask of the same (B, T) shape"
         )
     if mask.dtype == np.bool_:
-        return np.ascontiguousarray(mask).reshape(-1).view(np.uint8)
+        return kernel_array(mask.reshape(-1)).view(np.uint8)
     if mask.dtype.kind not in "biuf":
         raise TypeError(f"mask must be bool or 0/1 numbers, got dtype {mask.dtype}")
     is_one = mask == 1
@@ -349,13 +381,14 @@ def common_layout(
     attribute reads, or None when it is not; lengths are the spans.
 
     The common case: NumPy arrays (not subclasses) of one float dtype (float32 or float64, native
-    byte order), 2-D, of one shape, C-contiguous, with no mask or a C-contiguous bool mask of that
-    shape. Those are exactly the inputs that ``token_arrays`` returns unchanged and ``rows`` accepts
-    as they are; anything else goes the general way, which returns the same or raises. The stages'
-    fast paths and ``batch`` start here.
+    byte order), 2-D, of one shape, C-contiguous, aligned and writeable (``flags.carray``; see
+    ``kernel_array``), with no mask or such a bool mask of that shape. Those are exactly the
+    inputs that ``token_arrays`` returns unchanged and ``rows`` accepts as they are; anything else
+    goes the general way, which returns the same or raises. The stages' fast paths and ``batch``
+    start here.
     """
     first = arrays[0]
-    if type(first) is not np.ndarray or not first.flags.c_contiguous:
+    if type(first) is not np.ndarray or not first.flags.carray:
         return None
     dtype, shape = first.dtype, first.shape
     if (dtype is not FLOAT_DTYPES[0] and dtype is not FLOAT_DTYPES[1]) or len(shape) != 2:
@@ -365,7 +398,7 @@ def common_layout(
             type(array) is not np.ndarray
             or array.dtype is not dtype
             or array.shape != shape
-            or not array.flags.c_contiguous
+            or not array.flags.carray
         ):
             return None
     starts, spans = _padded_layouts.get(shape) or _padded_layout(*shape)
@@ -375,7 +408,7 @@ def common_layout(
         type(mask) is np.ndarray
         and mask.dtype is _BOOL
         and mask.shape == shape
-        and mask.flags.c_contiguous
+        and mask.flags.carray
     ):
         return starts, spans, mask.ravel().view(_UINT8)
     return None

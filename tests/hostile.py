@@ -795,6 +795,14 @@ def _numpy_targets() -> list[Target]:
             **rows,
         ),
         Target(
+            "kl_cov_loss",
+            ppo_fast.kl_cov_loss,
+            lambda rng: {**family(rng, coef=0.5), "selected": rng.random(MASK.shape) < 0.3},
+            ("logprobs", "old_logprobs", "advantages", "weights"),
+            scalars={"coef": 0.5, "num_tokens": 10.0},
+            **rows,
+        ),
+        Target(
             "value_loss",
             ppo_fast.value_loss,
             value,

@@ -406,3 +406,38 @@ def test_a_scalar_out_of_range_names_its_interval(bounds, value, message):
     """An infinite bound is shown open unless infinities are allowed (then "inf]")."""
     with pytest.raises(ValueError, match="tau " + message):
         _validate.scalar("tau", value, **bounds)
+
+
+def test_a_read_only_input_reaches_the_kernel_as_the_same_memory_and_compiles_nothing_new():
+    """numba types read-only arrays apart: passed as they are, they would compile every kernel
+    once more (seconds each). They reach the kernels as writeable aliases of the same memory, and
+    stay unmodified."""
+    pytest.importorskip("numba")
+    from ppo_fast import _numba_kernels
+
+    rng = np.random.default_rng(5)
+    rewards, values = rng.normal(size=(2, 3, 40)).astype(np.float32)
+    mask = rng.random((3, 40)) < 0.7
+    writeable = ppo_fast.gae(rewards, values, mask=mask, backend="numba")
+    compiled = len(_numba_kernels.gae.serial.signatures)
+    frozen = [a.copy() for a in (rewards, values, mask)]
+    for array in frozen:
+        array.flags.writeable = False
+    frozen_result = ppo_fast.gae(*frozen[:2], mask=frozen[2], backend="numba")
+    assert len(_numba_kernels.gae.serial.signatures) == compiled
+    np.testing.assert_array_equal(frozen_result.advantages, writeable.advantages)
+    np.testing.assert_array_equal(frozen_result.returns, writeable.returns)
+    for array, original in zip(frozen, (rewards, values, mask), strict=True):
+        np.testing.assert_array_equal(array, original)
+        assert not array.flags.writeable
+
+    alias = _validate.kernel_array(frozen[0])
+    assert alias.flags.carray and np.shares_memory(alias, frozen[0])
+    misaligned = np.frombuffer(b"\0" + rewards.tobytes(), np.float32, offset=1)
+    assert not misaligned.flags.aligned
+    copy = _validate.kernel_array(misaligned)
+    assert copy.flags.carray and not np.shares_memory(copy, misaligned)
+    np.testing.assert_array_equal(copy, rewards.ravel())
+    zero_d = np.array(2.0)
+    zero_d.flags.writeable = False
+    assert _validate.kernel_array(zero_d).shape == ()
