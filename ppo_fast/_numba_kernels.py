@@ -24,7 +24,7 @@ from ._numba_core import (
     _valid_count,
     fma,
 )
-from ._numba_losses import cispo, clipped_surrogate, reinforce, sapo, value_loss
+from ._numba_losses import cispo, clipped_surrogate, gspo, reinforce, sapo, value_loss
 from ._spec import ESTIMATORS, KERNELS
 
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
@@ -420,3 +420,4 @@ value_loss = _Kernel(value_loss, fastmath={"reassoc"})
 reinforce = _Kernel(reinforce, fastmath={"reassoc"})
 cispo = _Kernel(cispo, fastmath={"reassoc"})
 sapo = _Kernel(sapo, fastmath={"reassoc"})
+gspo = _Kernel(gspo, fastmath={"reassoc"})
