@@ -21,7 +21,7 @@ from .outcome import (
     reinforce_plus_plus_baseline,
     rloo,
 )
-from .policy import cispo_loss, reinforce_loss, sapo_loss
+from .policy import cispo_loss, gspo_loss, reinforce_loss, sapo_loss
 from .returns import (
     AdvantagesResult,
     discounted_returns,
@@ -52,6 +52,7 @@ __all__ = [
     "get_num_threads",
     "gpg",
     "grpo",
+    "gspo_loss",
     "kl_penalty",
     "masked_moments",
     "opo",

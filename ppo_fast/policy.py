@@ -19,6 +19,27 @@ Per valid token, with A the advantage, w the weight (1 without ``weights``; verl
                      log-ratio clamp is active (strictly beyond it: torch.clamp passes the
                      gradient at its bounds).
 
+    gspo_loss        l = -w * min(s * A, clip(s, 1 - clip_low, 1 + clip_high) * A), bounded
+                     below by c * A where A < 0 with a dual clip c (GSPO, arXiv 2507.18071),
+                     with one ratio per row: s = exp(min(m, log_ratio_max)), m = the mean of
+                     logp - old over the row's valid tokens (n of them). The clipped branch is
+                     taken where strictly smaller, the dual bound where strictly larger; slope_t
+                     = d l_t / d s = -w_t * A_t on the unclipped branch, 0 on a flat one
+                     (clipped, dual-clipped), and d s / d m = s, 0 where m > log_ratio_max
+                     (strictly: torch.clamp passes the gradient at its bound). Two gradients:
+                     form="detached" (verl's compute_policy_loss_gspo: each token's ratio is
+                     sg(s) * exp(logp_t - sg(logp_t)), of value s and derivative s in its own
+                     logp_t only): d l / d logp_t = slope_t * s;
+                     form="sequence" (TRL's importance_sampling_level="sequence", OpenRLHF's
+                     policy_loss_type="gspo": s itself, a function of every logp of the row):
+                     d loss / d logp_u = (sum over the row's valid t of slope_t) * s / n for
+                     every valid u of the row (times the row's aggregation weight, which is why
+                     the per-row sum runs before any token's gradient is known).
+                     At a tie of the branches (s at a clip bound, c * A equal to the clipped
+                     objective) both forms take the unclipped slope, as clipped_surrogate. A row
+                     with no valid token has no ratio: it contributes nothing (loss, gradient
+                     and counts 0), which is what the peers' masked sums give.
+
 Aggregation (``agg``, ``num_tokens``, ``num_seqs``, ``loss_scale``) is ``clipped_surrogate``'s:
 "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", with the
 global counts of a data-parallel step; the gradient is d loss / d logprobs after aggregation, 0
@@ -27,8 +48,11 @@ at positions that are not valid.
 Statistics (``PolicyLossResult``), over the valid tokens: ``approx_kl``, the mean of old - logp
 (of the clamped log-ratio when a clamp is given, as verl's ``ppo_kl``); for CISPO ``clipfrac``,
 the fraction where the clipped ratio differs from the ratio (either bound, as verl's
-``pg_clipfrac``), and ``clipfrac_lower``, where it is below the lower bound; REINFORCE and SAPO
-clip nothing, and their clip fractions are 0. All NaN without a valid token.
+``pg_clipfrac``), and ``clipfrac_lower``, where it is below the lower bound; for GSPO
+``clipfrac``, the fraction of tokens on the clipped branch (verl's and OpenRLHF's clip
+fraction), ``clipfrac_lower``, of those with A < 0 (the ratio below the lower bound, TRL's
+``clip_ratio/low_mean``), and ``approx_kl`` of the tokens' log-ratios, not clamped; REINFORCE and
+SAPO clip nothing, and their clip fractions are 0. All NaN without a valid token.
 
 Per-token arithmetic runs in the input dtype, sums in float64, as in ``ppo_fast.loss`` (whose
 docstring says what exp does beyond float32's range and how NaN and inf propagate).
@@ -43,6 +67,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import _backend, _validate
+from ._spec import GSPO_FORMS
 from .loss import _NO_WEIGHTS, Aggregation, PolicyLossResult, _mean, _row_scales, _totals
 
 
@@ -55,6 +80,7 @@ def _run(
     backend: str | None,
     scalars: dict[str, float],
     row_outputs: tuple[str, ...],
+    codes: dict[str, int] | None = None,
 ) -> tuple[np.ndarray, list[float], float]:
     """Validate, run ``kernel`` and reduce: (grad, [loss, other row sums...], valid tokens)."""
     # weights alone are optional: a None for any other array is for _validate to name
@@ -81,6 +107,7 @@ def _run(
         **rows.arguments,
         scales=scales.astype(logp.dtype),
         **{name: token(value) for name, value in scalars.items()},
+        **(codes or {}),
         grad=grad.ravel(),
         **dict(zip(row_outputs, outputs, strict=True)),
     )
@@ -127,6 +154,50 @@ def _sapo_scalars(
         "tau_neg": _validate.scalar("tau_neg", tau_neg, lo=0.0, open_lo=True),
         "log_ratio_clamp": _log_ratio_clamp(log_ratio_clamp),
     }
+
+
+def _gspo_scalars(
+    clip_low: float,
+    clip_high: float | None,
+    dual_clip: float | None,
+    log_ratio_max: float | None,
+) -> dict[str, float]:
+    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
+    high = (
+        low
+        if clip_high is None
+        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
+    )
+    dual = (
+        math.inf
+        if dual_clip is None
+        else _validate.scalar("dual_clip", dual_clip, lo=1.0, open_lo=True, allow_inf=True)
+    )
+    cap = (
+        math.inf
+        if log_ratio_max is None
+        else _validate.scalar("log_ratio_max", log_ratio_max, allow_inf=True)
+    )
+    if cap == -math.inf:
+        raise ValueError(
+            "log_ratio_max is -inf, which makes every ratio 0: pass a real number or None "
+            "(no clamp)"
+        )
+    return {
+        "ratio_low": 1.0 - low,
+        "ratio_high": 1.0 + high,
+        "dual_clip": dual,
+        "log_ratio_max": cap,
+    }
+
+
+def _gspo_form(form: str) -> int:
+    if form not in GSPO_FORMS:
+        raise ValueError(
+            f"form must be one of {', '.join(map(repr, GSPO_FORMS))}, got {form!r}: 'detached' "
+            "for verl's gradient, 'sequence' for TRL's and OpenRLHF's"
+        )
+    return GSPO_FORMS.index(form)
 
 
 _COMMON = """
@@ -304,7 +375,68 @@ def sapo_loss(
     return PolicyLossResult(loss, grad, nothing_clipped, nothing_clipped, _mean(kl, valid))
 
 
-for _function in (reinforce_loss, cispo_loss, sapo_loss):
+def gspo_loss(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    *,
+    form: str = "detached",
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    log_ratio_max: float | None = None,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    agg: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """GSPO: the clipped surrogate on each row's sequence ratio exp(mean log-ratio); see the
+    module docstring for the loss and both gradients.
+
+    Parameters
+    ----------
+    form
+        "detached" (verl: each token's gradient is its own term's) or "sequence" (TRL, OpenRLHF:
+        the ratio's derivative reaches every token of the row).
+    clip_low, clip_high
+        The sequence ratio is clipped to [1 - clip_low, 1 + clip_high]: clip_low in [0, 1],
+        clip_high >= 0 (inf: no upper bound); ``clip_high=None`` means ``clip_low``. (The GSPO
+        paper's are 3e-4 and 4e-4, for a ratio that stays near 1.)
+    dual_clip
+        c > 1: bound the objective below by c * A where A < 0 (OpenRLHF's dual clip; TRL's
+        ``delta`` when delta >= 1 + clip_high); None or inf: no dual clip.
+    log_ratio_max
+        Clamp the mean log-ratio above before exp (verl: 10; None or inf: no clamp); any real
+        number.
+    """
+    grad, (loss, clipped, lower, kl), valid = _run(
+        "gspo",
+        {
+            "logprobs": logprobs,
+            "old_logprobs": old_logprobs,
+            "advantages": advantages,
+            "weights": weights,
+        },
+        {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
+        grad_out,
+        backend,
+        _gspo_scalars(clip_low, clip_high, dual_clip, log_ratio_max),
+        ("row_loss", "row_clipped", "row_lower", "row_kl"),
+        {"form": _gspo_form(form)},
+    )
+    return PolicyLossResult(
+        loss, grad, _mean(clipped, valid), _mean(lower, valid), _mean(kl, valid)
+    )
+
+
+for _function in (reinforce_loss, cispo_loss, sapo_loss, gspo_loss):
     # One text for the parameters every loss of the family shares.
     _doc = _function.__doc__ or ""
     _head, _, _own = _doc.partition("    Parameters\n    ----------\n")
