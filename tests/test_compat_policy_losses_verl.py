@@ -192,3 +192,19 @@ def test_same_arguments_as_verl(name):
     function = f"compute_policy_loss_{name}"
     assert_same_arguments(getattr(compat, function), verl_function(function), function)
     assert function in compat.__all__
+
+
+def test_gspo_beyond_verls_clamp_of_the_sequence_log_ratio():
+    """A row whose mean log-ratio is beyond verl's clamp at 10: its ratio is exp(10) and its
+    gradient 0, as verl's."""
+    b = batch("holes", torch.float64, seed=13)
+    logprobs = b.logprobs.clone()
+    logprobs[0] += 12.0
+    cfg = config("gspo", 0, {})
+    (loss, metrics, grad), (loss_ref, metrics_ref, grad_ref) = call_both(
+        "gspo", b.old_logprobs, logprobs, b.advantages, b.mask, "token-mean", cfg, None
+    )
+    assert not grad_ref[0].any()
+    assert_parity(loss, loss_ref, "gspo clamp", torch.float64)
+    assert_parity(grad, grad_ref, "d gspo clamp", torch.float64)
+    assert metrics == pytest.approx(metrics_ref, rel=1e-12)
