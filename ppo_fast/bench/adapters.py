@@ -591,19 +591,25 @@ def trl_policy_loss(compiled: bool):
     return prepare
 
 
-# The policy-loss family: GPG (REINFORCE), CISPO and SAPO, as verl 0.9.1 registers them.
+# The policy-loss family: GPG (REINFORCE), CISPO, SAPO and GSPO, as verl 0.9.1 registers them.
 SAPO_TAU_POS, SAPO_TAU_NEG = 1.0, 1.05  # verl's defaults
-FAMILY_AGG = {"reinforce": "token-mean", "cispo": "token-mean", "sapo": "seq-mean-token-mean"}
+FAMILY_AGG = {
+    "reinforce": "token-mean",
+    "cispo": "token-mean",
+    "sapo": "seq-mean-token-mean",
+    "gspo": "seq-mean-token-mean",  # what verl recommends for GSPO
+}
 FAMILY_VERL = {
     "reinforce": "compute_policy_loss_gpg",
     "cispo": "compute_policy_loss_cispo",
     "sapo": "compute_policy_loss_sapo",
+    "gspo": "compute_policy_loss_gspo",
 }
 
 
 def ours_policy_family(loss: str):
     """ppo_fast's loss of the family with verl's settings (log-ratio clamp 20 where verl has
-    one), aggregated as verl aggregates it."""
+    one, GSPO's at 10 on the sequence log-ratio), aggregated as verl aggregates it."""
 
     def prepare(batch: Batch, backend: str):
         from .. import policy
@@ -614,6 +620,8 @@ def ours_policy_family(loss: str):
             options.update(clip_low=CLIP, log_ratio_clamp=LOG_RATIO_CLAMP)
         elif loss == "sapo":
             options.update(tau_pos=SAPO_TAU_POS, tau_neg=SAPO_TAU_NEG, log_ratio_clamp=20.0)
+        elif loss == "gspo":
+            options.update(form="detached", clip_low=CLIP, log_ratio_max=10.0)
         function = getattr(policy, f"{loss}_loss")
         return lambda: function(logp, old, adv, **options)
 

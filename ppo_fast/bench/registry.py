@@ -709,6 +709,13 @@ KERNELS: dict[str, Kernel] = {
             "SAPO (tau 1 and 1.05, log-ratio clamp 20), seq-mean-token-mean",
             "sapo_loss(logp, old, adv, mask=mask, agg='seq-mean-token-mean', log_ratio_clamp=20)",
         ),
+        _policy_family(
+            "gspo",
+            f"GSPO (clip {CLIP:g}, sequence log-ratio clamp 10, verl's detached gradient), "
+            "seq-mean-token-mean",
+            "gspo_loss(logp, old, adv, mask=mask, agg='seq-mean-token-mean', clip_low=0.2, "
+            "log_ratio_max=10)",
+        ),
         Kernel(
             "value_loss",
             f"clipped value loss (clip {VALUE_CLIP:g}), token mean, loss and d loss / d values",
