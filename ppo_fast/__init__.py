@@ -21,7 +21,7 @@ from .outcome import (
     reinforce_plus_plus_baseline,
     rloo,
 )
-from .policy import cispo_loss, gspo_loss, reinforce_loss, sapo_loss
+from .policy import cispo_loss, geo_mean_loss, gspo_loss, reinforce_loss, sapo_loss
 from .returns import (
     AdvantagesResult,
     discounted_returns,
@@ -48,6 +48,7 @@ __all__ = [
     "discounted_returns",
     "gae",
     "gdpo",
+    "geo_mean_loss",
     "get_backend",
     "get_num_threads",
     "gpg",

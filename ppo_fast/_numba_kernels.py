@@ -24,7 +24,15 @@ from ._numba_core import (
     _valid_count,
     fma,
 )
-from ._numba_losses import cispo, clipped_surrogate, gspo, reinforce, sapo, value_loss
+from ._numba_losses import (
+    cispo,
+    clipped_surrogate,
+    geo_mean,
+    gspo,
+    reinforce,
+    sapo,
+    value_loss,
+)
 from ._spec import ESTIMATORS, KERNELS
 
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
@@ -421,3 +429,4 @@ reinforce = _Kernel(reinforce, fastmath={"reassoc"})
 cispo = _Kernel(cispo, fastmath={"reassoc"})
 sapo = _Kernel(sapo, fastmath={"reassoc"})
 gspo = _Kernel(gspo, fastmath={"reassoc"})
+geo_mean = _Kernel(geo_mean, fastmath={"reassoc"})

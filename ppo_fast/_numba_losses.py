@@ -528,3 +528,85 @@ def gspo(
         row_clipped[b] = clipped_count
         row_lower[b] = lower_count
         row_kl[b] = kl_total
+
+
+def geo_mean(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    log_ratio_low,
+    log_ratio_high,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+):
+    """Twin: src/rows_sequence.h ppo_geo_mean_row. Two passes over a row: the sums of its kept
+    log-ratios, advantages and log-weights (the row's loss, in float64), then the gradient,
+    that loss times the row's scale where the kept log-ratio moves with the token's. The
+    `reassoc` build vectorizes the float64 sums; their order is that of the compiled loop,
+    never of the threads, so results stay identical on any number of threads."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    lo, hi = log_ratio_low, log_ratio_high
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite)
+        count = 0.0
+        kept_total = 0.0
+        advantage_total = 0.0
+        log_weight_total = 0.0
+        upper_count = 0.0
+        lower_count = 0.0
+        kl_total = 0.0
+        for t in range(span):
+            i = start + t
+            valid = (t < length) & ((not has_mask) or mask[i] != 0)
+            advantage = advantages[i]
+            log_ratio = logprobs[i] - old_logprobs[i]
+            positive = advantage > zero
+            negative = advantage < zero
+            kept = _select(
+                positive,
+                _select(log_ratio > hi, hi, log_ratio),
+                _select(negative, _select(log_ratio < -lo, -lo, log_ratio), log_ratio * zero),
+            )
+            outside = not ((log_ratio >= -lo) & (log_ratio <= hi))  # NaN too
+            count += _select(valid, 1.0, 0.0)
+            kept_total += _select(valid, np.float64(kept), 0.0)
+            advantage_total += _select(valid, np.float64(advantage), 0.0)
+            if has_weights:
+                log_weight_total += _select(valid, np.log(np.float64(weights[i])), 0.0)
+            upper_count += _select(valid & outside & positive, 1.0, 0.0)
+            lower_count += _select(valid & outside & negative, 1.0, 0.0)
+            kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+        loss = 0.0
+        if count > 0.0:
+            # exp(mean(r')) * exp(mean(log w)) in one exp
+            weighted_ratio = exp_poly(kept_total / count + log_weight_total / count)
+            loss = -(advantage_total / count) * weighted_ratio
+        row_grad = loss * scale
+        for t in range(span):
+            i = start + t
+            valid = (t < length) & ((not has_mask) or mask[i] != 0)
+            advantage = advantages[i]
+            log_ratio = logprobs[i] - old_logprobs[i]
+            moves = ((advantage > zero) & (log_ratio <= hi)) | (
+                (advantage < zero) & (log_ratio >= -lo)
+            )
+            grad[i] = _select(valid & moves, row_grad, 0.0)
+        row_loss[b] = count * loss
+        row_clipped[b] = upper_count
+        row_lower[b] = lower_count
+        row_kl[b] = kl_total

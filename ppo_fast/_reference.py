@@ -607,6 +607,92 @@ def gspo(
         row_kl[b] = kl_total
 
 
+def safe_log(x: float) -> float:
+    """log as IEEE arithmetic (and numpy, and C) computes it: -inf at 0, NaN below."""
+    if x > 0.0:
+        return math.log(x)
+    return -math.inf if x == 0.0 else math.nan
+
+
+def geo_mean(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    log_ratio_low,
+    log_ratio_high,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+    n_threads,
+):
+    """Per row b with n valid tokens: L = -mean(A) * exp(mean(r') + mean(log w)), the per-token
+    loss of each of its valid tokens (so the row sums n * L).
+
+    r = logp - old; r' = min(r, hi) where A > 0, max(r, -lo) where A < 0, r * 0 where A = 0
+    (verl's sign(A) * min(sign(A) * r, sign(A) * clamp(r, -lo, hi))); lo, hi = log_ratio_low,
+    log_ratio_high. Row arithmetic in float64 (exp saturating as the compiled kernels' float64
+    exp). Writes grad = scales[b] * L at the valid tokens where r' moves with r (A > 0 and r <=
+    hi, or A < 0 and r >= -lo: torch.clamp and torch.min pass the gradient at a bound), 0
+    elsewhere (d (n L) / d logp_t = n * L / n); per row n * L, the number of tokens with r
+    outside [-lo, hi] (or NaN) and A > 0, those with A < 0, and the sum of -r. A row with no
+    valid token contributes nothing: 0 everywhere.
+    """
+    lo, hi = float(log_ratio_low), float(log_ratio_high)
+    rnd = in_dtype(logprobs.dtype)
+    for b in range(starts.shape[0]):
+        positions = [
+            starts[b] + t for t in range(spans[b]) if _valid(mask, starts[b] + t, t, lengths[b])
+        ]
+        kept_total = advantage_total = log_weight_total = 0.0
+        upper_count = lower_count = kl_total = 0.0
+        sloped = []
+        for i in positions:
+            advantage = float(advantages[i])
+            log_ratio = rnd(float(logprobs[i]) - float(old_logprobs[i]))
+            if advantage > 0.0:
+                kept = hi if log_ratio > hi else log_ratio
+                sloped.append(log_ratio <= hi)
+            elif advantage < 0.0:
+                kept = -lo if log_ratio < -lo else log_ratio
+                sloped.append(log_ratio >= -lo)
+            else:
+                kept = rnd(log_ratio * 0.0)
+                sloped.append(False)
+            kept_total += kept
+            advantage_total += advantage
+            if weights.shape[0]:
+                log_weight_total += safe_log(float(weights[i]))
+            outside = not (-lo <= log_ratio <= hi)  # NaN too, as verl's ne(r, clamp(r))
+            upper_count += outside and advantage > 0.0
+            lower_count += outside and advantage < 0.0
+            kl_total += -log_ratio
+        for t in range(spans[b]):
+            grad[starts[b] + t] = 0.0
+        total = 0.0
+        count = len(positions)
+        if count:
+            # exp(mean(r')) * exp(mean(log w)) in one exp
+            weighted_ratio = saturated_exp(
+                kept_total / count + log_weight_total / count, np.float64
+            )
+            loss = -(advantage_total / count) * weighted_ratio
+            total = count * loss
+            for i, moves in zip(positions, sloped, strict=True):
+                grad[i] = loss * float(scales[b]) if moves else 0.0
+        row_loss[b] = total
+        row_clipped[b] = upper_count
+        row_lower[b] = lower_count
+        row_kl[b] = kl_total
+
+
 def value_loss(
     values,
     old_values,

@@ -324,6 +324,28 @@ KERNELS: dict[str, Kernel] = {
             gradients={"grad": "logprobs"},
         ),
         Kernel(
+            "geo_mean",
+            "verl's geometric-mean loss (GMPO): -mean(A) * exp(mean clipped log-ratio) per row, "
+            "a pre-pass per row: per-row loss sums, d loss / d logprobs and statistics",
+            inputs=(
+                *_POLICY_INPUTS[:3],
+                Array("weights", optional=True, low=0.1, high=2.0),
+            ),
+            row_inputs=(_SCALES,),
+            scalars=(
+                Scalar("log_ratio_low", TOKEN, examples=(0.2, 0.0, math.inf)),
+                Scalar("log_ratio_high", TOKEN, examples=(0.28, 1.0, math.inf)),
+            ),
+            outputs=(Array("grad"),),
+            row_outputs=(
+                Array("row_loss", FLOAT64),
+                Array("row_clipped", FLOAT64),
+                Array("row_lower", FLOAT64),
+                Array("row_kl", FLOAT64),
+            ),
+            gradients={"grad": "logprobs"},
+        ),
+        Kernel(
             "value_loss",
             "clipped value loss: per-row loss sums, d loss / d values and the clipped count",
             inputs=(Array("values"), Array("old_values"), Array("returns")),

@@ -40,6 +40,18 @@ Per valid token, with A the advantage, w the weight (1 without ``weights``; verl
                      with no valid token has no ratio: it contributes nothing (loss, gradient
                      and counts 0), which is what the peers' masked sums give.
 
+    geo_mean_loss    verl's geometric-mean loss (GMPO, arXiv 2507.20673), one loss per row b of
+                     n valid tokens: L_b = -mean(A) * exp(mean(r') + mean(log w)) (the
+                     means over the row's valid tokens), with r = logp - old clipped in log
+                     space by the advantage's sign: r' = min(r, clip_high) where A > 0,
+                     max(r, -clip_low) where A < 0, 0 where A = 0. L_b is the per-token loss of
+                     each of the row's valid tokens, so "seq-mean-token-mean" is the mean of the
+                     rows' losses (verl's) and "token-mean" weighs each by its length.
+                     d L_b / d logp_t = L_b / n where r' moves with r (A > 0 and r <= clip_high,
+                     A < 0 and r >= -clip_low: torch's clamp and min pass the gradient at a
+                     bound), 0 elsewhere (clipped, or A = 0). A weight of 0 makes its row's
+                     loss 0, a negative one NaN. A row with no valid token contributes nothing.
+
 Aggregation (``agg``, ``num_tokens``, ``num_seqs``, ``loss_scale``) is ``clipped_surrogate``'s:
 "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", with the
 global counts of a data-parallel step; the gradient is d loss / d logprobs after aggregation, 0
@@ -189,6 +201,16 @@ def _gspo_scalars(
         "dual_clip": dual,
         "log_ratio_max": cap,
     }
+
+
+def _geo_mean_scalars(clip_low: float, clip_high: float | None) -> dict[str, float]:
+    low = _validate.scalar("clip_low", clip_low, lo=0.0, allow_inf=True)
+    high = (
+        low
+        if clip_high is None
+        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
+    )
+    return {"log_ratio_low": low, "log_ratio_high": high}
 
 
 def _gspo_form(form: str) -> int:
@@ -436,7 +458,57 @@ def gspo_loss(
     )
 
 
-for _function in (reinforce_loss, cispo_loss, sapo_loss, gspo_loss):
+def geo_mean_loss(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    *,
+    clip_low: float = 0.4,
+    clip_high: float | None = None,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    agg: Aggregation = "seq-mean-token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """verl's geometric-mean loss (GMPO): -mean(A) * exp(mean clipped log-ratio) per row; see
+    the module docstring.
+
+    Parameters
+    ----------
+    clip_low, clip_high
+        Bounds on the log-ratio itself (not the ratio): [-clip_low, clip_high], >= 0 (inf: no
+        bound); ``clip_high=None`` means ``clip_low``. verl passes its clip_ratio_low /
+        clip_ratio_high; the GMPO paper's are 0.4.
+    weights
+        Here each row's loss is multiplied by the geometric mean of its tokens' weights (verl's
+        ``rollout_is_weights``, which verl offsets by 1e-10 inside the log: pass ``weights +
+        1e-10`` for that).
+    """
+    grad, (loss, upper, lower, kl), valid = _run(
+        "geo_mean",
+        {
+            "logprobs": logprobs,
+            "old_logprobs": old_logprobs,
+            "advantages": advantages,
+            "weights": weights,
+        },
+        {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
+        grad_out,
+        backend,
+        _geo_mean_scalars(clip_low, clip_high),
+        ("row_loss", "row_clipped", "row_lower", "row_kl"),
+    )
+    return PolicyLossResult(loss, grad, _mean(upper, valid), _mean(lower, valid), _mean(kl, valid))
+
+
+for _function in (reinforce_loss, cispo_loss, sapo_loss, gspo_loss, geo_mean_loss):
     # One text for the parameters every loss of the family shares.
     _doc = _function.__doc__ or ""
     _head, _, _own = _doc.partition("    Parameters\n    ----------\n")

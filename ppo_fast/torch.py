@@ -14,11 +14,11 @@ How tensors reach the kernels:
   there, and the result is copied back to the input's device, until a GPU backend exists. It is
   correct but pays two transfers and a synchronisation per call.
 - Except in the policy-loss family (``reinforce_loss``, ``cispo_loss``, ``sapo_loss``,
-  ``gspo_loss``): there a tensor on another device is computed on that device by a torch
-  implementation of the kernel's formula, with the same closed-form gradient and statistics
-  (per-token arithmetic in the input dtype, sums in float64), and nothing is copied to the host.
-  Checking the values of a mask that is not bool, of lengths or of cu_seqlens reads one bool
-  back (one synchronisation). Tested on CPU by forcing that path (``_DEVICE_PATH_ON_CPU``);
+  ``gspo_loss``, ``geo_mean_loss``): there a tensor on another device is computed on that device
+  by a torch implementation of the kernel's formula, with the same closed-form gradient and
+  statistics (per-token arithmetic in the input dtype, sums in float64), and nothing is copied
+  to the host. Checking the values of a mask that is not bool, of lengths or of cu_seqlens reads
+  one bool back (one synchronisation). Tested on CPU by forcing that path (``_DEVICE_PATH_ON_CPU``);
   untested on real GPUs until one is measured.
 - Inputs that require grad are read through ``.detach()``: rewards, GAE and whitening are not
   differentiated (trainers run them under ``torch.no_grad()``). The losses are:
@@ -872,4 +872,5 @@ for _function in (reinforce_loss, cispo_loss, sapo_loss):
 
 
 # The per-sequence losses live in a module of their own (they use the helpers above).
+from ._torch_sequence_losses import geo_mean_loss as geo_mean_loss  # noqa: E402
 from ._torch_sequence_losses import gspo_loss as gspo_loss  # noqa: E402

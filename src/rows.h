@@ -12,7 +12,7 @@
  *   rows_moments.h  moments, whiten
  *   rows_loss.h     clipped_surrogate, value_loss
  *   rows_policy.h   reinforce, cispo, sapo
- *   rows_sequence.h gspo (a pre-pass per row)
+ *   rows_sequence.h gspo, geo_mean (a pre-pass per row)
  *
  * Written once over the dtype: the generated module includes this file twice, with
  * PPO_FAST_DTYPE 32 and then 64, which defines ppo_<kernel>_row_f32 and then the _f64 twins.

@@ -1,11 +1,13 @@
-/* Twins of the per-sequence losses (ppo_fast/_numba_losses.py gspo), operation for operation.
+/* Twins of the per-sequence losses (ppo_fast/_numba_losses.py gspo, geo_mean), operation for
+ * operation.
  * Included by rows.h, once per dtype.
  *
- * A row in two passes: the sum of its log-ratios over the valid tokens (the pre-pass, for the
- * sequence ratio), then the token pass on that ratio; the "sequence" form writes the row's one
- * gradient in a third. Scalar C over the token loop: per-token arithmetic in the dtype, the
- * weight, the gradient's product and every sum in float64, an invalid position contributing a
- * zero term as the twin's selects. Each sum runs in token order (one order, the same on any
+ * A row in two passes: the sums over its valid tokens (the pre-pass: GSPO's log-ratios, the
+ * geometric mean's kept log-ratios, advantages and log-weights), then the token pass on the
+ * row's values; GSPO's "sequence" form writes the row's one gradient in a third. Scalar C over
+ * the token loop: per-token arithmetic in the dtype, the weight, the gradient's product, the
+ * row's arithmetic and every sum in float64, an invalid position contributing a zero term as the
+ * twin's selects. Each sum runs in token order (one order, the same on any
  * number of threads). */
 
 #if PPO_FAST_DTYPE == 32
@@ -76,6 +78,55 @@ static void PPO_ROW(ppo_gspo_row)(
     }
     *row_loss = total;
     *row_clipped = clipped_count;
+    *row_lower = lower_count;
+    *row_kl = kl_total;
+}
+
+/* -- verl's geometric-mean loss (GMPO) --------------------------------------------------------- */
+
+static void PPO_ROW(ppo_geo_mean_row)(
+    const ppo_real* logprobs, const ppo_real* old_logprobs, const ppo_real* advantages,
+    const ppo_real* weights, int has_weights, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length,
+    const uint8_t* mask, int has_mask, ppo_real scale, ppo_real log_ratio_low,
+    ppo_real log_ratio_high, ppo_real* grad, double* row_loss, double* row_clipped,
+    double* row_lower, double* row_kl) {
+    const ppo_real zero = scale - scale, lo = log_ratio_low, hi = log_ratio_high;
+    double count = 0.0, kept_total = 0.0, advantage_total = 0.0, log_weight_total = 0.0;
+    double upper_count = 0.0, lower_count = 0.0, kl_total = 0.0, loss = 0.0;
+    for (ptrdiff_t t = 0; t < span; t++) {
+        ptrdiff_t i = start + t;
+        int valid = t < length && (!has_mask || mask[i] != 0);
+        ppo_real advantage = advantages[i];
+        ppo_real log_ratio = logprobs[i] - old_logprobs[i];
+        int positive = advantage > zero, negative = advantage < zero;
+        ppo_real kept = positive   ? (log_ratio > hi ? hi : log_ratio)
+                        : negative ? (log_ratio < -lo ? -lo : log_ratio)
+                                   : log_ratio * zero;
+        int outside = !(log_ratio >= -lo && log_ratio <= hi); /* NaN too */
+        count += valid ? 1.0 : 0.0;
+        kept_total += valid ? (double)kept : 0.0;
+        advantage_total += valid ? (double)advantage : 0.0;
+        if (has_weights) log_weight_total += valid ? log((double)weights[i]) : 0.0;
+        upper_count += valid && outside && positive ? 1.0 : 0.0;
+        lower_count += valid && outside && negative ? 1.0 : 0.0;
+        kl_total += valid ? -(double)log_ratio : 0.0;
+    }
+    if (count > 0.0) {
+        /* exp(mean(r')) * exp(mean(log w)) in one exp */
+        double weighted_ratio = ppo_exp64(kept_total / count + log_weight_total / count);
+        loss = -(advantage_total / count) * weighted_ratio;
+    }
+    double row_grad = loss * (double)scale;
+    for (ptrdiff_t t = 0; t < span; t++) {
+        ptrdiff_t i = start + t;
+        int valid = t < length && (!has_mask || mask[i] != 0);
+        ppo_real advantage = advantages[i];
+        ppo_real log_ratio = logprobs[i] - old_logprobs[i];
+        int moves = (advantage > zero && log_ratio <= hi) || (advantage < zero && log_ratio >= -lo);
+        grad[i] = valid && moves ? (ppo_real)row_grad : zero;
+    }
+    *row_loss = count * loss;
+    *row_clipped = upper_count;
     *row_lower = lower_count;
     *row_kl = kl_total;
 }

@@ -65,7 +65,7 @@ _VERL_NAMES = (
 # verl's policy-loss family (in the verbatim copy too).
 _VERL_POLICY_LOSSES = (
     "compute_policy_loss_gpg compute_policy_loss_dro compute_policy_loss_cispo "
-    "compute_policy_loss_sapo compute_policy_loss_gspo"
+    "compute_policy_loss_sapo compute_policy_loss_gspo compute_policy_loss_geo_mean"
 ).split()
 
 

@@ -1,7 +1,9 @@
-"""GSPO (ppo_fast.gspo_loss and its torch twin): both gradients against autograd of the peers'
-expressions (verl's detached ratio, TRL's and OpenRLHF's sequence ratio), finite differences,
-the torch path of tensors on another device (forced on CPU), identities, a row with no valid
-token, and bad settings. The backends against the oracle: tests/test_kernels.py.
+"""The per-sequence losses, GSPO and verl's geometric mean (ppo_fast.gspo_loss, geo_mean_loss
+and their torch twins): GSPO's two gradients against autograd of the peers' expressions (verl's
+detached ratio, TRL's and OpenRLHF's sequence ratio), the geometric mean against autograd of
+verl's, finite differences, the torch path of tensors on another device (forced on CPU),
+identities, a row with no valid token, and bad settings. The backends against the oracle:
+tests/test_kernels.py.
 """
 
 from __future__ import annotations
@@ -244,3 +246,111 @@ def test_bad_settings_are_errors_naming_them(option, value, message):
             logprobs, torch.from_numpy(old), torch.from_numpy(advantages),
             mask=torch.from_numpy(mask), **{option: value},
         )  # fmt: skip
+
+
+GEO_OPTIONS = [{"clip_low": 0.4}, {"clip_low": 0.2, "clip_high": 0.28}, {"clip_low": math.inf}]
+
+
+def geo_reference(logp, old, adv, valid, weights, options):
+    """verl's compute_policy_loss_geo_mean per row, broadcast onto the row's tokens."""
+    low = options["clip_low"]
+    high = options.get("clip_high", low)
+    log_ratio = logp - old
+    sign = torch.sign(adv)
+    clamped = log_ratio.clamp(-low, high)
+    kept = sign * torch.min(sign * log_ratio, sign * clamped)
+    n = valid.sum(-1).clamp(min=1)
+    row = -(torch.where(valid, adv, 0.0).sum(-1) / n)
+    row = row * (torch.where(valid, kept, 0.0).sum(-1) / n).exp()
+    if weights is not None:
+        row = row * (torch.where(valid, weights.log(), 0.0).sum(-1) / n).exp()
+    return row[:, None].expand_as(logp)
+
+
+def run_geo(case, options, agg, weighted):
+    logp = case.tokens(case.logp).clone().requires_grad_()
+    result = pt.geo_mean_loss(
+        logp,
+        case.tokens(case.old),
+        case.tokens(case.adv),
+        agg=agg,
+        **normaliser(case, agg),
+        **options,
+        **case.arguments(weighted),
+    )
+    result.loss.backward()
+    return result, logp.grad
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_geo_mean_equals_autograd_of_verls_expression_on_both_paths(layout, dtype, monkeypatch):
+    for k, options in enumerate(GEO_OPTIONS):
+        case = make_case(layout, dtype, seed=10 + k)
+        for agg in AGGS:
+            for weighted in (False, True):
+                what = f"geo_mean {options} {layout} {agg} weighted={weighted}"
+                result, grad = run_geo(case, options, agg, weighted)
+                assert result.loss.dtype == dtype and grad.dtype == dtype, what
+                plain = case.logp.clone().requires_grad_()
+                terms = geo_reference(
+                    plain, case.old, case.adv, case.valid,
+                    case.weights if weighted else None, options,
+                )  # fmt: skip
+                expected = aggregate(terms, case.valid, agg)
+                expected.backward()
+                magnitude = float(aggregate(terms.detach().abs(), case.valid, agg))
+                assert_close(result.loss.detach(), expected.detach(), dtype, what, magnitude)
+                assert_close(grad, case.tokens(plain.grad), dtype, f"d {what}")
+                low = options["clip_low"]
+                high = options.get("clip_high", low)
+                log_ratio = case.logp - case.old
+                outside = ~((log_ratio >= -low) & (log_ratio <= high)) & case.valid
+                n = case.valid.sum().double()
+                wanted = (
+                    (outside & (case.adv > 0)).sum() / n,
+                    (outside & (case.adv < 0)).sum() / n,
+                    torch.where(case.valid, -log_ratio, 0.0).sum() / n,
+                )
+                for stat, value in zip(result[1:], wanted, strict=True):
+                    assert_close(stat, value, dtype, f"statistics {what}")
+
+                monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", True)
+                forced, forced_grad = run_geo(case, options, agg, weighted)
+                monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", False)
+                assert forced.loss.dtype == dtype and forced_grad.dtype == dtype, what
+                assert_close(forced.loss.detach(), result.loss.detach(), dtype, f"torch {what}")
+                assert_close(forced_grad, grad, dtype, f"torch d {what}")
+                for stat, kernel_stat in zip(forced[1:], result[1:], strict=True):
+                    assert_close(stat, kernel_stat, dtype, f"torch stats {what}")
+
+
+def test_geo_mean_is_the_derivative_of_its_loss():
+    logp, old, advantages, mask = _batch(7)
+    weights = np.random.default_rng(8).uniform(0.5, 1.5, logp.shape)
+    options = {"clip_low": 0.3, "clip_high": 0.25, "mask": mask, "weights": weights}
+    result = ppo_fast.geo_mean_loss(logp, old, advantages, **options)
+    h = 1e-6
+    for index in [(0, 0), (1, 3), (3, 7), (2, 5)]:
+        f = []
+        for step in (-2, -1, 1, 2):
+            shifted = logp.copy()
+            shifted[index] += step * h
+            f.append(ppo_fast.geo_mean_loss(shifted, old, advantages, **options).loss)
+        numeric = (f[0] - 8 * f[1] + 8 * f[2] - f[3]) / (12 * h)
+        assert result.grad[index] == pytest.approx(numeric, rel=1e-6, abs=1e-9), index
+
+
+def test_geo_mean_rows_without_a_token_contribute_nothing_and_bad_bounds_are_errors():
+    logp, old, advantages, mask = _batch(9)
+    emptied = mask.copy()
+    emptied[1] = False
+    whole = ppo_fast.geo_mean_loss(logp, old, advantages, mask=emptied, num_seqs=3.0)
+    rest = ppo_fast.geo_mean_loss(
+        np.delete(logp, 1, 0), np.delete(old, 1, 0), np.delete(advantages, 1, 0),
+        mask=np.delete(emptied, 1, 0), num_seqs=3.0,
+    )  # fmt: skip
+    assert whole.loss == rest.loss and not whole.grad[1].any()
+    for option, value in (("clip_low", -0.2), ("clip_high", math.nan)):
+        with pytest.raises(ValueError, match=option):
+            ppo_fast.geo_mean_loss(logp, old, advantages, mask=mask, **{option: value})
