@@ -789,6 +789,14 @@ def _numpy_targets() -> list[Target]:
             **rows,
         ),
         Target(
+            "geo_mean_loss",
+            ppo_fast.geo_mean_loss,
+            lambda rng: family(rng, clip_low=0.2, clip_high=0.28),
+            ("logprobs", "old_logprobs", "advantages", "weights"),
+            scalars={"clip_low": 0.2, "clip_high": 0.28, "num_seqs": 4.0},
+            **rows,
+        ),
+        Target(
             "value_loss",
             ppo_fast.value_loss,
             value,

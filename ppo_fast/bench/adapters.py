@@ -591,19 +591,22 @@ def trl_policy_loss(compiled: bool):
     return prepare
 
 
-# The policy-loss family: GPG (REINFORCE), CISPO, SAPO and GSPO, as verl 0.9.1 registers them.
+# The policy-loss family: GPG (REINFORCE), CISPO, SAPO, GSPO and the geometric mean, as verl
+# 0.9.1 registers them.
 SAPO_TAU_POS, SAPO_TAU_NEG = 1.0, 1.05  # verl's defaults
 FAMILY_AGG = {
     "reinforce": "token-mean",
     "cispo": "token-mean",
     "sapo": "seq-mean-token-mean",
     "gspo": "seq-mean-token-mean",  # what verl recommends for GSPO
+    "geo_mean": "seq-mean-token-mean",  # verl's mean over the rows (its loss_agg_mode unread)
 }
 FAMILY_VERL = {
     "reinforce": "compute_policy_loss_gpg",
     "cispo": "compute_policy_loss_cispo",
     "sapo": "compute_policy_loss_sapo",
     "gspo": "compute_policy_loss_gspo",
+    "geo_mean": "compute_policy_loss_geo_mean",
 }
 
 
@@ -622,6 +625,8 @@ def ours_policy_family(loss: str):
             options.update(tau_pos=SAPO_TAU_POS, tau_neg=SAPO_TAU_NEG, log_ratio_clamp=20.0)
         elif loss == "gspo":
             options.update(form="detached", clip_low=CLIP, log_ratio_max=10.0)
+        elif loss == "geo_mean":  # every row counted, as verl's torch.mean
+            options.update(clip_low=CLIP, num_seqs=float(mask.shape[0]))
         function = getattr(policy, f"{loss}_loss")
         return lambda: function(logp, old, adv, **options)
 

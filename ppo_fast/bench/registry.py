@@ -716,6 +716,11 @@ KERNELS: dict[str, Kernel] = {
             "gspo_loss(logp, old, adv, mask=mask, agg='seq-mean-token-mean', clip_low=0.2, "
             "log_ratio_max=10)",
         ),
+        _policy_family(
+            "geo_mean",
+            f"verl's geometric mean (GMPO, log-ratio clip {CLIP:g}), the mean over the rows",
+            "geo_mean_loss(logp, old, adv, mask=mask, clip_low=0.2, num_seqs=B)",
+        ),
         Kernel(
             "value_loss",
             f"clipped value loss (clip {VALUE_CLIP:g}), token mean, loss and d loss / d values",
