@@ -7,7 +7,9 @@
  * row's values; GSPO's "sequence" form writes the row's one gradient in a third. Scalar C over
  * the token loop: per-token arithmetic in the dtype, the weight, the gradient's product, the
  * row's arithmetic and every sum in float64, an invalid position contributing a zero term as the
- * twin's selects. Each sum runs in token order (one order, the same on any
+ * twin's selects; conditions on the data are combined with & and |, not && and ||, so that the
+ * compiler need not branch on them (the advantages' signs are random: such a branch mispredicts,
+ * and cost 3x). Each sum runs in token order (one order, the same on any
  * number of threads). */
 
 #if PPO_FAST_DTYPE == 32
@@ -29,7 +31,7 @@ static void PPO_ROW(ppo_gspo_row)(
     double count = 0.0, log_ratio_total = 0.0;
     for (ptrdiff_t t = 0; t < span; t++) {
         ptrdiff_t i = start + t;
-        int valid = t < length && (!has_mask || mask[i] != 0);
+        int valid = (t < length) & (!has_mask || mask[i] != 0); /* no mask: not read */
         count += valid ? 1.0 : 0.0;
         log_ratio_total += valid ? (double)(ppo_real)(logprobs[i] - old_logprobs[i]) : 0.0;
     }
@@ -37,13 +39,14 @@ static void PPO_ROW(ppo_gspo_row)(
     /* torch.clamp passes the gradient at its bound, and a NaN's NaN */
     int inside = !(mean > log_ratio_max);
     ppo_real ratio = PPO_SCALAR_EXP(mean > log_ratio_max ? log_ratio_max : mean);
-    ppo_real clipped_ratio = ratio < ratio_low ? ratio_low : ratio > ratio_high ? ratio_high : ratio;
+    ppo_real clipped_ratio =
+        ratio < ratio_low ? ratio_low : ratio > ratio_high ? ratio_high : ratio;
     ppo_real gradient_ratio = inside ? ratio : zero; /* d s / d mean: 0 beyond the clamp */
     double total = 0.0, clipped_count = 0.0, lower_count = 0.0, kl_total = 0.0;
     double slope_total = 0.0;
     for (ptrdiff_t t = 0; t < span; t++) {
         ptrdiff_t i = start + t;
-        int valid = t < length && (!has_mask || mask[i] != 0);
+        int valid = (t < length) & (!has_mask || mask[i] != 0); /* no mask: not read */
         ppo_real advantage = advantages[i];
         double weight = has_weights ? (double)weights[i] : 1.0;
         ppo_real unclipped = ratio * advantage;
@@ -51,9 +54,9 @@ static void PPO_ROW(ppo_gspo_row)(
         int is_clipped = clipped < unclipped;
         ppo_real objective = is_clipped ? clipped : unclipped;
         ppo_real dual = dual_clip * advantage;
-        int is_dual = advantage < zero && dual > objective;
+        int is_dual = (advantage < zero) & (dual > objective);
         objective = is_dual ? dual : objective;
-        ppo_real slope = is_clipped || is_dual ? zero : advantage;
+        ppo_real slope = (is_clipped | is_dual) ? zero : advantage;
         if (detached) {
             /* beyond the clamp the slope is 0 (not inf * 0), times the weight: a NaN weight
              * still says so */
@@ -63,8 +66,8 @@ static void PPO_ROW(ppo_gspo_row)(
             slope_total += valid ? -weight * (double)slope : 0.0;
         }
         total += valid ? -weight * (double)objective : 0.0;
-        clipped_count += valid && is_clipped ? 1.0 : 0.0;
-        lower_count += valid && is_clipped && advantage < zero ? 1.0 : 0.0;
+        clipped_count += (valid & is_clipped) ? 1.0 : 0.0;
+        lower_count += (valid & is_clipped & (advantage < zero)) ? 1.0 : 0.0;
         kl_total += valid ? -(double)(ppo_real)(logprobs[i] - old_logprobs[i]) : 0.0;
     }
     if (!detached) {
@@ -72,7 +75,7 @@ static void PPO_ROW(ppo_gspo_row)(
             slope_total * (double)gradient_ratio * (double)scale / (count > 1.0 ? count : 1.0);
         for (ptrdiff_t t = 0; t < span; t++) {
             ptrdiff_t i = start + t;
-            int valid = t < length && (!has_mask || mask[i] != 0);
+            int valid = (t < length) & (!has_mask || mask[i] != 0); /* no mask: not read */
             grad[i] = valid ? (ppo_real)row_grad : zero;
         }
     }
@@ -95,20 +98,20 @@ static void PPO_ROW(ppo_geo_mean_row)(
     double upper_count = 0.0, lower_count = 0.0, kl_total = 0.0, loss = 0.0;
     for (ptrdiff_t t = 0; t < span; t++) {
         ptrdiff_t i = start + t;
-        int valid = t < length && (!has_mask || mask[i] != 0);
+        int valid = (t < length) & (!has_mask || mask[i] != 0); /* no mask: not read */
         ppo_real advantage = advantages[i];
         ppo_real log_ratio = logprobs[i] - old_logprobs[i];
         int positive = advantage > zero, negative = advantage < zero;
         ppo_real kept = positive   ? (log_ratio > hi ? hi : log_ratio)
                         : negative ? (log_ratio < -lo ? -lo : log_ratio)
                                    : log_ratio * zero;
-        int outside = !(log_ratio >= -lo && log_ratio <= hi); /* NaN too */
+        int outside = !((log_ratio >= -lo) & (log_ratio <= hi)); /* NaN too */
         count += valid ? 1.0 : 0.0;
         kept_total += valid ? (double)kept : 0.0;
         advantage_total += valid ? (double)advantage : 0.0;
         if (has_weights) log_weight_total += valid ? log((double)weights[i]) : 0.0;
-        upper_count += valid && outside && positive ? 1.0 : 0.0;
-        lower_count += valid && outside && negative ? 1.0 : 0.0;
+        upper_count += (valid & outside & positive) ? 1.0 : 0.0;
+        lower_count += (valid & outside & negative) ? 1.0 : 0.0;
         kl_total += valid ? -(double)log_ratio : 0.0;
     }
     if (count > 0.0) {
@@ -119,11 +122,12 @@ static void PPO_ROW(ppo_geo_mean_row)(
     double row_grad = loss * (double)scale;
     for (ptrdiff_t t = 0; t < span; t++) {
         ptrdiff_t i = start + t;
-        int valid = t < length && (!has_mask || mask[i] != 0);
+        int valid = (t < length) & (!has_mask || mask[i] != 0); /* no mask: not read */
         ppo_real advantage = advantages[i];
         ppo_real log_ratio = logprobs[i] - old_logprobs[i];
-        int moves = (advantage > zero && log_ratio <= hi) || (advantage < zero && log_ratio >= -lo);
-        grad[i] = valid && moves ? (ppo_real)row_grad : zero;
+        int moves =
+            ((advantage > zero) & (log_ratio <= hi)) | ((advantage < zero) & (log_ratio >= -lo));
+        grad[i] = (valid & moves) ? (ppo_real)row_grad : zero;
     }
     *row_loss = count * loss;
     *row_clipped = upper_count;
