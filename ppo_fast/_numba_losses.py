@@ -586,11 +586,14 @@ def geo_mean(
             count += _select(valid, 1.0, 0.0)
             kept_total += _select(valid, np.float64(kept), 0.0)
             advantage_total += _select(valid, np.float64(advantage), 0.0)
-            if has_weights:
-                log_weight_total += _select(valid, np.log(np.float64(weights[i])), 0.0)
             upper_count += _select(valid & outside & positive, 1.0, 0.0)
             lower_count += _select(valid & outside & negative, 1.0, 0.0)
             kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+        if has_weights:  # a loop of its own: log is a call, which keeps the loop above scalar
+            for t in range(span):
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                log_weight_total += _select(valid, np.log(np.float64(weights[i])), 0.0)
         loss = 0.0
         if count > 0.0:
             # exp(mean(r')) * exp(mean(log w)) in one exp
