@@ -429,4 +429,7 @@ reinforce = _Kernel(reinforce, fastmath={"reassoc"})
 cispo = _Kernel(cispo, fastmath={"reassoc"})
 sapo = _Kernel(sapo, fastmath={"reassoc"})
 gspo = _Kernel(gspo, fastmath={"reassoc"})
-geo_mean = _Kernel(geo_mean, fastmath={"reassoc"})
+# Not `reassoc`: with it LLVM regroups the row's -(sum A / n) * exp(...) * scale so that it
+# overflows to inf where the oracle's gradient is finite (the hostile-input test's 1e200
+# log-prob), and numba passes the flag on to any function the kernel calls.
+geo_mean = _Kernel(geo_mean)

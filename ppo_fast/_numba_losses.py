@@ -550,9 +550,9 @@ def geo_mean(
 ):
     """Twin: src/rows_sequence.h ppo_geo_mean_row. Two passes over a row: the sums of its kept
     log-ratios, advantages and log-weights (the row's loss, in float64), then the gradient,
-    that loss times the row's scale where the kept log-ratio moves with the token's. The
-    `reassoc` build vectorizes the float64 sums; their order is that of the compiled loop,
-    never of the threads, so results stay identical on any number of threads."""
+    that loss times the row's scale where the kept log-ratio moves with the token's. Built
+    without `reassoc` (see its registration in _numba_kernels.py): the sums run in token order,
+    identical on any number of threads."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     lo, hi = log_ratio_low, log_ratio_high
@@ -594,11 +594,13 @@ def geo_mean(
                 i = start + t
                 valid = (t < length) & ((not has_mask) or mask[i] != 0)
                 log_weight_total += _select(valid, np.log(np.float64(weights[i])), 0.0)
+        total = 0.0
         loss = 0.0
         if count > 0.0:
             # exp(mean(r')) * exp(mean(log w)) in one exp
             weighted_ratio = exp_poly(kept_total / count + log_weight_total / count)
             loss = -(advantage_total / count) * weighted_ratio
+            total = count * loss
         row_grad = loss * scale
         for t in range(span):
             i = start + t
@@ -609,7 +611,7 @@ def geo_mean(
                 (advantage < zero) & (log_ratio >= -lo)
             )
             grad[i] = _select(valid & moves, row_grad, 0.0)
-        row_loss[b] = count * loss
+        row_loss[b] = total
         row_clipped[b] = upper_count
         row_lower[b] = lower_count
         row_kl[b] = kl_total
