@@ -28,6 +28,8 @@ from ._numba_losses import (
     cispo,
     clipped_surrogate,
     dppo,
+    geo_mean,
+    gspo,
     kl_cov,
     reinforce,
     sapo,
@@ -428,5 +430,10 @@ value_loss = _Kernel(value_loss, fastmath={"reassoc"})
 reinforce = _Kernel(reinforce, fastmath={"reassoc"})
 cispo = _Kernel(cispo, fastmath={"reassoc"})
 sapo = _Kernel(sapo, fastmath={"reassoc"})
+gspo = _Kernel(gspo, fastmath={"reassoc"})
+# Not `reassoc`: with it LLVM regroups the row's -(sum A / n) * exp(...) * scale so that it
+# overflows to inf where the oracle's gradient is finite (the hostile-input test's 1e200
+# log-prob), and numba passes the flag on to any function the kernel calls.
+geo_mean = _Kernel(geo_mean)
 dppo = _Kernel(dppo, fastmath={"reassoc"})
 kl_cov = _Kernel(kl_cov, fastmath={"reassoc"})

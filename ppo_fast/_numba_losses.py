@@ -647,3 +647,181 @@ def value_loss(
             clipped_count += 1.0 if valid & is_clipped else 0.0
         row_loss[b] = total
         row_clipped[b] = clipped_count
+
+
+def gspo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    ratio_low,
+    ratio_high,
+    dual_clip,
+    log_ratio_max,
+    form,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+):
+    """Twin: src/rows_sequence.h ppo_gspo_row. Two passes over a row: the sum of its log-ratios
+    (the sequence ratio s), then the token pass with selects, as clipped_surrogate's body on s;
+    the "sequence" form then writes the row's one gradient to its valid tokens in a third. The
+    `reassoc` build vectorizes the float64 sums; their order is that of the compiled loop, never
+    of the threads, so results stay identical on any number of threads."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    detached = form == 0
+    lo, hi, dual, cap = ratio_low, ratio_high, dual_clip, log_ratio_max
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite)
+        in_dtype = np.empty(1, logprobs.dtype)  # a float64 rounded to the dtype by a store
+        count = 0.0
+        log_ratio_total = 0.0
+        for t in range(span):
+            i = start + t
+            valid = (t < length) & ((not has_mask) or mask[i] != 0)
+            count += _select(valid, 1.0, 0.0)
+            log_ratio_total += _select(valid, np.float64(logprobs[i] - old_logprobs[i]), 0.0)
+        in_dtype[0] = log_ratio_total / max(count, 1.0)
+        mean = in_dtype[0]
+        inside = not (mean > cap)  # torch.clamp passes the gradient at its bound, and NaN's
+        ratio = exp_poly(_select(mean > cap, cap, mean))
+        clipped_ratio = _select(ratio < lo, lo, _select(ratio > hi, hi, ratio))
+        gradient_ratio = _select(inside, ratio, zero)  # d s / d mean: 0 beyond the clamp
+        total = 0.0
+        clipped_count = 0.0
+        lower_count = 0.0
+        kl_total = 0.0
+        slope_total = 0.0
+        for t in range(span):
+            i = start + t
+            valid = (t < length) & ((not has_mask) or mask[i] != 0)
+            advantage = advantages[i]
+            weight = np.float64(weights[i]) if has_weights else 1.0
+            unclipped = ratio * advantage
+            clipped = clipped_ratio * advantage
+            is_clipped = clipped < unclipped
+            objective = _select(is_clipped, clipped, unclipped)
+            is_dual = (advantage < zero) & (dual * advantage > objective)
+            objective = _select(is_dual, dual * advantage, objective)
+            slope = _select(is_clipped | is_dual, zero, advantage)
+            if detached:
+                # Beyond the clamp the slope is 0 (not inf * 0), times the weight: a NaN
+                # weight still says so.
+                sloped = _select(inside, slope * ratio, zero)
+                grad[i] = _select(valid, -weight * sloped * scale, zero)
+            else:
+                slope_total += _select(valid, -weight * slope, 0.0)
+            total += _select(valid, -weight * objective, 0.0)
+            clipped_count += _select(valid & is_clipped, 1.0, 0.0)
+            lower_count += _select(valid & is_clipped & (advantage < zero), 1.0, 0.0)
+            kl_total += _select(valid, -np.float64(logprobs[i] - old_logprobs[i]), 0.0)
+        if not detached:
+            row_grad = slope_total * gradient_ratio * scale / max(count, 1.0)
+            for t in range(span):
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                grad[i] = _select(valid, row_grad, 0.0)
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
+        row_lower[b] = lower_count
+        row_kl[b] = kl_total
+
+
+def geo_mean(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    log_ratio_low,
+    log_ratio_high,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+):
+    """Twin: src/rows_sequence.h ppo_geo_mean_row. Two passes over a row: the sums of its kept
+    log-ratios, advantages and log-weights (the row's loss, in float64), then the gradient,
+    that loss times the row's scale where the kept log-ratio moves with the token's. Built
+    without `reassoc` (see its registration in _numba_kernels.py): the sums run in token order,
+    identical on any number of threads."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    lo, hi = log_ratio_low, log_ratio_high
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite)
+        count = 0.0
+        kept_total = 0.0
+        advantage_total = 0.0
+        log_weight_total = 0.0
+        upper_count = 0.0
+        lower_count = 0.0
+        kl_total = 0.0
+        for t in range(span):
+            i = start + t
+            valid = (t < length) & ((not has_mask) or mask[i] != 0)
+            advantage = advantages[i]
+            log_ratio = logprobs[i] - old_logprobs[i]
+            positive = advantage > zero
+            negative = advantage < zero
+            kept = _select(
+                positive,
+                _select(log_ratio > hi, hi, log_ratio),
+                _select(negative, _select(log_ratio < -lo, -lo, log_ratio), log_ratio * zero),
+            )
+            outside = not ((log_ratio >= -lo) & (log_ratio <= hi))  # NaN too
+            count += _select(valid, 1.0, 0.0)
+            kept_total += _select(valid, np.float64(kept), 0.0)
+            advantage_total += _select(valid, np.float64(advantage), 0.0)
+            upper_count += _select(valid & outside & positive, 1.0, 0.0)
+            lower_count += _select(valid & outside & negative, 1.0, 0.0)
+            kl_total += _select(valid, -np.float64(log_ratio), 0.0)
+        if has_weights:  # a loop of its own: log is a call, which keeps the loop above scalar
+            for t in range(span):
+                i = start + t
+                valid = (t < length) & ((not has_mask) or mask[i] != 0)
+                log_weight_total += _select(valid, np.log(np.float64(weights[i])), 0.0)
+        total = 0.0
+        loss = 0.0
+        if count > 0.0:
+            # exp(mean(r')) * exp(mean(log w)) in one exp
+            weighted_ratio = exp_poly(kept_total / count + log_weight_total / count)
+            loss = -(advantage_total / count) * weighted_ratio
+            total = count * loss
+        row_grad = loss * scale
+        for t in range(span):
+            i = start + t
+            valid = (t < length) & ((not has_mask) or mask[i] != 0)
+            advantage = advantages[i]
+            log_ratio = logprobs[i] - old_logprobs[i]
+            moves = ((advantage > zero) & (log_ratio <= hi)) | (
+                (advantage < zero) & (log_ratio >= -lo)
+            )
+            grad[i] = _select(valid & moves, row_grad, 0.0)
+        row_loss[b] = total
+        row_clipped[b] = upper_count
+        row_lower[b] = lower_count
+        row_kl[b] = kl_total

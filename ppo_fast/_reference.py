@@ -18,9 +18,10 @@ import math
 
 import numpy as np
 
-from ._spec import DIVERGENCES, ESTIMATORS, EXP32, EXP64
+from ._spec import DIVERGENCES, ESTIMATORS, EXP32, EXP64, GSPO_FORMS
 
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
+DETACHED = GSPO_FORMS.index("detached")
 BINARY_KL = DIVERGENCES.index("kl")
 
 
@@ -531,6 +532,172 @@ def sapo(
             total += -weight * rnd(gate * advantage)
             kl_total += -log_ratio
         row_loss[b] = total
+        row_kl[b] = kl_total
+
+
+def gspo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    ratio_low,
+    ratio_high,
+    dual_clip,
+    log_ratio_max,
+    form,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+    n_threads,
+):
+    """Per token of row b: L = min(s*A, clip(s, lo, hi)*A), bounded below by c*A where A < 0,
+    with the row's sequence ratio s in place of the token's ratio.
+
+    Pre-pass per row: n = its valid tokens, m = (sum of logp - old over them) / max(n, 1)
+    (float64 sum, rounded to the dtype), log s = min(m, log_ratio_max), s = exp(log s) (exp
+    saturating as the compiled kernels'). Token pass: the clipped surrogate's branches on s (the
+    clipped branch where strictly smaller, dual clip c = dual_clip where A < 0 and c*A is strictly
+    larger); slope = d L / d s = A on the unclipped branch, 0 on a flat one. The gradient, 0
+    where m > log_ratio_max (the clamp is active strictly beyond its bound):
+
+        form "detached" (verl): grad = scales[b] * -w * slope * s, each token its own;
+        form "sequence" (TRL, OpenRLHF): grad = (sum over the row's valid tokens of -w * slope)
+            * s * scales[b] / n at every valid token of the row.
+
+    Writes per row the unscaled sum of -w*L, the number of clipped tokens, of those with A < 0
+    (clipped at the lower bound), and the sum of -(logp - old) (not clamped). A row with no
+    valid token has nothing to sum: 0 everywhere.
+    """
+    lo, hi, dual, cap = float(ratio_low), float(ratio_high), float(dual_clip), float(log_ratio_max)
+    rnd = in_dtype(logprobs.dtype)
+    for b in range(starts.shape[0]):
+        positions = [
+            starts[b] + t for t in range(spans[b]) if _valid(mask, starts[b] + t, t, lengths[b])
+        ]
+        log_ratio_total = 0.0
+        for i in positions:
+            log_ratio_total += rnd(float(logprobs[i]) - float(old_logprobs[i]))
+        count = len(positions)
+        mean = rnd(log_ratio_total / max(count, 1))
+        inside = not mean > cap  # torch.clamp passes the gradient at its bound, and a NaN's NaN
+        ratio = rnd(saturated_exp(cap if mean > cap else mean, logprobs.dtype))
+        scale = float(scales[b])
+        total = clipped_count = lower_count = kl_total = slope_total = 0.0
+        for t in range(spans[b]):
+            grad[starts[b] + t] = 0.0
+        for i in positions:
+            advantage = float(advantages[i])
+            weight = float(weights[i]) if weights.shape[0] else 1.0
+            unclipped = rnd(ratio * advantage)
+            clipped = rnd(_clip(ratio, lo, hi) * advantage)
+            is_clipped = clipped < unclipped
+            objective = clipped if is_clipped else unclipped
+            is_dual = advantage < 0.0 and rnd(dual * advantage) > objective
+            if is_dual:
+                objective = rnd(dual * advantage)
+            slope = 0.0 if (is_clipped or is_dual) else advantage
+            if form == DETACHED:
+                # A flat branch has slope 0, times the weight: a NaN or inf weight still says so.
+                grad[i] = -weight * (rnd(slope * ratio) if inside else 0.0) * scale
+            else:
+                slope_total += -weight * slope
+            total += -weight * objective
+            clipped_count += is_clipped
+            lower_count += is_clipped and advantage < 0.0
+            kl_total += -rnd(float(logprobs[i]) - float(old_logprobs[i]))
+        if form != DETACHED:
+            row_grad = slope_total * (ratio if inside else 0.0) * scale / max(count, 1)
+            for i in positions:
+                grad[i] = row_grad
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
+        row_lower[b] = lower_count
+        row_kl[b] = kl_total
+
+
+def geo_mean(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    log_ratio_low,
+    log_ratio_high,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+    n_threads,
+):
+    """Per row b with n valid tokens: L = -mean(A) * exp(mean(r') + mean(log w)), the per-token
+    loss of each of its valid tokens (so the row sums n * L).
+
+    r = logp - old; r' = min(r, hi) where A > 0, max(r, -lo) where A < 0, r * 0 where A = 0
+    (verl's sign(A) * min(sign(A) * r, sign(A) * clamp(r, -lo, hi))); lo, hi = log_ratio_low,
+    log_ratio_high. Row arithmetic in float64 (exp saturating as the compiled kernels' float64
+    exp). Writes grad = scales[b] * L at the valid tokens where r' moves with r (A > 0 and r <=
+    hi, or A < 0 and r >= -lo: torch.clamp and torch.min pass the gradient at a bound), 0
+    elsewhere (d (n L) / d logp_t = n * L / n); per row n * L, the number of tokens with r
+    outside [-lo, hi] (or NaN) and A > 0, those with A < 0, and the sum of -r. A row with no
+    valid token contributes nothing: 0 everywhere.
+    """
+    lo, hi = float(log_ratio_low), float(log_ratio_high)
+    rnd = in_dtype(logprobs.dtype)
+    for b in range(starts.shape[0]):
+        positions = [
+            starts[b] + t for t in range(spans[b]) if _valid(mask, starts[b] + t, t, lengths[b])
+        ]
+        kept_total = advantage_total = log_weight_total = 0.0
+        upper_count = lower_count = kl_total = 0.0
+        sloped = []
+        for i in positions:
+            advantage = float(advantages[i])
+            log_ratio = rnd(float(logprobs[i]) - float(old_logprobs[i]))
+            if advantage > 0.0:
+                kept = hi if log_ratio > hi else log_ratio
+                sloped.append(log_ratio <= hi)
+            elif advantage < 0.0:
+                kept = -lo if log_ratio < -lo else log_ratio
+                sloped.append(log_ratio >= -lo)
+            else:
+                kept = rnd(log_ratio * 0.0)
+                sloped.append(False)
+            kept_total += kept
+            advantage_total += advantage
+            if weights.shape[0]:
+                log_weight_total += safe_log(float(weights[i]))
+            outside = not (-lo <= log_ratio <= hi)  # NaN too, as verl's ne(r, clamp(r))
+            upper_count += outside and advantage > 0.0
+            lower_count += outside and advantage < 0.0
+            kl_total += -log_ratio
+        for t in range(spans[b]):
+            grad[starts[b] + t] = 0.0
+        total = 0.0
+        count = len(positions)
+        if count:
+            # exp(mean(r')) * exp(mean(log w)) in one exp
+            weighted_ratio = saturated_exp(
+                kept_total / count + log_weight_total / count, np.float64
+            )
+            loss = -(advantage_total / count) * weighted_ratio
+            total = count * loss
+            for i, moves in zip(positions, sloped, strict=True):
+                grad[i] = loss * float(scales[b]) if moves else 0.0
+        row_loss[b] = total
+        row_clipped[b] = upper_count
+        row_lower[b] = lower_count
         row_kl[b] = kl_total
 
 

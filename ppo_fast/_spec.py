@@ -134,6 +134,10 @@ _POLICY_INPUTS = (
     Array("weights", optional=True, low=0.0, high=2.0),
 )
 _SCALES = Array("scales", TOKEN, low=0.0, high=1.0)
+# gspo's codes: how the gradient reaches the tokens. "detached" (verl): each token's ratio is
+# sg(s) * exp(logp - sg(logp)), so a token's gradient is its own term's; "sequence" (TRL,
+# OpenRLHF): the ratio s = exp(mean log-ratio) itself, so every token of a row gets the row's.
+GSPO_FORMS = ("detached", "sequence")
 # dppo's codes: the trust region's divergence between the sampled token's probabilities.
 DIVERGENCES = ("tv", "kl")
 # zero_tail's codes: whether the unique longest row of a group gets no baseline past the
@@ -297,6 +301,50 @@ KERNELS: dict[str, Kernel] = {
             ),
             outputs=(Array("grad"),),
             row_outputs=(Array("row_loss", FLOAT64), Array("row_kl", FLOAT64)),
+            gradients={"grad": "logprobs"},
+        ),
+        Kernel(
+            "gspo",
+            "GSPO: the clipped surrogate on each row's sequence ratio exp(mean log-ratio), a "
+            "pre-pass per row: per-row loss sums, d loss / d logprobs and statistics",
+            inputs=_POLICY_INPUTS,
+            row_inputs=(_SCALES,),
+            scalars=(
+                Scalar("ratio_low", TOKEN, examples=(0.8, 0.0, 0.95)),
+                Scalar("ratio_high", TOKEN, examples=(1.28, 1.2, math.inf)),
+                Scalar("dual_clip", TOKEN, examples=(3.0, math.inf, 1.01)),
+                Scalar("log_ratio_max", TOKEN, examples=(10.0, math.inf, 0.05)),
+                Scalar("form", CODE, choices=GSPO_FORMS),
+            ),
+            outputs=(Array("grad"),),
+            row_outputs=(
+                Array("row_loss", FLOAT64),
+                Array("row_clipped", FLOAT64),
+                Array("row_lower", FLOAT64),
+                Array("row_kl", FLOAT64),
+            ),
+            gradients={"grad": "logprobs"},
+        ),
+        Kernel(
+            "geo_mean",
+            "verl's geometric-mean loss (GMPO): -mean(A) * exp(mean clipped log-ratio) per row, "
+            "a pre-pass per row: per-row loss sums, d loss / d logprobs and statistics",
+            inputs=(
+                *_POLICY_INPUTS[:3],
+                Array("weights", optional=True, low=0.1, high=2.0),
+            ),
+            row_inputs=(_SCALES,),
+            scalars=(
+                Scalar("log_ratio_low", TOKEN, examples=(0.2, 0.0, math.inf)),
+                Scalar("log_ratio_high", TOKEN, examples=(0.28, 1.0, math.inf)),
+            ),
+            outputs=(Array("grad"),),
+            row_outputs=(
+                Array("row_loss", FLOAT64),
+                Array("row_clipped", FLOAT64),
+                Array("row_lower", FLOAT64),
+                Array("row_kl", FLOAT64),
+            ),
             gradients={"grad": "logprobs"},
         ),
         Kernel(

@@ -19,6 +19,39 @@ Per valid token, with A the advantage, w the weight (1 without ``weights``; verl
                      log-ratio clamp is active (strictly beyond it: torch.clamp passes the
                      gradient at its bounds).
 
+    gspo_loss        l = -w * min(s * A, clip(s, 1 - clip_low, 1 + clip_high) * A), bounded
+                     below by c * A where A < 0 with a dual clip c (GSPO, arXiv 2507.18071),
+                     with one ratio per row: s = exp(min(m, log_ratio_max)), m = the mean of
+                     logp - old over the row's valid tokens (n of them). The clipped branch is
+                     taken where strictly smaller, the dual bound where strictly larger; slope_t
+                     = d l_t / d s = -w_t * A_t on the unclipped branch, 0 on a flat one
+                     (clipped, dual-clipped), and d s / d m = s, 0 where m > log_ratio_max
+                     (strictly: torch.clamp passes the gradient at its bound). Two gradients:
+                     form="detached" (verl's compute_policy_loss_gspo: each token's ratio is
+                     sg(s) * exp(logp_t - sg(logp_t)), of value s and derivative s in its own
+                     logp_t only): d l / d logp_t = slope_t * s;
+                     form="sequence" (TRL's importance_sampling_level="sequence", OpenRLHF's
+                     policy_loss_type="gspo": s itself, a function of every logp of the row):
+                     d loss / d logp_u = (sum over the row's valid t of slope_t) * s / n for
+                     every valid u of the row (times the row's aggregation weight, which is why
+                     the per-row sum runs before any token's gradient is known).
+                     At a tie of the branches (s at a clip bound, c * A equal to the clipped
+                     objective) both forms take the unclipped slope, as clipped_surrogate. A row
+                     with no valid token has no ratio: it contributes nothing (loss, gradient
+                     and counts 0), which is what the peers' masked sums give.
+
+    geo_mean_loss    verl's geometric-mean loss (GMPO, arXiv 2507.20673), one loss per row b of
+                     n valid tokens: L_b = -mean(A) * exp(mean(r') + mean(log w)) (the
+                     means over the row's valid tokens), with r = logp - old clipped in log
+                     space by the advantage's sign: r' = min(r, clip_high) where A > 0,
+                     max(r, -clip_low) where A < 0, 0 where A = 0. L_b is the per-token loss of
+                     each of the row's valid tokens, so "seq-mean-token-mean" is the mean of the
+                     rows' losses (verl's) and "token-mean" weighs each by its length.
+                     d L_b / d logp_t = L_b / n where r' moves with r (A > 0 and r <= clip_high,
+                     A < 0 and r >= -clip_low: torch's clamp and min pass the gradient at a
+                     bound), 0 elsewhere (clipped, or A = 0). A weight of 0 makes its row's
+                     loss 0, a negative one NaN. A row with no valid token contributes nothing.
+
     dppo_loss        l = -w * A * sg(min(rho, cap)) * logp * v  (DPPO, verl's "dppo_tv" and
                      "dppo_kl"): v = 1 where the token is within the trust region of the binary
                      TV or KL divergence between p = exp(logp) and p_old = exp(old), 0 outside
@@ -43,8 +76,11 @@ at positions that are not valid.
 Statistics (``PolicyLossResult``), over the valid tokens: ``approx_kl``, the mean of old - logp
 (of the clamped log-ratio when a clamp is given, as verl's ``ppo_kl``); for CISPO ``clipfrac``,
 the fraction where the clipped ratio differs from the ratio (either bound, as verl's
-``pg_clipfrac``), and ``clipfrac_lower``, where it is below the lower bound; REINFORCE and SAPO
-clip nothing, and their clip fractions are 0; for DPPO ``clipfrac`` is the fraction outside the
+``pg_clipfrac``), and ``clipfrac_lower``, where it is below the lower bound; for GSPO
+``clipfrac``, the fraction of tokens on the clipped branch (verl's and OpenRLHF's clip
+fraction), ``clipfrac_lower``, of those with A < 0 (the ratio below the lower bound, TRL's
+``clip_ratio/low_mean``), and ``approx_kl`` of the tokens' log-ratios, not clamped; REINFORCE and
+SAPO clip nothing, and their clip fractions are 0; for DPPO ``clipfrac`` is the fraction outside the
 trust region and ``clipfrac_lower`` that inside it whose ratio is above the cap (verl's
 ``pg_clipfrac`` and ``pg_clipfrac_lower``); for KL-Cov and Clip-Cov ``clipfrac`` is the fraction
 of the valid tokens the selection picked, ``clipfrac_lower`` is 0, and KL-Cov's ``approx_kl`` is
@@ -64,7 +100,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import _backend, _validate
-from ._spec import DIVERGENCES
+from ._spec import DIVERGENCES, GSPO_FORMS
 from .loss import (
     _NO_WEIGHTS,
     Aggregation,
@@ -85,6 +121,7 @@ def _run(
     backend: str | None,
     scalars: dict[str, float],
     row_outputs: tuple[str, ...],
+    codes: dict[str, int] | None = None,
     penalties: Any = None,
 ) -> tuple[np.ndarray, list[float], float]:
     """Validate, run ``kernel`` and reduce: (grad, [loss, other row sums...], valid tokens).
@@ -122,6 +159,7 @@ def _run(
         **rows.arguments,
         scales=scales.astype(logp.dtype),
         **{name: token(value) for name, value in scalars.items()},
+        **(codes or {}),
         grad=grad.ravel(),
         **dict(zip(row_outputs, outputs, strict=True)),
         **extra,
@@ -192,6 +230,60 @@ def _sapo_scalars(
         "tau_neg": _validate.scalar("tau_neg", tau_neg, lo=0.0, open_lo=True),
         "log_ratio_clamp": _log_ratio_clamp(log_ratio_clamp),
     }
+
+
+def _gspo_scalars(
+    clip_low: float,
+    clip_high: float | None,
+    dual_clip: float | None,
+    log_ratio_max: float | None,
+) -> dict[str, float]:
+    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
+    high = (
+        low
+        if clip_high is None
+        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
+    )
+    dual = (
+        math.inf
+        if dual_clip is None
+        else _validate.scalar("dual_clip", dual_clip, lo=1.0, open_lo=True, allow_inf=True)
+    )
+    cap = (
+        math.inf
+        if log_ratio_max is None
+        else _validate.scalar("log_ratio_max", log_ratio_max, allow_inf=True)
+    )
+    if cap == -math.inf:
+        raise ValueError(
+            "log_ratio_max is -inf, which makes every ratio 0: pass a real number or None "
+            "(no clamp)"
+        )
+    return {
+        "ratio_low": 1.0 - low,
+        "ratio_high": 1.0 + high,
+        "dual_clip": dual,
+        "log_ratio_max": cap,
+    }
+
+
+def _geo_mean_scalars(clip_low: float, clip_high: float | None) -> dict[str, float]:
+    low = _validate.scalar("clip_low", clip_low, lo=0.0, allow_inf=True)
+    high = (
+        low
+        if clip_high is None
+        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
+    )
+    return {"log_ratio_low": low, "log_ratio_high": high}
+
+
+def _gspo_form(form: str) -> int:
+    if form not in GSPO_FORMS:
+        raise ValueError(
+            f"form must be one of {', '.join(map(repr, GSPO_FORMS))}, got {form!r}: 'detached' "
+            "for verl's gradient, 'sequence' for TRL's and OpenRLHF's"
+        )
+    return GSPO_FORMS.index(form)
 
 
 _COMMON = """
@@ -591,7 +683,127 @@ def clip_cov_loss(
     )  # fmt: skip
 
 
-for _function in (reinforce_loss, cispo_loss, sapo_loss, dppo_loss, kl_cov_loss, clip_cov_loss):
+def gspo_loss(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    *,
+    form: str = "detached",
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    log_ratio_max: float | None = None,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    agg: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """GSPO: the clipped surrogate on each row's sequence ratio exp(mean log-ratio); see the
+    module docstring for the loss and both gradients.
+
+    Parameters
+    ----------
+    form
+        "detached" (verl: each token's gradient is its own term's) or "sequence" (TRL, OpenRLHF:
+        the ratio's derivative reaches every token of the row).
+    clip_low, clip_high
+        The sequence ratio is clipped to [1 - clip_low, 1 + clip_high]: clip_low in [0, 1],
+        clip_high >= 0 (inf: no upper bound); ``clip_high=None`` means ``clip_low``. (The GSPO
+        paper's are 3e-4 and 4e-4, for a ratio that stays near 1.)
+    dual_clip
+        c > 1: bound the objective below by c * A where A < 0 (OpenRLHF's dual clip; TRL's
+        ``delta`` when delta >= 1 + clip_high); None or inf: no dual clip.
+    log_ratio_max
+        Clamp the mean log-ratio above before exp (verl: 10; None or inf: no clamp); any real
+        number.
+    """
+    grad, (loss, clipped, lower, kl), valid = _run(
+        "gspo",
+        {
+            "logprobs": logprobs,
+            "old_logprobs": old_logprobs,
+            "advantages": advantages,
+            "weights": weights,
+        },
+        {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
+        grad_out,
+        backend,
+        _gspo_scalars(clip_low, clip_high, dual_clip, log_ratio_max),
+        ("row_loss", "row_clipped", "row_lower", "row_kl"),
+        {"form": _gspo_form(form)},
+    )
+    return PolicyLossResult(
+        loss, grad, _mean(clipped, valid), _mean(lower, valid), _mean(kl, valid)
+    )
+
+
+def geo_mean_loss(
+    logprobs: ArrayLike,
+    old_logprobs: ArrayLike,
+    advantages: ArrayLike,
+    *,
+    clip_low: float = 0.4,
+    clip_high: float | None = None,
+    mask: ArrayLike | None = None,
+    lengths: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    agg: Aggregation = "seq-mean-token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    loss_scale: float | None = None,
+    weights: ArrayLike | None = None,
+    grad_out: np.ndarray | None = None,
+    backend: str | None = None,
+) -> PolicyLossResult:
+    """verl's geometric-mean loss (GMPO): -mean(A) * exp(mean clipped log-ratio) per row; see
+    the module docstring.
+
+    Parameters
+    ----------
+    clip_low, clip_high
+        Bounds on the log-ratio itself (not the ratio): [-clip_low, clip_high], >= 0 (inf: no
+        bound); ``clip_high=None`` means ``clip_low``. verl passes its clip_ratio_low /
+        clip_ratio_high; the GMPO paper's are 0.4.
+    weights
+        Here each row's loss is multiplied by the geometric mean of its tokens' weights (verl's
+        ``rollout_is_weights``, which verl offsets by 1e-10 inside the log: pass ``weights +
+        1e-10`` for that).
+    """
+    grad, (loss, upper, lower, kl), valid = _run(
+        "geo_mean",
+        {
+            "logprobs": logprobs,
+            "old_logprobs": old_logprobs,
+            "advantages": advantages,
+            "weights": weights,
+        },
+        {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+        {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
+        grad_out,
+        backend,
+        _geo_mean_scalars(clip_low, clip_high),
+        ("row_loss", "row_clipped", "row_lower", "row_kl"),
+    )
+    return PolicyLossResult(loss, grad, _mean(upper, valid), _mean(lower, valid), _mean(kl, valid))
+
+
+for _function in (
+    reinforce_loss,
+    cispo_loss,
+    sapo_loss,
+    gspo_loss,
+    geo_mean_loss,
+    dppo_loss,
+    kl_cov_loss,
+    clip_cov_loss,
+):
     # One text for the parameters every loss of the family shares.
     _doc = _function.__doc__ or ""
     _head, _, _own = _doc.partition("    Parameters\n    ----------\n")

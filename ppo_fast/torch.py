@@ -15,12 +15,13 @@ How tensors reach the kernels:
   input's device, until a GPU backend exists. It is correct but pays two transfers and a
   synchronisation per call.
 - Except in the losses (``clipped_surrogate``, ``value_loss`` and the policy-loss family:
-  ``reinforce_loss``, ``cispo_loss``, ``sapo_loss``, ``dppo_loss``, ``kl_cov_loss``): there a
-  tensor on another device is computed on that device by a torch implementation of the kernel's
-  formula, with the same closed-form gradient and statistics (per-token arithmetic in the input
-  dtype, sums in float64), and nothing is copied to the host. Checking the values of a mask that
-  is not bool, of lengths or of cu_seqlens reads one bool back (one synchronisation). Tested on
-  CPU by forcing that path (``_DEVICE_PATH_ON_CPU``); untested on real GPUs until one is measured.
+  ``reinforce_loss``, ``cispo_loss``, ``sapo_loss``, ``gspo_loss``, ``geo_mean_loss``,
+  ``dppo_loss``, ``kl_cov_loss``): there a tensor on another device is computed on that device by
+  a torch implementation of the kernel's formula, with the same closed-form gradient and
+  statistics (per-token arithmetic in the input dtype, sums in float64), and nothing is copied to
+  the host. Checking the values of a mask that is not bool, of lengths or of cu_seqlens reads one
+  bool back (one synchronisation). Tested on CPU by forcing that path (``_DEVICE_PATH_ON_CPU``);
+  untested on real GPUs until one is measured.
 - Inputs that require grad are read through ``.detach()``: rewards, GAE and whitening are not
   differentiated (trainers run them under ``torch.no_grad()``). The losses are:
   ``clipped_surrogate``, ``value_loss`` and the policy-loss family return a ``loss`` tensor with
@@ -888,8 +889,10 @@ for _function in (reinforce_loss, cispo_loss, sapo_loss):
     _function.__doc__ = (_function.__doc__ or "") + _FAMILY_DOC
 
 
-# DPPO and KL-Cov, and the device path of clipped_surrogate and value_loss, in modules of their
-# own (which read the machinery above).
+# The per-sequence losses (GSPO, the geometric mean), DPPO and KL-Cov, and the device path of
+# clipped_surrogate and value_loss, in modules of their own (which read the machinery above).
 from ._torch_device_losses import surrogate_on_device as _surrogate_on_device  # noqa: E402
 from ._torch_device_losses import value_on_device as _value_on_device  # noqa: E402
+from ._torch_sequence_losses import geo_mean_loss as geo_mean_loss  # noqa: E402
+from ._torch_sequence_losses import gspo_loss as gspo_loss  # noqa: E402
 from ._torch_token_losses import dppo_loss, kl_cov_loss  # noqa: E402, F401

@@ -12,6 +12,7 @@
  *   rows_moments.h  moments, whiten
  *   rows_loss.h     clipped_surrogate, value_loss
  *   rows_policy.h   reinforce, cispo, sapo
+ *   rows_sequence.h gspo, geo_mean (a pre-pass per row)
  *   rows_token.h    dppo, kl_cov
  *
  * Written once over the dtype: the generated module includes this file twice, with
@@ -95,6 +96,7 @@ PPO_INLINE void PPO_ROW(ppo_tail_fill)(
 #include "rows_moments.h"
 #include "rows_loss.h"
 #include "rows_policy.h"
+#include "rows_sequence.h"
 #include "rows_token.h"
 
 #undef ppo_real

@@ -780,6 +780,23 @@ def _numpy_targets() -> list[Target]:
             **rows,
         ),
         Target(
+            "gspo_loss",
+            ppo_fast.gspo_loss,
+            lambda rng: family(rng, form="sequence", dual_clip=3.0, log_ratio_max=10.0),
+            ("logprobs", "old_logprobs", "advantages", "weights"),
+            scalars={"clip_low": 0.2, "dual_clip": 3.0, "log_ratio_max": 10.0, "num_tokens": 10.0},
+            options=("form",),
+            **rows,
+        ),
+        Target(
+            "geo_mean_loss",
+            ppo_fast.geo_mean_loss,
+            lambda rng: family(rng, clip_low=0.2, clip_high=0.28),
+            ("logprobs", "old_logprobs", "advantages", "weights"),
+            scalars={"clip_low": 0.2, "clip_high": 0.28, "num_seqs": 4.0},
+            **rows,
+        ),
+        Target(
             "dppo_loss[kl]",
             ppo_fast.dppo_loss,
             lambda rng: family(rng, divergence="kl", log_ratio_clamp=20.0),
@@ -937,6 +954,15 @@ def _compat_targets() -> list[Target]:
     def policy_loss(dual_clip=None, **kwargs):
         return openrlhf.PolicyLoss(dual_clip=dual_clip)(**kwargs)
 
+    def gspo_policy_loss(dual_clip=None, **kwargs):
+        return openrlhf.PolicyLoss(dual_clip=dual_clip, policy_loss_type="gspo")(**kwargs)
+
+    def trl_grpo(rng):
+        arrays = _tokens(rng, "per_token_logps", "old_per_token_logps", logp=True)
+        arrays.update(_tokens(rng, "advantages"))
+        options = {"loss_type": "grpo", "importance_sampling_level": "sequence", "delta": 2.0}
+        return with_mask("completion_mask", {**arrays, **options})
+
     def value_loss(clip_eps=None, **kwargs):
         return openrlhf.ValueLoss(clip_eps=clip_eps)(**kwargs)
 
@@ -994,6 +1020,37 @@ def _compat_targets() -> list[Target]:
                 "old_log_probs": ("old_logprobs",),
                 "action_mask": ("mask",),
             },
+            **common,
+        ),
+        Target(
+            "openrlhf.PolicyLoss[gspo]",
+            gspo_policy_loss,
+            orl_policy,
+            ("log_probs", "old_log_probs", "advantages"),
+            "action_mask",
+            scalars={"dual_clip": 3.0},
+            aliases={
+                "log_probs": ("logprobs",),
+                "old_log_probs": ("old_logprobs",),
+                "action_mask": ("mask",),
+            },
+            **common,
+        ),
+        Target(
+            "trl.grpo_loss",
+            trl.grpo_loss,
+            trl_grpo,
+            ("per_token_logps", "old_per_token_logps", "advantages"),
+            "completion_mask",
+            scalars={"epsilon": 0.2, "delta": 2.0},
+            aliases={
+                "per_token_logps": ("logprobs",),
+                "old_per_token_logps": ("old_logprobs",),
+                "epsilon": ("clip_low",),
+                "delta": ("dual_clip", "delta"),
+                "completion_mask": ("mask",),
+            },
+            options=("loss_type", "importance_sampling_level"),
             **common,
         ),
         Target(

@@ -1,8 +1,8 @@
-"""ppo_fast.compat.verl's policy-loss family (GPG, DRO, CISPO, SAPO) equals verl 0.9.1's own
-functions: loss, metrics and the gradient with respect to log_prob, for every loss_agg_mode, with
-and without rollout_is_weights and global batch counts. Needs verl 0.9.1 installed (.ci/run
-installs it): its own ActorConfig and PolicyLossConfig build the configs, which the stand-ins of
-the verbatim copy in ppo_fast._peers only imitate."""
+"""ppo_fast.compat.verl's policy-loss family (GPG, DRO, CISPO, SAPO, GSPO, the geometric mean)
+equals verl 0.9.1's own functions: loss, metrics and the gradient with respect to log_prob, for
+every loss_agg_mode, with and without rollout_is_weights and global batch counts. Needs verl
+0.9.1 installed (.ci/run installs it): its own ActorConfig and PolicyLossConfig build the
+configs, which the stand-ins of the verbatim copy in ppo_fast._peers only imitate."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ppo_fast.compat import verl as compat
 PEER = peers.verl()
 REAL = PEER.label == "verl-0.9.1-real"
 pytestmark = pytest.mark.skipif(not REAL, reason=f"needs verl 0.9.1 ({PEER.label} found)")
-NAMES = ("gpg", "dro", "cispo", "sapo")
+NAMES = ("gpg", "dro", "cispo", "sapo", "gspo", "geo_mean")
 AGG_MODES = (
     "token-mean",
     "token-sum",
@@ -41,7 +41,7 @@ def config(name: str, variant: int, global_batch_info: dict):
     if name == "dro":
         policy_loss = importlib.import_module("verl.workers.config.actor").PolicyLossConfig
         fields["policy_loss"] = policy_loss(dro_beta=(0.1, 2.0)[variant])
-    elif name == "cispo":
+    elif name in ("cispo", "gspo", "geo_mean"):
         fields.update(
             ({"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, {"clip_ratio": 0.3})[variant]
         )
@@ -192,3 +192,19 @@ def test_same_arguments_as_verl(name):
     function = f"compute_policy_loss_{name}"
     assert_same_arguments(getattr(compat, function), verl_function(function), function)
     assert function in compat.__all__
+
+
+def test_gspo_beyond_verls_clamp_of_the_sequence_log_ratio():
+    """A row whose mean log-ratio is beyond verl's clamp at 10: its ratio is exp(10) and its
+    gradient 0, as verl's."""
+    b = batch("holes", torch.float64, seed=13)
+    logprobs = b.logprobs.clone()
+    logprobs[0] += 12.0
+    cfg = config("gspo", 0, {})
+    (loss, metrics, grad), (loss_ref, metrics_ref, grad_ref) = call_both(
+        "gspo", b.old_logprobs, logprobs, b.advantages, b.mask, "token-mean", cfg, None
+    )
+    assert not grad_ref[0].any()
+    assert_parity(loss, loss_ref, "gspo clamp", torch.float64)
+    assert_parity(grad, grad_ref, "d gspo clamp", torch.float64)
+    assert metrics == pytest.approx(metrics_ref, rel=1e-12)

@@ -30,8 +30,13 @@ with a PPO trainer (TRL 1.x removed it):
                                        ``ppo_trainer_gae`` (what the benchmark times;
                                        ppo_fast.compat.trl runs ``ppo_trainer_rewards``)
   trl/experimental/utils.py            first_true_indices
-  trl/trainer/utils.py                 nanstd
-  trl/trainer/grpo_trainer.py          in GRPOTrainer._generate_and_score_completions, the
+  trl/trainer/utils.py                 nanstd, nanmin, nanmax
+  trl/trainer/grpo_trainer.py          in GRPOTrainer._compute_loss, the block from
+                                       ``log_ratio = ...`` to the clip metrics (the importance
+                                       weights, every loss_type's per-token loss, its
+                                       aggregation and the logged metrics), here
+                                       ``grpo_trainer_loss``;
+                                       in GRPOTrainer._generate_and_score_completions, the
                                        advantage block (the ``multi_objective_aggregation``
                                        if-statement: the weighted sum or the per-function
                                        normalisation of the rewards, the group mean and the
@@ -435,6 +440,182 @@ def rloo_trainer_advantages(
 # wheel; each trainer block is the run of statements of PPOTrainer.train between two statements,
 # copied as the body of a function (BLOCKS: function -> path, method, first, last, fingerprint).
 DISTRIBUTION = ("trl", "0.29.1")
+
+
+def nanmin(tensor: torch.Tensor) -> torch.Tensor:
+    """
+    Compute the minimum value of a tensor, ignoring NaNs. This function only supports 1D tensors.
+
+    Args:
+        tensor (`torch.Tensor`): Input tensor of shape `(N,)`.
+
+    Returns:
+        `torch.Tensor`: Minimum value of the tensor, ignoring NaNs. Returns NaN if all values are NaN.
+    """
+    if torch.isnan(tensor).all():
+        return torch.tensor(float("nan"), dtype=tensor.dtype, device=tensor.device)
+    return torch.min(tensor[~torch.isnan(tensor)])
+
+
+def nanmax(tensor: torch.Tensor) -> torch.Tensor:
+    """
+    Compute the maximum value of a tensor, ignoring NaNs. This function only supports 1D tensors.
+
+    Args:
+        tensor (`torch.Tensor`): Input tensor of shape `(N,)`.
+
+    Returns:
+        `torch.Tensor`: Maximum value of the tensor, ignoring NaNs. Returns NaN if all values are NaN.
+    """
+    if torch.isnan(tensor).all():
+        return torch.tensor(float("nan"), dtype=tensor.dtype, device=tensor.device)
+    return torch.max(tensor[~torch.isnan(tensor)])
+
+
+def grpo_trainer_loss(
+    self, inputs, per_token_logps, old_per_token_logps, advantages, mask, entropies, entropy_mask
+):
+    """GRPOTrainer._compute_loss's block from the log-ratio to the clip metrics, verbatim: the
+    importance weights at the token or sequence level, the per-token loss of every loss_type,
+    its aggregation and the logged metrics. ``self`` is a stand-in carrying the trainer's
+    attributes (importance_sampling_level, loss_type, epsilon_low, epsilon_high, beta, args,
+    off_policy_mask_threshold, use_vllm, model, current_gradient_accumulation_steps,
+    max_completion_length, accelerator, _metrics); ``advantages`` is (B, 1) or (B, T) as after
+    the trainer's ``unsqueeze``; returns the loss."""
+    log_ratio = per_token_logps - old_per_token_logps
+    if self.importance_sampling_level == "token":
+        log_importance_weights = log_ratio
+    elif self.importance_sampling_level == "sequence":
+        log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        log_importance_weights = log_importance_weights.unsqueeze(-1)
+    else:
+        raise ValueError(
+            f"Unknown importance sampling level: {self.importance_sampling_level}. Possible values are 'token' "
+            "and 'sequence'."
+        )
+
+    coef_1 = torch.exp(log_importance_weights)
+
+    # Compute the KL divergence between the model and the reference model
+    if self.beta != 0.0:
+        ref_per_token_logps = inputs["ref_per_token_logps"]
+        per_token_kl = (
+            torch.exp(ref_per_token_logps - per_token_logps)
+            - (ref_per_token_logps - per_token_logps)
+            - 1
+        )
+        # Importance sampling correction for the KL divergence
+        if self.args.use_bias_correction_kl:
+            per_token_kl = per_token_kl * coef_1
+
+    # From here, log_importance_weights (and all subsequent tensors, coef_1, coef_2, etc.) shape depends on
+    # importance_sampling_level: "token" level: (B, T); "sequence" level: (B, 1)
+    if self.loss_type == "cispo":
+        clamped_ratios = torch.clamp(coef_1, max=self.epsilon_high).detach()
+        per_token_loss = -clamped_ratios * advantages * per_token_logps
+    elif self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
+        coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)
+        # Two-sided clipping
+        if self.args.delta is not None:
+            coef_1 = torch.clamp(coef_1, max=self.args.delta)
+
+        per_token_loss1 = coef_1 * advantages
+        per_token_loss2 = coef_2 * advantages
+        per_token_loss = -torch.min(per_token_loss1, per_token_loss2)
+    elif self.loss_type == "sapo":
+        temperatures = torch.where(
+            advantages > 0, self.args.sapo_temperature_pos, self.args.sapo_temperature_neg
+        )
+        soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures
+        per_token_loss = -soft_coef_1 * advantages
+    else:
+        raise ValueError(f"Unknown loss type: {self.loss_type}")
+
+    if self.off_policy_mask_threshold is not None:
+        per_token_loss = per_token_loss * off_policy_mask
+
+    if entropy_mask is not None:
+        per_token_loss = per_token_loss * entropy_mask
+
+    if self.use_vllm and self.vllm_importance_sampling_correction:
+        per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+
+    if self.beta != 0.0:
+        per_token_loss = per_token_loss + self.beta * per_token_kl
+
+    mode = "train" if self.model.training else "eval"
+    if self.loss_type in ["grpo", "sapo"]:
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        normalizer = (
+            self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        )  # no accum in eval
+        loss = loss / normalizer
+    elif self.loss_type == "bnpo":
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+        normalizer = (
+            self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        )  # no accum in eval
+        loss = loss / normalizer
+    elif self.loss_type == "dr_grpo":
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
+        normalizer = (
+            self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        )  # no accum in eval
+        loss = loss / normalizer
+    elif self.loss_type in ["cispo", "dapo"]:
+        normalizer = inputs["num_items_in_batch"] / self.accelerator.num_processes
+        loss = (per_token_loss * mask).sum() / normalizer
+    elif self.loss_type == "luspo":
+        # Unless importance_sampling_level="token" (not recommended here), per_token_loss is expected to be (B, 1)
+        loss = (per_token_loss * mask.sum(1, keepdim=True)).mean()
+        normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        loss = loss / normalizer
+    else:
+        raise ValueError(f"Unknown loss type: {self.loss_type}")
+
+    # Log the metrics
+    completion_token_count = mask.sum().clamp(min=1.0)
+
+    def masked_batch_mean(x):
+        if x.shape[1] == 1:  # when importance_sampling_level == "sequence"
+            return x.mean()
+        else:
+            return (x * mask).sum() / completion_token_count
+
+    if self.beta != 0.0:
+        mean_kl = masked_batch_mean(per_token_kl)
+        self._metrics[mode]["kl"].append(self.accelerator.gather(mean_kl).nanmean().item())
+
+    mean_entropy = masked_batch_mean(entropies)
+    self._metrics[mode]["entropy"].append(self.accelerator.gather(mean_entropy).nanmean().item())
+
+    if self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
+        # Compute the clipped probability ratios
+        is_low_clipped = (coef_1 < 1 - self.epsilon_low) & (advantages < 0)
+        is_high_clipped = (coef_1 > 1 + self.epsilon_high) & (advantages > 0)
+        is_region_clipped = is_low_clipped | is_high_clipped
+
+        low_clip = masked_batch_mean(is_low_clipped.float())
+        high_clip = masked_batch_mean(is_high_clipped.float())
+        clip_ratio = masked_batch_mean(is_region_clipped.float())
+
+        gathered_low_clip = self.accelerator.gather(low_clip)
+        self._metrics[mode]["clip_ratio/low_mean"].append(gathered_low_clip.nanmean().item())
+        self._metrics[mode]["clip_ratio/low_min"].append(nanmin(gathered_low_clip).item())
+        gathered_high_clip = self.accelerator.gather(high_clip)
+        self._metrics[mode]["clip_ratio/high_mean"].append(gathered_high_clip.nanmean().item())
+        self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
+        gathered_clip_ratio = self.accelerator.gather(clip_ratio)
+        self._metrics[mode]["clip_ratio/region_mean"].append(gathered_clip_ratio.nanmean().item())
+    elif self.loss_type == "cispo":
+        is_cispo_clipped = (coef_1 > self.epsilon_high) & (advantages > 0)
+        cispo_clip_ratio = masked_batch_mean(is_cispo_clipped.float())
+        gathered_cispo_clip_ratio = self.accelerator.gather(cispo_clip_ratio)
+        self._metrics[mode]["cispo_clip_ratio"].append(gathered_cispo_clip_ratio.nanmean().item())
+
+    return loss
+
+
 BLOCKS = {
     "ppo_trainer_advantages": (
         "trl/experimental/ppo/ppo_trainer.py",
@@ -478,6 +659,13 @@ BLOCKS = {
         "if self.multi_objective_aggregation == 'sum_then_normalize'",
         "c192d365907c38c8",
     ),
+    "grpo_trainer_loss": (
+        "trl/trainer/grpo_trainer.py",
+        "GRPOTrainer._compute_loss",
+        "log_ratio = per_token_logps - old_per_token_logps",
+        "if self.loss_type in ['grpo', 'bnpo'",
+        "0b1d42ebf1c471a0",
+    ),
     "rloo_trainer_advantages": (
         "trl/trainer/rloo_trainer.py",
         "RLOOTrainer._generate_and_score_completions",
@@ -497,5 +685,7 @@ FINGERPRINTS = {
     },
     "trl/trainer/utils.py": {
         "nanstd": "71362360ac395594",
+        "nanmin": "2f974de9f5a8b0cd",
+        "nanmax": "30cb5d030a7eba63",
     },
 }

@@ -591,12 +591,15 @@ def trl_policy_loss(compiled: bool):
     return prepare
 
 
-# The policy-loss family: GPG (REINFORCE), CISPO and SAPO, as verl 0.9.1 registers them.
+# The policy-loss family: GPG (REINFORCE), CISPO, SAPO, GSPO, the geometric mean, DPPO and
+# KL-Cov, as verl 0.9.1 registers them.
 SAPO_TAU_POS, SAPO_TAU_NEG = 1.0, 1.05  # verl's defaults
 FAMILY_AGG = {
     "reinforce": "token-mean",
     "cispo": "token-mean",
     "sapo": "seq-mean-token-mean",
+    "gspo": "seq-mean-token-mean",  # what verl recommends for GSPO
+    "geo_mean": "seq-mean-token-mean",  # verl's mean over the rows (its loss_agg_mode unread)
     "dppo": "token-mean",
     "kl_cov": "token-mean",
 }
@@ -604,6 +607,8 @@ FAMILY_VERL = {
     "reinforce": "compute_policy_loss_gpg",
     "cispo": "compute_policy_loss_cispo",
     "sapo": "compute_policy_loss_sapo",
+    "gspo": "compute_policy_loss_gspo",
+    "geo_mean": "compute_policy_loss_geo_mean",
     "dppo": "compute_policy_loss_dppo_kl",
     "kl_cov": "compute_policy_loss_kl_cov",
 }
@@ -615,7 +620,7 @@ KL_COV_RATIO, KL_COV_COEF = 0.0002, 0.1
 
 def ours_policy_family(loss: str):
     """ppo_fast's loss of the family with verl's settings (log-ratio clamp 20 where verl has
-    one), aggregated as verl aggregates it."""
+    one, GSPO's at 10 on the sequence log-ratio), aggregated as verl aggregates it."""
 
     def prepare(batch: Batch, backend: str):
         from .. import policy
@@ -626,6 +631,10 @@ def ours_policy_family(loss: str):
             options.update(clip_low=CLIP, log_ratio_clamp=LOG_RATIO_CLAMP)
         elif loss == "sapo":
             options.update(tau_pos=SAPO_TAU_POS, tau_neg=SAPO_TAU_NEG, log_ratio_clamp=20.0)
+        elif loss == "gspo":
+            options.update(form="detached", clip_low=CLIP, log_ratio_max=10.0)
+        elif loss == "geo_mean":  # every row counted, as verl's torch.mean
+            options.update(clip_low=CLIP, num_seqs=float(mask.shape[0]))
         elif loss == "dppo":
             options.update(
                 divergence="kl", divergence_low=CLIP, ratio_cap=DPPO_CAP, log_ratio_clamp=20.0

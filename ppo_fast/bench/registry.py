@@ -710,6 +710,18 @@ KERNELS: dict[str, Kernel] = {
             "sapo_loss(logp, old, adv, mask=mask, agg='seq-mean-token-mean', log_ratio_clamp=20)",
         ),
         _policy_family(
+            "gspo",
+            f"GSPO (clip {CLIP:g}, sequence log-ratio clamp 10, verl's detached gradient), "
+            "seq-mean-token-mean",
+            "gspo_loss(logp, old, adv, mask=mask, agg='seq-mean-token-mean', clip_low=0.2, "
+            "log_ratio_max=10)",
+        ),
+        _policy_family(
+            "geo_mean",
+            f"verl's geometric mean (GMPO, log-ratio clip {CLIP:g}), the mean over the rows",
+            "geo_mean_loss(logp, old, adv, mask=mask, clip_low=0.2, num_seqs=B)",
+        ),
+        _policy_family(
             "dppo",
             "DPPO-Binary-KL (bound 0.2, ratio cap 3, log-ratio clamp 20), token mean",
             "dppo_loss(logp, old, adv, mask=mask, divergence='kl', ratio_cap=3, "

@@ -2,17 +2,20 @@
 ``ppo_fast.compat.verl`` runs its fused losses under (``_fused_agg_loss``, ``_as_verl_mean``).
 
 Re-exported by ``ppo_fast.compat.verl`` (call them from there): ``compute_policy_loss_gpg``,
-``compute_policy_loss_dro``, ``compute_policy_loss_cispo``, ``compute_policy_loss_sapo``, with
-verl's signature ``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+``compute_policy_loss_dro``, ``compute_policy_loss_cispo``, ``compute_policy_loss_sapo``,
+``compute_policy_loss_gspo``, ``compute_policy_loss_geo_mean``, with verl's signature
+``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
 rollout_is_weights)`` and its ``(loss, metrics)`` result, the metrics under verl's keys.
 
-Each runs one fused ``ppo_fast.torch`` loss (``reinforce_loss``, ``cispo_loss``, ``sapo_loss``:
-the loss, its gradient and the statistics in one pass; CPU tensors on the kernels, other devices
-in torch on the device) for the masked token sum, or sum of per-sequence means, and verl's
-``agg_loss`` normalisation is then applied in torch with ``config.global_batch_info``. Where verl
-clamps the log-ratio at 20 (CISPO, SAPO), so do these.
+Each runs one fused ``ppo_fast.torch`` loss (``reinforce_loss``, ``cispo_loss``, ``sapo_loss``,
+``gspo_loss``, ``geo_mean_loss``: the loss, its gradient and the statistics in one pass; CPU
+tensors on the kernels, other devices in torch on the device) for the masked token sum, or sum
+of per-sequence means, and verl's ``agg_loss`` normalisation is then applied in torch with
+``config.global_batch_info`` (the geometric mean: verl's plain mean over the rows). Where verl
+clamps the log-ratio (at 20 for CISPO and SAPO, the sequence log-ratio at 10 above for GSPO), so
+do these.
 
-Differences from verl, in all four: the inputs are computed in the dtype that promotes
+Differences from verl, in all of them: the inputs are computed in the dtype that promotes
 ``log_prob``, ``advantages`` (and ``old_log_prob`` where verl reads it) and ``rollout_is_weights``,
 which is verl's for inputs of one dtype; the mask must hold 0/1; the loss is differentiated with
 respect to ``log_prob`` only, and a ValueError is raised if ``old_log_prob``, ``advantages`` or
@@ -290,4 +293,108 @@ def compute_policy_loss_sapo(
         "actor/pg_clipfrac": 0.0,
         "actor/ppo_kl": ppo_kl.detach().item(),
         "actor/pg_clipfrac_lower": 0.0,
+    }
+
+
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl.trainer.ppo.core_algos.compute_policy_loss_gspo: ``(pg_loss, metrics)``, the loss of
+    ``max(-advantages * s, -advantages * clip(s, 1 - clip_ratio_low, 1 + clip_ratio_high))``
+    (times ``rollout_is_weights``) aggregated by ``loss_agg_mode``, where each token's ratio is
+    verl's ``exp(min(log_prob - sg(log_prob) + sg(m), 10))``, m the row's mean log-ratio over its
+    valid tokens (of value s = exp(min(m, 10)) at every token of the row; its gradient is the
+    token's own, ``ppo_fast.gspo_loss(form="detached")``); metrics ``actor/pg_clipfrac`` (where
+    the clipped branch is taken), ``actor/ppo_kl`` (the tokens' log-ratios, not clamped) and
+    ``actor/pg_clipfrac_lower``, 0.0 as in verl.
+
+    As verl: ``config`` must be an ActorConfig (AssertionError otherwise); ``clip_ratio_low`` /
+    ``clip_ratio_high`` default to ``clip_ratio`` when None; a row with no valid token
+    contributes nothing. Different: clip_ratio_low outside [0, 1] or a negative clip_ratio_high
+    is a ValueError here. Runs ``ppo_fast.torch.gspo_loss``.
+    """
+    assert config is not None
+    assert _is_actor_config(config)
+    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    dtype = _promoted(log_prob, old_log_prob, advantages, rollout_is_weights)
+    pg_loss, result = _fused_verl_loss(
+        ppo_torch.gspo_loss,
+        response_mask,
+        loss_agg_mode,
+        config,
+        log_prob.to(dtype),
+        old_log_prob.to(dtype),
+        advantages.to(dtype),
+        _cast(rollout_is_weights, dtype),
+        form="detached",
+        clip_low=low,
+        clip_high=high,
+        log_ratio_max=10.0,  # verl's clamp of the log-ratio, for numerical stability
+    )
+    pg_clipfrac = _as_verl_mean(result.clipfrac, response_mask, torch.float32)
+    ppo_kl = _as_verl_mean(result.approx_kl, response_mask, _promoted(log_prob, old_log_prob))
+    return pg_loss, {
+        "actor/pg_clipfrac": pg_clipfrac.detach().item(),
+        "actor/ppo_kl": ppo_kl.detach().item(),
+        "actor/pg_clipfrac_lower": 0.0,
+    }
+
+
+def compute_policy_loss_geo_mean(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl.trainer.ppo.core_algos.compute_policy_loss_geo_mean (GMPO): ``(pg_loss, metrics)``,
+    the mean over all rows of ``-mean(advantages) * exp(mean(r'))`` (the means over the row's
+    valid tokens; r' the log-ratio clipped to [-clip_ratio_low, clip_ratio_high] on the side the
+    advantage's sign selects), times the geometric mean of ``rollout_is_weights + 1e-10``;
+    metrics ``actor/pg_clipfrac`` and ``actor/pg_clipfrac_lower`` (tokens whose log-ratio is
+    outside the bounds, with A > 0 and A < 0) and ``actor/ppo_kl``. Runs
+    ``ppo_fast.torch.geo_mean_loss``.
+
+    verl's quirks, reproduced: ``loss_agg_mode`` and ``config.global_batch_info`` are not read
+    (the loss is the plain mean over the rows, empty rows counted); the clip bounds are bounds
+    on the log-ratio; ``config`` must not be an AlgoConfig (AssertionError). Different: verl's
+    means divide by ``n + 1e-8`` with n the row's mask sum, which is n exactly for an integer,
+    bool or float32 mask (the 1e-8 is below float32's resolution there) and which these divide
+    by for any mask; a negative clip bound is a ValueError here.
+    """
+    assert config is not None
+    assert not any(cls.__name__ == "AlgoConfig" for cls in type(config).__mro__)
+    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    dtype = _promoted(log_prob, old_log_prob, advantages, rollout_is_weights)
+    weights = None if rollout_is_weights is None else (rollout_is_weights + 1e-10).to(dtype)
+    pg_loss, result = fused_loss(
+        ppo_torch.geo_mean_loss,
+        response_mask,
+        "seq-mean-token-mean",
+        response_mask.shape[0],  # torch.mean over every row
+        logprobs=log_prob.to(dtype),
+        old_logprobs=old_log_prob.to(dtype),
+        advantages=advantages.to(dtype),
+        weights=weights,
+        clip_low=low,
+        clip_high=high,
+    )
+    statistics = _promoted(log_prob, old_log_prob)
+    pg_clipfrac = _as_verl_mean(result.clipfrac, response_mask, torch.float32)
+    pg_clipfrac_lower = _as_verl_mean(result.clipfrac_lower, response_mask, torch.float32)
+    ppo_kl = _as_verl_mean(result.approx_kl, response_mask, statistics)
+    return pg_loss, {
+        "actor/pg_clipfrac": pg_clipfrac.detach().item(),
+        "actor/ppo_kl": ppo_kl.detach().item(),
+        "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach().item(),
     }

@@ -36,14 +36,15 @@ What runs where:
   per-sequence means) and ``aggregate_loss``'s normalisation follows in torch. The train/rollout
   importance-sampling correction (``is_correction_*``) is computed in torch from the detached
   log-probs, as OpenRLHF does, and passed to the kernel as per-token weights. ``ppo_kl`` is the
-  unclamped mean of ``old - new`` log-probs, in torch. ``policy_loss_type="gspo"`` has a
-  sequence-level ratio that the token kernel does not compute: it runs OpenRLHF's torch code.
+  unclamped mean of ``old - new`` log-probs, in torch. ``policy_loss_type="gspo"`` runs on
+  ``ppo_fast.torch.gspo_loss`` (the sequence ratio differentiated through the whole row, as
+  OpenRLHF's); without an ``action_mask`` it runs OpenRLHF's code, which needs one.
 - ``compute_approx_kl``, ``compute_reward``, ``masked_mean``, ``aggregate_loss``,
   ``KL_IS_WEIGHT_CLIP``: OpenRLHF's code, plain torch (vectorised already, and differentiated in
   the KL loss), run from the verbatim copy in ``ppo_fast._peers.openrlhf_0_11_2``.
   ``PolicyLoss`` and ``ValueLoss`` subclass the copy's classes: their constructors (defaults and
-  argument checks) and GSPO are OpenRLHF's own code; only ``forward`` is replaced where it runs
-  on the kernels.
+  argument checks) are OpenRLHF's own code; only ``forward`` is replaced where it runs on the
+  kernels.
 
 Without editing OpenRLHF: ``install()`` (idempotent, undone by ``uninstall()``) puts
 ``PolicyLoss`` and the experience maker's three methods above in OpenRLHF's modules, and
@@ -165,12 +166,13 @@ def _first_numel(arguments) -> int:
 
 class PolicyLoss(_openrlhf.PolicyLoss):
     """openrlhf.models.loss.PolicyLoss: PPO's clipped surrogate (optionally dual-clip, and the
-    train/rollout importance-sampling correction), fused for ``policy_loss_type="ppo"``.
+    train/rollout importance-sampling correction), fused for ``policy_loss_type="ppo"``, and
+    GSPO's (``policy_loss_type="gspo"``) on the fused sequence-level kernel.
 
     The constructor (its defaults and argument checks) is OpenRLHF's, inherited from the verbatim
-    copy, and so is every other ``policy_loss_type`` (GSPO's sequence-level ratio is not the token
-    kernel's; an unknown type raises there). ``forward`` returns ``(loss, clip_ratio, ppo_kl,
-    vllm_kl, is_filter_ratio)``; the last two are None without the correction.
+    copy, and so is an unknown ``policy_loss_type`` (it raises there). ``forward`` returns
+    ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``; the last two are None without the
+    correction (and for GSPO, as in OpenRLHF).
     """
 
     # Deliberately OpenRLHF's torch code again: in OpenRLHF the coefficient is computed inline in
@@ -225,6 +227,17 @@ class PolicyLoss(_openrlhf.PolicyLoss):
         batch_num_tokens: float | None = None,
         global_batch_size: float | None = None,
     ):
+        if self.policy_loss_type == "gspo" and action_mask is not None:
+            return self._gspo(
+                log_probs,
+                old_log_probs,
+                advantages,
+                action_mask,
+                rollout_log_probs,
+                dp_size,
+                batch_num_tokens,
+                global_batch_size,
+            )
         if self.policy_loss_type != "ppo":
             return super().forward(
                 log_probs,
@@ -266,6 +279,45 @@ class PolicyLoss(_openrlhf.PolicyLoss):
         clip_ratio = result.clipfrac.to(torch.promote_types(torch.float32, ratio_dtype))
         ppo_kl = masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
+
+    def _gspo(
+        self,
+        log_probs,
+        old_log_probs,
+        advantages,
+        action_mask,
+        rollout_log_probs,
+        dp_size,
+        batch_num_tokens,
+        global_batch_size,
+    ):
+        """GSPO on the fused kernel: ``ppo_fast.torch.gspo_loss(form="sequence")``, OpenRLHF's
+        ratio ``exp(masked mean log-ratio)`` differentiated as a function of the whole row (the
+        log-ratio against the rollout's log-probs when the correction is on, as OpenRLHF; its
+        coefficient, vllm_kl and filter fraction are the PPO path's only: None here)."""
+        dtype = torch.promote_types(
+            torch.promote_types(log_probs.dtype, old_log_probs.dtype), advantages.dtype
+        )
+        reference = old_log_probs if self.is_correction_level == "off" else rollout_log_probs
+        dtype = torch.promote_types(dtype, reference.dtype)
+        loss, result = _fused_aggregate(
+            ppo_torch.gspo_loss,
+            action_mask,
+            self.token_level_loss,
+            dp_size,
+            batch_num_tokens,
+            global_batch_size,
+            logprobs=log_probs.to(dtype),
+            old_logprobs=reference.to(dtype),
+            advantages=advantages.to(dtype),
+            form="sequence",
+            clip_low=self.clip_eps_low,
+            clip_high=self.clip_eps_high,
+            dual_clip=self.dual_clip,
+        )
+        clip_ratio = result.clipfrac.to(torch.promote_types(torch.float32, action_mask.dtype))
+        ppo_kl = masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
+        return loss, clip_ratio, ppo_kl, None, None
 
 
 class ValueLoss(_openrlhf.ValueLoss):

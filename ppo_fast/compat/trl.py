@@ -7,7 +7,9 @@ last release with a PPO trainer (TRL 1.x removed it):
 ``trl/experimental/utils.py`` (``first_true_indices``), and the advantage blocks of
 ``GRPOTrainer`` and ``RLOOTrainer._generate_and_score_completions`` (``grpo_advantages``,
 ``rloo_advantages``, with ``nanstd`` of ``trl/trainer/utils.py``), whose group statistics run
-on ``ppo_fast.outcome``.
+on ``ppo_fast.outcome``; and ``GRPOTrainer._compute_loss``'s loss for the loss types grpo,
+bnpo, dr_grpo and dapo, with ``delta`` and ``importance_sampling_level`` (``grpo_loss``, from
+``._trl_grpo_loss``, on the fused ``clipped_surrogate`` and ``gspo_loss``).
 
 The trainer's conventions, which ``rollout_advantages`` keeps:
 
@@ -45,14 +47,17 @@ from .._peers import trl_0_29_1 as _trl
 from .._peers.trl_0_29_1 import INVALID_LOGPROB, first_true_indices, masked_mean, nanstd
 from ._masked import PeerMaskedStats
 from ._outcome import outcome_rows
+from ._trl_grpo_loss import GRPOLoss, grpo_loss
 
 __all__ = [
     "INVALID_LOGPROB",
     "GRPOAdvantages",
+    "GRPOLoss",
     "RLOOAdvantages",
     "RolloutAdvantages",
     "first_true_indices",
     "grpo_advantages",
+    "grpo_loss",
     "masked_mean",
     "masked_var",
     "masked_whiten",

@@ -27,8 +27,9 @@ What runs where:
   verl's ``agg_loss`` normalisation is applied to it in torch, with its global-count arguments
   (``dp_size``, ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``).
 - ``compute_policy_loss_gpg``, ``compute_policy_loss_dro``, ``compute_policy_loss_cispo``,
-  ``compute_policy_loss_sapo`` (from ``._verl_policy_losses``): the same way, on
-  ``ppo_fast.torch``'s ``reinforce_loss``, ``cispo_loss`` and ``sapo_loss``; verl's quirks kept
+  ``compute_policy_loss_sapo``, ``compute_policy_loss_gspo``, ``compute_policy_loss_geo_mean``
+  (from ``._verl_policy_losses``): the same way, on ``ppo_fast.torch``'s ``reinforce_loss``,
+  ``cispo_loss``, ``sapo_loss``, ``gspo_loss`` and ``geo_mean_loss``; verl's quirks kept
   (SAPO aggregates by "seq-mean-token-mean" whatever ``loss_agg_mode`` says, GPG returns no
   metrics, CISPO's ``pg_clipfrac_lower`` is 0) and named in each docstring.
 - ``compute_policy_loss_dppo_tv``, ``_dppo_kl``, ``_clip_cov``, ``_kl_cov`` and
@@ -92,7 +93,9 @@ from ._verl_policy_losses import (
     _fused_agg_loss,
     compute_policy_loss_cispo,
     compute_policy_loss_dro,
+    compute_policy_loss_geo_mean,
     compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
     compute_policy_loss_sapo,
 )
 from ._verl_token_losses import (
@@ -125,7 +128,9 @@ __all__ = [
     "compute_policy_loss_dppo_kl",
     "compute_policy_loss_dppo_tv",
     "compute_policy_loss_dro",
+    "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo",
     "compute_policy_loss_kl_cov",
     "compute_policy_loss_reinforce",
     "compute_policy_loss_sapo",

@@ -65,7 +65,8 @@ _VERL_NAMES = (
 # verl's policy-loss family (in the verbatim copy too).
 _VERL_POLICY_LOSSES = (
     "compute_policy_loss_gpg compute_policy_loss_dro compute_policy_loss_cispo "
-    "compute_policy_loss_sapo compute_policy_loss_dppo_tv compute_policy_loss_dppo_kl "
+    "compute_policy_loss_sapo compute_policy_loss_gspo compute_policy_loss_geo_mean "
+    "compute_policy_loss_dppo_tv compute_policy_loss_dppo_kl "
     "compute_policy_loss_clip_cov compute_policy_loss_kl_cov compute_policy_loss_reinforce"
 ).split()
 # verl's own only (its rollout-correction helper has no verbatim copy here)
