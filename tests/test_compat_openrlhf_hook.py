@@ -203,6 +203,7 @@ def test_the_launcher_starts_ray_with_the_hook_and_runs_openrlhfs_train_ppo_ray(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # one local Ray cluster at a time (--dist loadgroup)
 def test_the_hook_is_in_place_inside_a_ray_worker(tmp_path):
     """ray.init with the launcher's runtime_env on a local cluster: the worker ran the setup hook
     (installed, before any OpenRLHF module was imported) and OpenRLHF's modules imported there
