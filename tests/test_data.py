@@ -222,6 +222,14 @@ def test_files_in_every_format_equal_the_table_api(tmp_path):
     np.testing.assert_array_equal(
         flat(pq.read_table(output), "advantages"), flat(expected, "advantages")
     )
+    # Parquet is read by row groups (9 rows) in pieces of a quarter batch (3 rows), which the
+    # writer joins again into row groups of batch_rows.
+    output = tmp_path / "out-row-groups.parquet"
+    data.advantages_file(paths["parquet"], output, estimator="grpo", batch_rows=12)
+    written = pq.ParquetFile(output)
+    sizes = [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)]
+    assert sizes == [12, 12, 12, 4]
+    np.testing.assert_array_equal(flat(written.read(), "advantages"), flat(expected, "advantages"))
 
 
 def test_an_interrupted_run_leaves_no_output(tmp_path):

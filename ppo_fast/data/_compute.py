@@ -259,6 +259,8 @@ def group_advantages(
     name = options.estimator
     if name == "dr_grpo":
         return outcome.grpo(scores, ids, std=None)
+    if name == "gpg":
+        return outcome.gpg(scores, ids, alpha=options.gpg_alpha)
     if name == "reinforce_plus_plus_baseline":
         return outcome.reinforce_plus_plus_baseline(
             scores,
@@ -278,30 +280,52 @@ def row_scores(ex: Extracted) -> np.ndarray:
     return row_sums(ex.tokens["rewards"], ex.cu_seqlens)
 
 
+class GroupInputs(NamedTuple):
+    """What a group estimator reads of every row: float64 scores, int64 group ids (first-seen
+    order) and valid-token counts, each (B,)."""
+
+    scores: np.ndarray
+    ids: np.ndarray
+    token_counts: np.ndarray
+
+
 def first_pass(
     batches: Iterator[Any], options: Options, used: dict[str, str], on_batch: Callable
 ) -> Statistics:
     """Pass 1 over ``batches`` (record batches of the first-pass columns)."""
-    parts, scores, labels, counts = [], [], [], []
+    if options.grouped:
+        rows = group_inputs(batches, used, on_batch)
+        return Statistics(row_advantages=group_advantages(options, *rows))
+    parts = []
     row_offset = 0
     for batch in batches:
         ex = extract(batch, used, row_offset)
-        if options.grouped:
-            scores.append(row_scores(ex))
-            labels.append(ex.uid)
-            if ex.cu_seqlens is not None:
-                counts.append(np.diff(ex.cu_seqlens))
-        else:
-            advantages, _ = token_results(ex, options)
-            parts.append(batch_moments(advantages, ex.cu_seqlens, options.backend))
+        advantages, _ = token_results(ex, options)
+        parts.append(batch_moments(advantages, ex.cu_seqlens, options.backend))
         row_offset += ex.n_rows
-        on_batch(ex.n_rows, 0 if ex.layout is None else int(ex.layout.cu_seqlens[-1]))
-    if not options.grouped:
-        return Statistics(moments=as_moments(merge_moments(parts)))
+        on_batch(ex.n_rows, int(ex.layout.cu_seqlens[-1]))
+    return Statistics(moments=as_moments(merge_moments(parts)))
+
+
+def group_inputs(
+    batches: Iterator[Any], used: dict[str, str], on_batch: Callable | None = None
+) -> GroupInputs:
+    """The scores, group ids and token counts of every row of ``batches``."""
+    scores, labels, counts = [], [], []
+    row_offset = 0
+    for batch in batches:
+        ex = extract(batch, used, row_offset)
+        scores.append(row_scores(ex))
+        labels.append(ex.uid)
+        if ex.cu_seqlens is not None:
+            counts.append(np.diff(ex.cu_seqlens))
+        row_offset += ex.n_rows
+        if on_batch is not None:
+            on_batch(ex.n_rows, 0 if ex.layout is None else int(ex.layout.cu_seqlens[-1]))
     ids = _columns.group_ids(labels)
     all_scores = np.concatenate(scores) if scores else np.zeros(0)
     all_counts = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
-    return Statistics(row_advantages=group_advantages(options, all_scores, ids, all_counts))
+    return GroupInputs(all_scores, ids, all_counts)
 
 
 def _on_tokens(values: np.ndarray, ex: Extracted) -> np.ndarray:

@@ -112,7 +112,9 @@ class Options:
     (``ppo_fast.shape_rewards``; ``kl_coef=0`` needs no log-probabilities). ``whiten``: whiten the
     advantages over every valid token of the whole input (gae, reinforce_plus_plus) with
     ``whiten_eps``, ``unbiased``, ``shift_mean`` as ``ppo_fast.whiten``; for
-    ``reinforce_plus_plus_baseline``, its own whitening.
+    ``reinforce_plus_plus_baseline``, its own whitening. ``gpg_alpha``: gpg's scale alpha (None:
+    n / max(m, 1) over the whole input, n rows of which m have a nonzero score; what
+    ``ppo_fast.data.ray`` passes to each group, computed over the whole dataset).
     """
 
     estimator: str = "gae"
@@ -126,8 +128,11 @@ class Options:
     unbiased: bool = False
     shift_mean: bool = True
     backend: str | None = None
+    gpg_alpha: float | None = None
 
     def __post_init__(self) -> None:
+        if self.gpg_alpha is not None:
+            _validate.scalar("gpg_alpha", self.gpg_alpha, lo=0.0, open_lo=True)
         _validate.choice("estimator", self.estimator, ESTIMATORS)
         _validate.choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _validate.scalar("gamma", self.gamma, lo=0.0, hi=1.0)

@@ -27,6 +27,7 @@ from ._names import DEFAULT_BATCH_ROWS, Columns, DataError, Options
 FORMATS = ("parquet", "arrow", "arrow-stream", "jsonl")
 OUTPUT_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow"}
 Progress = Callable[[str, int, int], None]  # (pass name, rows, tokens) after each batch
+READ_PIECES = 4  # a Parquet batch is decoded in this many pieces (ParquetSource)
 
 
 def _no_progress(phase: str, rows: int, tokens: int) -> None:
@@ -63,6 +64,19 @@ class TableSource(_Source):
 
 
 class ParquetSource(_Source):
+    """A Parquet file, read by runs of consecutive row groups of about ``batch_rows`` rows (one
+    row group where it is larger): a batch never spans two runs.
+
+    One ``iter_batches`` call over the whole file is not bounded: pyarrow 26's reader keeps
+    buffers of every row group it has read until the call ends (on 16 row groups of 1,024
+    rows, the bytes allocated grew from 64 to 181 MiB by the last batch; by the run, they stay
+    at about 42 MiB). A new reader per run frees them at each run's end.
+
+    The batches are of ``batch_rows / READ_PIECES`` rows (``Writer`` joins them again into row
+    groups of ``batch_rows``): while it decodes a batch of list columns, pyarrow's reader holds
+    about 4.7 times the decoded bytes (the pages, the repetition and definition levels, the
+    builders), which alone would be 3 times a whole batch's data (its inputs and outputs)."""
+
     format = "parquet"
 
     def __init__(self, path: str, batch_rows: int) -> None:
@@ -72,10 +86,29 @@ class ParquetSource(_Source):
         file = pq.ParquetFile(path)
         self.schema = file.schema_arrow
         self.num_rows = file.metadata.num_rows
+        self.runs = _row_group_runs(
+            [file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)], batch_rows
+        )
 
     def batches(self, columns: list[str] | None) -> Iterator[Any]:
+        rows = -(-self.batch_rows // READ_PIECES)
         with self._pq.ParquetFile(self.path) as file:
-            yield from file.iter_batches(batch_size=self.batch_rows, columns=columns)
+            for run in self.runs:
+                yield from file.iter_batches(batch_size=rows, row_groups=run, columns=columns)
+
+
+def _row_group_runs(sizes: list[int], batch_rows: int) -> list[list[int]]:
+    """The row groups (of ``sizes`` rows) cut into runs of consecutive ones of at most
+    ``batch_rows`` rows in all, or of one row group where that is larger."""
+    runs: list[list[int]] = []
+    rows = batch_rows
+    for index, size in enumerate(sizes):
+        if rows + size > batch_rows:
+            runs.append([])
+            rows = 0
+        runs[-1].append(index)
+        rows += size
+    return runs
 
 
 class IpcSource(_Source):
@@ -180,10 +213,26 @@ class Writer:
     dictionary and drop it once it outgrows its page, which took more than half of the
     writing time on the rollouts of bench/data_advantages.py."""
 
-    def __init__(self, file: Any, kind: str) -> None:
+    def __init__(self, file: Any, kind: str, batch_rows: int = 1) -> None:
         self.file, self.kind, self.writer = file, kind, None
+        self.batch_rows, self.pending, self.pending_rows = batch_rows, [], 0
 
     def write(self, batch: Any) -> None:
+        """Parquet: ``batch`` joins the pending ones, written as one row group once they hold
+        ``batch_rows`` rows (a row group per piece of ``ParquetSource`` would be small)."""
+        if self.kind != "parquet":
+            return self._write(batch)
+        self.pending.append(batch)
+        self.pending_rows += batch.num_rows
+        if self.pending_rows >= self.batch_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self._write(pa.Table.from_batches(self.pending))
+            self.pending, self.pending_rows = [], 0
+
+    def _write(self, batch: Any) -> None:
         if self.writer is None:
             if self.kind == "parquet":
                 import pyarrow.parquet as pq
@@ -194,9 +243,15 @@ class Writer:
                 )
             else:
                 self.writer = pa.ipc.new_file(self.file, batch.schema)
-        self.writer.write_batch(batch) if self.kind == "arrow" else self.writer.write(batch)
+        if self.kind == "arrow":
+            self.writer.write_batch(batch)
+        else:  # a Table of the pending batches: one row group, their chunks not concatenated
+            self.writer.write_table(batch, row_group_size=max(batch.num_rows, 1))
 
-    def close(self) -> None:
+    def close(self, flush: bool = True) -> None:
+        """Write what is pending (unless ``flush`` is False: after an error) and the footer."""
+        if flush:
+            self._flush()
         if self.writer is not None:
             self.writer.close()
 
@@ -281,14 +336,14 @@ def advantages_file(
     start = time.perf_counter()
     try:
         with atomic_write(output, "wb") as file:
-            writer = Writer(file, kind)
+            writer = Writer(file, kind, batch_rows)
             try:
                 summary = run(source, writer.write, options, columns, names, progress)
             except BaseException:
                 # Closed now, while its file is open (the temporary file is removed next),
                 # rather than by the garbage collector after it is closed.
                 with contextlib.suppress(Exception):
-                    writer.close()
+                    writer.close(flush=False)
                 raise
             writer.close()
     except pa.ArrowException as error:
