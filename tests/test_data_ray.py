@@ -16,7 +16,8 @@ pytest.importorskip("ray.data")
 from ppo_fast import data  # noqa: E402
 from ppo_fast.data import ray as ppo_ray  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# slow (a local Ray cluster); one cluster at a time: these run on one worker (--dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 # Whitened results: the blocks' moments are merged in another order than one table's batches.
 RTOL = 1e-12
