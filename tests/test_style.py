@@ -25,7 +25,8 @@ def test_ci_runs_exactly_the_readmes_test_command():
         line.split("  #")[0].strip() for line in block.strip().splitlines()
     )
     assert "ppo-fast bench" in install_and_run and "pip install" in install_and_run
-    assert install_and_test.endswith("python -m pytest") and "pip install" in install_and_test
+    assert install_and_test.endswith("python -m pytest -n auto --dist loadgroup")
+    assert "pip install" in install_and_test
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert install_and_test in [line.strip() for line in ci_lines]
 
