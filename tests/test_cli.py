@@ -387,12 +387,21 @@ def test_sigterm_in_process_ends_with_one_line_and_143(tmp_path, capsys, monkeyp
         raise AssertionError("SIGTERM did not stop the run")
 
     monkeypatch.setattr(bench_cli, "run", terminated_run)
-    assert cli.main(["bench", *TINY, "--json", str(tmp_path / "x.json")]) == 143
-    captured = capsys.readouterr()
-    assert captured.err == "ppo-fast: terminated\n" and captured.out == ""
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert os.listdir(tmp_path) == []
+    # main takes the signals only where they have their default handling, and a library may have
+    # put its own handler in this process before (Ray's SIGTERM handler, once a test in this
+    # pytest worker started a local cluster), which would end the process: the defaults first.
+    defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+    previous = {signum: signal.signal(signum, default) for signum, default in defaults.items()}
+    try:
+        assert cli.main(["bench", *TINY, "--json", str(tmp_path / "x.json")]) == 143
+        captured = capsys.readouterr()
+        assert captured.err == "ppo-fast: terminated\n" and captured.out == ""
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert os.listdir(tmp_path) == []
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _children(pid: int) -> list[int]:
