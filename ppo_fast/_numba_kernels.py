@@ -378,6 +378,101 @@ def optimal_token_baseline(
                     returns[i] = 0.0
 
 
+@_jit
+def _weaker(key, position, other_key, other_position):
+    """Whether (key, position) ranks below (other_key, other_position) in KL-Cov's top-k: a
+    smaller key, or the same key at a later position."""
+    return key < other_key or (key == other_key and position > other_position)
+
+
+@_jit
+def _sift_up(keys, positions, node):
+    """Moves the token at ``node`` up the heap of KL-Cov's kept tokens to its place."""
+    while node > 0:
+        parent = (node - 1) // 2
+        if not _weaker(keys[node], positions[node], keys[parent], positions[parent]):
+            return
+        keys[node], keys[parent] = keys[parent], keys[node]
+        positions[node], positions[parent] = positions[parent], positions[node]
+        node = parent
+
+
+@_jit
+def _sift_down(keys, positions, size, node):
+    """Moves the token at ``node`` down the heap to its place (the weakest at the root)."""
+    while True:
+        weakest = node
+        for child in (2 * node + 1, 2 * node + 2):
+            if child < size and _weaker(
+                keys[child], positions[child], keys[weakest], positions[weakest]
+            ):
+                weakest = child
+        if weakest == node:
+            return
+        keys[node], keys[weakest] = keys[weakest], keys[node]
+        positions[node], positions[weakest] = positions[weakest], positions[node]
+        node = weakest
+
+
+def kl_cov_top_k(
+    logprobs, advantages, starts, spans, lengths, mask, group_rows, group_starts, ratio, selected
+):
+    """Twin: src/rows_covariance.h ppo_kl_cov_top_k_group. prange over groups. A first pass sums
+    the group's valid tokens in order (float64, not reassociated: the means are the oracle's
+    bits), a second keeps the k strongest tokens so far in a heap whose root is the weakest, so
+    that almost every token costs one comparison; O(n log k), k scratch slots."""
+    has_mask = mask.shape[0] > 0
+    for g in prange(group_starts.shape[0] - 1):
+        first = group_starts[g]
+        end = group_starts[g + 1]
+        count = 0
+        total_adv = 0.0
+        total_logp = 0.0
+        for j in range(first, end):
+            b = group_rows[j]
+            start = np.uint64(starts[b])
+            span = np.uint64(spans[b])
+            valid_end = start + min(np.uint64(lengths[b]), span)
+            for i in range(start, start + span):
+                selected[i] = 0.0
+            for i in range(start, valid_end):
+                if not has_mask or mask[i] != 0:
+                    count += 1
+                    total_adv += np.float64(advantages[i])
+                    total_logp += np.float64(logprobs[i])
+        if count == 0:
+            continue
+        mean_adv = total_adv / count
+        mean_logp = total_logp / count
+        wanted = ratio * count
+        k = count if wanted >= count else max(int(wanted), 1)
+        keys = np.empty(k)
+        positions = np.empty(k, dtype=np.int64)
+        size = 0
+        for j in range(first, end):
+            b = group_rows[j]
+            start = np.uint64(starts[b])
+            valid_end = start + min(np.uint64(lengths[b]), np.uint64(spans[b]))
+            for i in range(start, valid_end):
+                if has_mask and mask[i] == 0:
+                    continue
+                key = (np.float64(advantages[i]) - mean_adv) * (np.float64(logprobs[i]) - mean_logp)
+                if key != key:
+                    key = -math.inf
+                position = np.int64(i)
+                if size < k:  # not full: the new token goes in, up to its place
+                    keys[size] = key
+                    positions[size] = position
+                    _sift_up(keys, positions, size)
+                    size += 1
+                elif key >= keys[0] and _weaker(keys[0], positions[0], key, position):
+                    keys[0] = key  # it displaces the weakest
+                    positions[0] = position
+                    _sift_down(keys, positions, size, 0)
+        for m in range(size):
+            selected[positions[m]] = 1.0
+
+
 def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
     """Twin: src/rows_moments.h ppo_moments_row. Branch-free, so that the `reassoc` build
     vectorizes the sums (a serial float64 sum is bound by the latency of its additions)."""
@@ -437,3 +532,4 @@ gspo = _Kernel(gspo, fastmath={"reassoc"})
 geo_mean = _Kernel(geo_mean)
 dppo = _Kernel(dppo, fastmath={"reassoc"})
 kl_cov = _Kernel(kl_cov, fastmath={"reassoc"})
+kl_cov_top_k = _Kernel(kl_cov_top_k)

@@ -830,6 +830,52 @@ def kl_cov(
         row_abs_kl[b] = abs_total
 
 
+def kl_cov_top_k(
+    logprobs,
+    advantages,
+    starts,
+    spans,
+    lengths,
+    mask,
+    group_rows,
+    group_starts,
+    ratio,
+    selected,
+    n_threads,
+):
+    """Per group, over its n valid tokens (its rows in row order, each row's in order):
+
+        cov_i = (A_i - mean A) * (logp_i - mean logp)
+
+    in float64, the means summed in that order. Writes selected = 1 at the
+    k = min(n, max(1, floor(ratio * n))) tokens of largest cov (a NaN counts as -inf; ties at the
+    k-th value to the lowest positions), 0 at every other position; nothing is selected when
+    n = 0. The public ``kl_cov_selection`` passes the whole batch as one group.
+    """
+    for g in range(group_starts.shape[0] - 1):
+        rows = [int(b) for b in group_rows[group_starts[g] : group_starts[g + 1]]]
+        positions = [i for b in rows for i in _row_positions(starts, spans, lengths, mask, b)]
+        for b in rows:
+            for t in range(spans[b]):
+                selected[starts[b] + t] = 0.0
+        n = len(positions)
+        if n == 0:
+            continue
+        mean_adv = mean_logp = 0.0
+        for i in positions:
+            mean_adv += float(advantages[i])
+            mean_logp += float(logprobs[i])
+        mean_adv, mean_logp = mean_adv / n, mean_logp / n
+        keys = {}
+        for i in positions:
+            cov = (float(advantages[i]) - mean_adv) * (float(logprobs[i]) - mean_logp)
+            keys[i] = cov if cov == cov else -math.inf
+        wanted = ratio * n
+        k = n if wanted >= n else max(int(wanted), 1)
+        for i in sorted(positions, key=lambda i: (-keys[i], i))[:k]:
+            selected[i] = 1.0
+
+
 def value_loss(
     values,
     old_values,

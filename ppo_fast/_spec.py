@@ -385,6 +385,15 @@ KERNELS: dict[str, Kernel] = {
             gradients={"grad": "logprobs"},
         ),
         Kernel(
+            "kl_cov_top_k",
+            "KL-Cov's selection: 1 at the k = max(1, floor(ratio * n)) valid tokens of largest "
+            "(A - mean A) * (logp - mean logp) over the group's n valid tokens, 0 elsewhere",
+            inputs=(Array("logprobs", low=-3.0, high=0.0), Array("advantages")),
+            layout=GROUPS,
+            scalars=(Scalar("ratio", examples=(0.0002, 0.3, 1.0, 7.0)),),
+            outputs=(Array("selected"),),
+        ),
+        Kernel(
             "value_loss",
             "clipped value loss: per-row loss sums, d loss / d values and the clipped count",
             inputs=(Array("values"), Array("old_values"), Array("returns")),

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _validate
+from . import _backend, _validate
 
 
 def valid_positions(
@@ -77,16 +77,6 @@ def _count(ratio: float, n_valid: int) -> int:
     return max(int(ratio * n_valid), 1)
 
 
-def _largest(values: np.ndarray, k: int) -> np.ndarray:
-    """The indices of the k largest values, ties at the k-th value to the earliest indices, in
-    O(n) (a partition, not a sort); NaN counts as the smallest."""
-    keys = np.where(np.isnan(values), -np.inf, values)
-    kth = np.partition(keys, keys.size - k)[keys.size - k]  # the k-th largest
-    above = np.flatnonzero(keys > kth)
-    ties = np.flatnonzero(keys == kth)[: k - above.size]
-    return np.concatenate([above, ties])
-
-
 def kl_cov_selection(
     logprobs: ArrayLike,
     advantages: ArrayLike,
@@ -95,8 +85,12 @@ def kl_cov_selection(
     mask: ArrayLike | None = None,
     lengths: ArrayLike | None = None,
     cu_seqlens: ArrayLike | None = None,
+    backend: str | None = None,
 ) -> np.ndarray:
     """KL-Cov's selection: the valid tokens of largest covariance; see the module docstring.
+
+    One compiled pass for the means and one for the top-k (kernel ``kl_cov_top_k``: the whole
+    batch is its one group), in O(n log k) time and k slots of scratch.
 
     Parameters
     ----------
@@ -106,18 +100,30 @@ def kl_cov_selection(
         The fraction of the valid tokens to select (> 0, finite; verl's kl_cov_ratio).
     mask, lengths, cu_seqlens
         At most one, as for ``clipped_surrogate``.
+    backend
+        As for every stage (None: the default).
     """
     ratio = _validate.scalar("ratio", ratio, lo=0.0, open_lo=True)
-    layout = {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens}
-    cov, valid, checked = _covariances(logprobs, advantages, layout)
-    selected = np.zeros(cov.shape, dtype=bool)
-    n_valid = int(valid.sum())
-    if n_valid:
-        positions = np.flatnonzero(valid)
-        values = cov[positions]
-        k = min(_count(ratio, n_valid), n_valid)
-        selected[positions[_largest(values, k)]] = True
-    return selected.reshape(checked[0].shape)
+    checked, rows = _validate.batch(
+        {"logprobs": logprobs, "advantages": advantages},
+        mask=mask,
+        lengths=lengths,
+        cu_seqlens=cu_seqlens,
+    )
+    logp, adv = checked
+    selected = np.empty(logp.shape, dtype=logp.dtype)
+    _backend.run(
+        "kl_cov_top_k",
+        backend,
+        logprobs=logp.ravel(),
+        advantages=adv.ravel(),
+        **rows.arguments,
+        group_rows=np.arange(rows.n_rows, dtype=np.int64),
+        group_starts=np.array([0, rows.n_rows], dtype=np.int64),
+        ratio=ratio,
+        selected=selected.ravel(),
+    )
+    return selected != 0
 
 
 def clip_cov_selection(

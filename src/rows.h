@@ -14,6 +14,7 @@
  *   rows_policy.h   reinforce, cispo, sapo
  *   rows_sequence.h gspo, geo_mean (a pre-pass per row)
  *   rows_token.h    dppo, kl_cov
+ *   rows_covariance.h kl_cov_top_k (KL-Cov's selection, per group of rows)
  *
  * Written once over the dtype: the generated module includes this file twice, with
  * PPO_FAST_DTYPE 32 and then 64, which defines ppo_<kernel>_row_f32 and then the _f64 twins.
@@ -98,6 +99,7 @@ PPO_INLINE void PPO_ROW(ppo_tail_fill)(
 #include "rows_policy.h"
 #include "rows_sequence.h"
 #include "rows_token.h"
+#include "rows_covariance.h"
 
 #undef ppo_real
 #undef PPO_LANES

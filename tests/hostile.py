@@ -820,6 +820,19 @@ def _numpy_targets() -> list[Target]:
             **rows,
         ),
         Target(
+            "kl_cov_selection",
+            ppo_fast.kl_cov_selection,
+            lambda rng: {
+                **_tokens(rng, "logprobs", logp=True),
+                **_tokens(rng, "advantages"),
+                "ratio": 0.3,
+                "mask": MASK.copy(),
+            },
+            ("logprobs", "advantages"),
+            scalars={"ratio": 0.3},
+            **rows,
+        ),
+        Target(
             "value_loss",
             ppo_fast.value_loss,
             value,
@@ -839,7 +852,13 @@ def _numpy_targets() -> list[Target]:
 
 
 # The public stages that ppo_fast.torch has no twin of yet: no torch target for them.
-NUMPY_ONLY = ("discounted_returns", "reinforce_plus_plus", "remax", "optimal_token_baseline")
+NUMPY_ONLY = (
+    "discounted_returns",
+    "reinforce_plus_plus",
+    "remax",
+    "optimal_token_baseline",
+    "kl_cov_selection",
+)
 
 
 def _torch_targets(numpy_targets: list[Target]) -> list[Target]:

@@ -43,6 +43,7 @@ def test_every_kernel_is_reached_through_its_public_stage():
         "sapo": "sapo_loss[seq-mean-token-mean]",
         "dppo": "dppo_loss[kl]",
         "kl_cov": "kl_cov_loss",
+        "kl_cov_top_k": "kl_cov_selection",
         "gspo": "gspo_loss",
         "geo_mean": "geo_mean_loss",
     }

@@ -87,6 +87,33 @@ def test_kl_cov_selection_is_the_top_k_and_clip_cov_selection_follows_its_seed()
     assert dropped.loss == plain.loss and dropped.clipfrac == pytest.approx(k / valid.sum())
 
 
+@pytest.mark.parametrize("backend", ppo_fast.available_backends())
+def test_kl_cov_selection_breaks_ties_by_position_and_ranks_nan_last(backend):
+    logp, _, adv, mask = _batch(6, rows=5, width=40)
+    valid = np.flatnonzero(mask.ravel())
+    k = max(int(0.1 * valid.size), 1)
+    # equal advantages: every covariance is 0, a tie the earliest positions win
+    flat = ppo_fast.kl_cov_selection(logp, np.ones_like(adv), mask=mask, ratio=0.1, backend=backend)
+    np.testing.assert_array_equal(np.flatnonzero(flat), valid[:k])
+    # a NaN log-prob makes the mean, and so every covariance, NaN: all count as -inf
+    poisoned = logp.copy()
+    poisoned.ravel()[valid[-1]] = np.nan
+    nan = ppo_fast.kl_cov_selection(poisoned, adv, mask=mask, ratio=0.1, backend=backend)
+    np.testing.assert_array_equal(np.flatnonzero(nan), valid[:k])
+    # the packed layout picks the same tokens as the padded one, and lengths as the mask
+    lengths = np.array([3, 40, 0, 17, 25])
+    prefix = np.arange(40)[None, :] < lengths[:, None]
+    padded = ppo_fast.kl_cov_selection(logp, adv, lengths=lengths, ratio=0.2, backend=backend)
+    masked = ppo_fast.kl_cov_selection(logp, adv, mask=prefix, ratio=0.2, backend=backend)
+    cu_seqlens = np.concatenate([[0], np.cumsum(lengths)])
+    packed = ppo_fast.kl_cov_selection(
+        logp[prefix], adv[prefix], cu_seqlens=cu_seqlens, ratio=0.2, backend=backend
+    )
+    np.testing.assert_array_equal(padded, masked)
+    np.testing.assert_array_equal(packed, padded[prefix])
+    assert padded.sum() == max(int(0.2 * lengths.sum()), 1)
+
+
 def test_bad_input_is_an_error_naming_the_argument():
     logp, old, adv, mask = _batch()
     with pytest.raises(ValueError, match="divergence_low must"):
