@@ -1,7 +1,8 @@
-"""``ppo_fast.torch``'s DPPO and KL-Cov losses (re-exported there: call them from there), as the
-rest of the policy-loss family: CPU tensors on the kernels, zero-copy; a tensor on another device
-computed there by the kernel's formula in torch, with the same closed-form gradient and
-statistics (tested on CPU by forcing that path; untested on real GPUs).
+"""``ppo_fast.torch``'s DPPO and KL-Cov losses and the KL-Cov and Clip-Cov selections (re-exported
+there: call them from there). The losses, as the rest of the policy-loss family: CPU tensors on
+the kernels, zero-copy; a tensor on another device computed there by the kernel's formula in
+torch, with the same closed-form gradient and statistics (tested on CPU by forcing that path;
+untested on real GPUs). The selections: CPU tensors read without a copy, others through the host.
 """
 
 from __future__ import annotations
@@ -184,3 +185,67 @@ def kl_cov_loss(
 
 for _function in (dppo_loss, kl_cov_loss):
     _function.__doc__ = (_function.__doc__ or "") + _pt._FAMILY_DOC
+
+
+@_pt._speaks_torch
+def kl_cov_selection(
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    ratio: float = 0.0002,
+    mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``ppo_fast.kl_cov_selection`` on tensors: a bool tensor on ``logprobs``' device, True at
+    the valid tokens of largest covariance. CPU tensors are read without a copy; a tensor on
+    another device takes a host round trip (no gradient flows through a selection)."""
+    from .covariance import kl_cov_selection as _numpy_kl_cov_selection
+
+    like = _pt._main_tensor("logprobs", logprobs)
+    picked = _numpy_kl_cov_selection(
+        _pt.to_numpy(logprobs, "logprobs"),
+        _pt.to_numpy(advantages, "advantages"),
+        ratio=ratio,
+        backend=backend,
+        **_pt._layout(mask, lengths, cu_seqlens),
+    )
+    return torch.from_numpy(picked).to(like.device)
+
+
+@_pt._speaks_torch
+def clip_cov_selection(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    seed: Any,
+    ratio: float = 0.0002,
+    lower: float = 1.0,
+    upper: float = 5.0,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    mask: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``ppo_fast.clip_cov_selection`` on tensors (the draw is NumPy's, from ``seed``): a bool
+    tensor on ``logprobs``' device; a tensor on another device takes a host round trip.
+    ``ppo_fast.compat.verl`` draws with torch's generator instead, as verl does."""
+    from .covariance import clip_cov_selection as _numpy_clip_cov_selection
+
+    like = _pt._main_tensor("logprobs", logprobs)
+    picked = _numpy_clip_cov_selection(
+        _pt.to_numpy(logprobs, "logprobs"),
+        _pt.to_numpy(old_logprobs, "old_logprobs"),
+        _pt.to_numpy(advantages, "advantages"),
+        seed=seed,
+        ratio=ratio,
+        lower=lower,
+        upper=upper,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        **_pt._layout(mask, lengths, cu_seqlens),
+    )
+    return torch.from_numpy(picked).to(like.device)

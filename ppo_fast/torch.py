@@ -895,4 +895,9 @@ from ._torch_device_losses import surrogate_on_device as _surrogate_on_device  #
 from ._torch_device_losses import value_on_device as _value_on_device  # noqa: E402
 from ._torch_sequence_losses import geo_mean_loss as geo_mean_loss  # noqa: E402
 from ._torch_sequence_losses import gspo_loss as gspo_loss  # noqa: E402
-from ._torch_token_losses import dppo_loss, kl_cov_loss  # noqa: E402, F401
+from ._torch_token_losses import (  # noqa: E402, F401
+    clip_cov_selection,
+    dppo_loss,
+    kl_cov_loss,
+    kl_cov_selection,
+)

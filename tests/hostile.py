@@ -852,13 +852,7 @@ def _numpy_targets() -> list[Target]:
 
 
 # The public stages that ppo_fast.torch has no twin of yet: no torch target for them.
-NUMPY_ONLY = (
-    "discounted_returns",
-    "reinforce_plus_plus",
-    "remax",
-    "optimal_token_baseline",
-    "kl_cov_selection",
-)
+NUMPY_ONLY = ("discounted_returns", "reinforce_plus_plus", "remax", "optimal_token_baseline")
 
 
 def _torch_targets(numpy_targets: list[Target]) -> list[Target]:

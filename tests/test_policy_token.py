@@ -114,6 +114,27 @@ def test_kl_cov_selection_breaks_ties_by_position_and_ranks_nan_last(backend):
     assert padded.sum() == max(int(0.2 * lengths.sum()), 1)
 
 
+def test_the_torch_selections_are_the_numpy_ones_as_bool_tensors():
+    torch = pytest.importorskip("torch")
+    import ppo_fast.torch as pt
+
+    logp, old, adv, mask = _batch(8, rows=5, width=30)
+    tensors = [torch.tensor(a) for a in (logp, old, adv)]
+    tensors[0].requires_grad_()
+    picked = pt.kl_cov_selection(tensors[0], tensors[2], mask=torch.tensor(mask), ratio=0.1)
+    assert picked.dtype == torch.bool and picked.shape == logp.shape
+    expected = ppo_fast.kl_cov_selection(logp, adv, mask=mask, ratio=0.1)
+    np.testing.assert_array_equal(picked.numpy(), expected)
+    drawn = pt.clip_cov_selection(
+        *tensors, seed=4, ratio=0.1, lower=-1.0, lengths=torch.tensor([30, 2, 0, 9, 17])
+    )
+    again = ppo_fast.clip_cov_selection(
+        logp, old, adv, seed=4, ratio=0.1, lower=-1.0, lengths=np.array([30, 2, 0, 9, 17])
+    )
+    np.testing.assert_array_equal(drawn.numpy(), again)
+    assert again.any()
+
+
 def test_bad_input_is_an_error_naming_the_argument():
     logp, old, adv, mask = _batch()
     with pytest.raises(ValueError, match="divergence_low must"):
