@@ -172,9 +172,7 @@ def _row_tokens(
         return _validate.row_counts("token_counts", token_counts, n_rows)
     if layout is None:
         return None
-    if layout.mask.shape[0]:
-        return np.count_nonzero(layout.mask.reshape(layout.shape), axis=1)
-    return layout.lengths
+    return layout.valid_counts
 
 
 def _present(scores: np.ndarray, nan: str) -> np.ndarray | None:

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import ppo_fast
 from ppo_fast import _validate
-from ppo_fast.loss import _COUNT_BY_ROW, AGGREGATIONS, _valid_counts
+from ppo_fast._validate import COUNT_BY_ROW
+from ppo_fast.loss import AGGREGATIONS
 
 # --------------------------------------------------------------------------------------------
 # shared/seeds/003_548ffc3288f9bb9e.txt: epsilon = 0.2, one token per case.
@@ -716,13 +717,13 @@ def test_loss_inputs_are_never_modified(backend, dtype):
         np.testing.assert_array_equal(array, snapshot)
 
 
-@pytest.mark.parametrize("width", [_COUNT_BY_ROW - 1, _COUNT_BY_ROW], ids=["by-axis", "by-row"])
+@pytest.mark.parametrize("width", [COUNT_BY_ROW - 1, COUNT_BY_ROW], ids=["by-axis", "by-row"])
 def test_valid_counts_are_numpys_count_of_nonzero_bytes_both_ways(width):
     rng = np.random.default_rng(4)
     # Bool bytes other than 0/1 are valid too; a fully masked row counts 0.
     mask = (rng.integers(0, 3, (5, width)).astype(np.uint8) * 100).view(bool)
     mask[2] = False
     rows = _validate.rows(mask.shape, mask=mask)
-    counts = _valid_counts(rows)
+    counts = rows.valid_counts
     expected = np.count_nonzero(mask.view(np.uint8), axis=1)
     assert counts.dtype == expected.dtype and np.array_equal(counts, expected)

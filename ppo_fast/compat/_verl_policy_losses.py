@@ -43,15 +43,6 @@ _LOSS_AGG_MODES = (
 )
 
 
-_LOSS_AGG_MODES = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-    "seq-mean-token-mean",
-)
-
-
 def _fused_agg_loss(
     kernel,
     loss_mask: torch.Tensor,
