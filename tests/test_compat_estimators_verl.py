@@ -19,6 +19,7 @@ import pytest
 import torch
 from peers.cases import GROUPINGS, MASKS, assert_parity, group_batch
 
+from ppo_fast.compat import _verl_estimators
 from ppo_fast.compat import verl as compat
 
 PEERS = peers.verl_real_and_copy()
@@ -383,7 +384,7 @@ def test_plain_otb_runs_on_the_kernel_where_the_alignments_agree(monkeypatch):
     def refuse(*arguments):
         raise AssertionError("a right-padded mask must run on the kernel")
 
-    monkeypatch.setattr(compat, "_position_aligned_otb", refuse)
+    monkeypatch.setattr(_verl_estimators, "_position_aligned_otb", refuse)
     b = group_batch("uneven", "right-padded", torch.float64)
     compat.compute_optimal_token_baseline_advantage(*_otb_arguments(b, True))
     with pytest.raises(AssertionError, match="must run on the kernel"):
