@@ -47,10 +47,6 @@ from .gae import gae as _numpy_gae
 from .loss import _check_agg
 from .loss import clipped_surrogate as _numpy_clipped_surrogate
 from .loss import value_loss as _numpy_value_loss
-from .policy import _cispo_scalars, _reinforce_scalars, _sapo_scalars
-from .policy import cispo_loss as _numpy_cispo_loss
-from .policy import reinforce_loss as _numpy_reinforce_loss
-from .policy import sapo_loss as _numpy_sapo_loss
 from .rewards import kl_penalty as _numpy_kl_penalty
 from .rewards import shape_rewards as _numpy_shape_rewards
 from .whiten import Moments
@@ -646,44 +642,8 @@ def _torch_row_scales(
     return torch.where(per_row > 0, 1.0 / per_row, 0.0), valid
 
 
-def _reinforce_formula(logp, old, adv, *, beta):
-    """The reinforce kernel's per-token terms: (objective, slope, log-ratio, clipped, lower),
-    with l = -w * objective and d l / d logp = -w * slope."""
-    log_ratio = logp - old
-    objective, slope = adv * logp, adv
-    if beta != 0.0:
-        objective = objective - (log_ratio * log_ratio) * (beta * 0.5)
-        slope = adv - log_ratio * beta
-    return objective, slope, log_ratio, None, None
-
-
 def _clamped(log_ratio: torch.Tensor, clamp: float) -> torch.Tensor:
     return log_ratio if clamp == math.inf else log_ratio.clamp(-clamp, clamp)
-
-
-def _cispo_formula(logp, old, adv, *, ratio_low, ratio_high, log_ratio_clamp):
-    """The cispo kernel's per-token terms, as ``_reinforce_formula``."""
-    log_ratio = _clamped(logp - old, log_ratio_clamp)
-    ratio = log_ratio.exp()
-    coefficient = ratio.clamp(ratio_low, ratio_high)
-    slope = coefficient * adv
-    return slope * logp, slope, log_ratio, coefficient != ratio, ratio < ratio_low
-
-
-def _sapo_formula(logp, old, adv, *, tau_pos, tau_neg, log_ratio_clamp):
-    """The sapo kernel's per-token terms, as ``_reinforce_formula``; the slope is 0 where the
-    clamp is active (strictly beyond it: torch.clamp passes the gradient at its bounds)."""
-    raw = logp - old
-    log_ratio = _clamped(raw, log_ratio_clamp)
-    ratio = log_ratio.exp()
-    tau = torch.full_like(adv, tau_neg).masked_fill_(adv > 0, tau_pos)
-    sigmoid = torch.sigmoid(tau * (ratio - 1.0))
-    objective = sigmoid * (4.0 / tau) * adv
-    slope = adv * ((4.0 * sigmoid) * (1.0 - sigmoid)) * ratio
-    if log_ratio_clamp != math.inf:
-        beyond = (raw < -log_ratio_clamp) | (raw > log_ratio_clamp)
-        slope = slope.masked_fill(beyond, 0.0)
-    return objective, slope, log_ratio, None, None
 
 
 def _in_torch(formula, scalars, normalisers, layout, logprobs, old_logprobs, advantages, weights):
@@ -721,11 +681,6 @@ class _FamilyLoss(NamedTuple):
     numpy: Callable[..., Any]  # the NumPy function, on the kernels
     scalars: Callable[..., dict[str, float]]  # its hyperparameters, checked, as the kernel's
     formula: Callable[..., tuple[Any, ...]]  # the kernel's per-token terms in torch
-
-
-_REINFORCE = _FamilyLoss(_numpy_reinforce_loss, _reinforce_scalars, _reinforce_formula)
-_CISPO = _FamilyLoss(_numpy_cispo_loss, _cispo_scalars, _cispo_formula)
-_SAPO = _FamilyLoss(_numpy_sapo_loss, _sapo_scalars, _sapo_formula)
 
 
 def _policy_family(
@@ -771,128 +726,12 @@ _FAMILY_DOC = """
     """
 
 
-@_speaks_torch
-def reinforce_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    beta: float = 0.0,
-    mask: torch.Tensor | None = None,
-    lengths: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    agg: str = "token-mean",
-    num_tokens: Any = None,
-    num_seqs: Any = None,
-    loss_scale: Any = None,
-    weights: torch.Tensor | None = None,
-    backend: str | None = None,
-) -> PolicyLoss:
-    """``ppo_fast.reinforce_loss`` on tensors: REINFORCE / GPG (-A log pi), DRO with ``beta``."""
-    return _policy_family(
-        _REINFORCE,
-        logprobs,
-        old_logprobs,
-        advantages,
-        {"beta": beta},
-        mask=mask,
-        lengths=lengths,
-        cu_seqlens=cu_seqlens,
-        agg=agg,
-        num_tokens=num_tokens,
-        num_seqs=num_seqs,
-        loss_scale=loss_scale,
-        weights=weights,
-        backend=backend,
-    )
-
-
-@_speaks_torch
-def cispo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float | None = None,
-    log_ratio_clamp: float | None = None,
-    mask: torch.Tensor | None = None,
-    lengths: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    agg: str = "token-mean",
-    num_tokens: Any = None,
-    num_seqs: Any = None,
-    loss_scale: Any = None,
-    weights: torch.Tensor | None = None,
-    backend: str | None = None,
-) -> PolicyLoss:
-    """``ppo_fast.cispo_loss`` on tensors: CISPO, -sg(clip(rho)) * A * log pi."""
-    own = {"clip_low": clip_low, "clip_high": clip_high, "log_ratio_clamp": log_ratio_clamp}
-    return _policy_family(
-        _CISPO,
-        logprobs,
-        old_logprobs,
-        advantages,
-        own,
-        mask=mask,
-        lengths=lengths,
-        cu_seqlens=cu_seqlens,
-        agg=agg,
-        num_tokens=num_tokens,
-        num_seqs=num_seqs,
-        loss_scale=loss_scale,
-        weights=weights,
-        backend=backend,
-    )
-
-
-@_speaks_torch
-def sapo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-    log_ratio_clamp: float | None = None,
-    mask: torch.Tensor | None = None,
-    lengths: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    agg: str = "token-mean",
-    num_tokens: Any = None,
-    num_seqs: Any = None,
-    loss_scale: Any = None,
-    weights: torch.Tensor | None = None,
-    backend: str | None = None,
-) -> PolicyLoss:
-    """``ppo_fast.sapo_loss`` on tensors: SAPO, -sigmoid(tau * (rho - 1)) * 4 / tau * A."""
-    own = {"tau_pos": tau_pos, "tau_neg": tau_neg, "log_ratio_clamp": log_ratio_clamp}
-    return _policy_family(
-        _SAPO,
-        logprobs,
-        old_logprobs,
-        advantages,
-        own,
-        mask=mask,
-        lengths=lengths,
-        cu_seqlens=cu_seqlens,
-        agg=agg,
-        num_tokens=num_tokens,
-        num_seqs=num_seqs,
-        loss_scale=loss_scale,
-        weights=weights,
-        backend=backend,
-    )
-
-
-for _function in (reinforce_loss, cispo_loss, sapo_loss):
-    _function.__doc__ = (_function.__doc__ or "") + _FAMILY_DOC
-
-
-# The per-sequence losses (GSPO, the geometric mean), DPPO and KL-Cov, and the device path of
-# clipped_surrogate and value_loss, in modules of their own (which read the machinery above).
+# REINFORCE, CISPO and SAPO, the per-sequence losses (GSPO, the geometric mean), DPPO and KL-Cov,
+# and the device path of clipped_surrogate and value_loss, in modules of their own (which read the
+# machinery above).
 from ._torch_device_losses import surrogate_on_device as _surrogate_on_device  # noqa: E402
 from ._torch_device_losses import value_on_device as _value_on_device  # noqa: E402
+from ._torch_policy_losses import cispo_loss, reinforce_loss, sapo_loss  # noqa: E402, F401
 from ._torch_sequence_losses import geo_mean_loss as geo_mean_loss  # noqa: E402
 from ._torch_sequence_losses import gspo_loss as gspo_loss  # noqa: E402
 from ._torch_token_losses import (  # noqa: E402, F401
