@@ -643,7 +643,9 @@ def ours_policy_family(loss: str):
             from .. import covariance
 
             def run():  # the selection is part of the loss, as in verl's function
-                picked = covariance.kl_cov_selection(logp, adv, ratio=KL_COV_RATIO, mask=mask)
+                picked = covariance.kl_cov_selection(
+                    logp, adv, ratio=KL_COV_RATIO, mask=mask, backend=backend
+                )
                 return policy.kl_cov_loss(logp, old, adv, picked, coef=KL_COV_COEF, **options)
 
             return run

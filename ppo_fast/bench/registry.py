@@ -178,9 +178,10 @@ _BESSEL = (
 )
 
 
-def _policy_family(loss: str, summary: str, call: str) -> Kernel:
+def _policy_family(loss: str, summary: str, call: str, selection: tuple[str, ...] = ()) -> Kernel:
     """A loss of the policy family against verl's registered function, eager and torch.compile'd
-    (forward + backward), with verl's settings (``adapters.ours_policy_family``)."""
+    (forward + backward), with verl's settings (``adapters.ours_policy_family``); ``selection``:
+    the table kernels of a token selection that ours runs first, as verl's function does."""
     verl_function = adapters.FAMILY_VERL[loss]
     return Kernel(
         loss,
@@ -189,7 +190,7 @@ def _policy_family(loss: str, summary: str, call: str) -> Kernel:
         writes=1,
         compare=("loss", "grad"),
         valid_only=True,
-        table_kernels=(loss,),
+        table_kernels=(loss, *selection),
         implementations=(
             *_ours(adapters.ours_policy_family(loss), adapters.loss_outputs, call),
             Implementation(
@@ -732,6 +733,7 @@ KERNELS: dict[str, Kernel] = {
             "KL-Cov (ratio 0.0002, coef 0.1; the covariance top-k included), token mean",
             "kl_cov_loss(logp, old, adv, kl_cov_selection(logp, adv, mask=mask), coef=0.1, "
             "mask=mask)",
+            selection=("kl_cov_top_k",),
         ),
         Kernel(
             "value_loss",
