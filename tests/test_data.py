@@ -222,14 +222,54 @@ def test_files_in_every_format_equal_the_table_api(tmp_path):
     np.testing.assert_array_equal(
         flat(pq.read_table(output), "advantages"), flat(expected, "advantages")
     )
-    # Parquet is read by row groups (9 rows) in pieces of a quarter batch (3 rows), which the
-    # writer joins again into row groups of batch_rows.
+    # Parquet is read in pieces of a quarter batch (3 rows), across its row groups (9 rows),
+    # which the writer joins again into row groups of batch_rows.
     output = tmp_path / "out-row-groups.parquet"
     data.advantages_file(paths["parquet"], output, estimator="grpo", batch_rows=12)
     written = pq.ParquetFile(output)
     sizes = [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)]
     assert sizes == [12, 12, 12, 4]
     np.testing.assert_array_equal(flat(written.read(), "advantages"), flat(expected, "advantages"))
+
+
+def test_a_row_group_larger_than_the_batch_is_read_in_pieces_in_bounded_memory(
+    tmp_path, monkeypatch
+):
+    # pyarrow's default reader (pre_buffer=True) reads a row group's column chunks whole and
+    # keeps them until the read ends; the source streams them through a buffer per column
+    # (made small here: small against the row group) and decodes a quarter batch at a time.
+    from ppo_fast.data import _stream
+
+    monkeypatch.setattr(_stream, "READ_BUFFER", 1 << 14)
+    table = rollouts(n_rows=30000, seed=12, max_len=60)
+    source = tmp_path / "one-row-group.parquet"
+    pq.write_table(table, source, row_group_size=table.num_rows)
+    assert pq.ParquetFile(source).num_row_groups == 1
+
+    def held(batches):
+        """The batch sizes, and the most bytes pyarrow held while they were read."""
+        before = pa.total_allocated_bytes()
+        sizes, most = [], 0
+        for batch in batches:
+            sizes.append(batch.num_rows)
+            most = max(most, pa.total_allocated_bytes() - before)
+            del batch
+        return sizes, most
+
+    sizes, streamed = held(_stream.open_source(str(source), 200).batches(None))
+    assert sum(sizes) == 30000 and max(sizes) == 50  # 200 / READ_PIECES
+    with pq.ParquetFile(source) as file:
+        _, buffered = held(file.iter_batches(batch_size=50))
+    # pre-buffered: the row group's column chunks (about 40 MB here); streamed: a page of
+    # each column (up to pyarrow's 1 MB page), the decoders' scratch and a piece of 50 rows
+    # (about 6 MB, whatever the size of the row group).
+    assert streamed < buffered / 3, (streamed, buffered)
+    out = tmp_path / "out.parquet"
+    data.advantages_file(source, out, batch_rows=4000, whiten=False)
+    expected = data.advantages(table, whiten=False)
+    np.testing.assert_array_equal(
+        flat(pq.read_table(out), "advantages"), flat(expected, "advantages")
+    )
 
 
 def test_an_interrupted_run_leaves_no_output(tmp_path):
