@@ -142,7 +142,7 @@ def test_uids_of_any_arrow_type_are_numbered_in_first_seen_order():
     assert _columns.group_ids([pa.array([7, 3]), pa.array([7, 9])]).tolist() == [0, 1, 0, 2]
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline", "opo"])
 def test_group_estimators_over_batches_equal_the_whole_table(estimator):
     table = rollouts(n_rows=70, seed=6)
     out = data.advantages(table, estimator=estimator, batch_rows=8)
@@ -154,6 +154,61 @@ def test_group_estimators_over_batches_equal_the_whole_table(estimator):
         expected = getattr(ppo_fast, estimator)(scores, uids, cu_seqlens=cu)
     np.testing.assert_array_equal(flat(out, "advantages"), expected)
     np.testing.assert_array_equal(flat(out, "returns"), expected)
+
+
+def test_opo_weighs_rows_by_their_valid_tokens_as_the_in_memory_opo():
+    table = rollouts(n_rows=70, seed=13)
+    columns = data.resolve_columns(mask="mask")
+    out = data.advantages(table, estimator="opo", columns=columns, batch_rows=8)
+    valid_counts = [sum(row) for row in table["mask"].to_pylist()]
+    per_row = ppo_fast.opo(
+        table["score"].to_numpy(), table["uid"].to_pylist(), token_counts=valid_counts
+    )
+    for b, row in enumerate(out.to_pylist()):
+        expected = np.where(row["mask"], per_row[b], 0.0)
+        np.testing.assert_array_equal(row["advantages"], expected)
+        np.testing.assert_array_equal(row["returns"], expected)
+
+
+def test_remax_equals_the_in_memory_remax_with_a_mask_kl_and_bootstrap():
+    table = rollouts(seed=14, dtype=np.float32)
+    rng = np.random.default_rng(14)
+    table = table.append_column("greedy_score", pa.array(rng.normal(size=table.num_rows)))
+    columns = data.resolve_columns(mask="mask", bootstrap="bootstrap", baseline="greedy_score")
+    options = {"kl_coef": 0.1, "gamma": 0.9}
+    out = data.advantages(table, estimator="remax", columns=columns, batch_rows=7, **options)
+    rows = table.to_pylist()
+    width = max(len(r["values"]) for r in rows)
+    padded = {
+        k: np.array([r[k] + [0] * (width - len(r[k])) for r in rows], dtype=np.float32)
+        for k in ("logprobs", "ref_logprobs")
+    }
+    mask = np.array([r["mask"] + [False] * (width - len(r["mask"])) for r in rows])
+    rewards = ppo_fast.shape_rewards(
+        table["score"].to_numpy(),
+        padded["logprobs"],
+        padded["ref_logprobs"],
+        kl_coef=0.1,
+        mask=mask,
+    )
+    expected = ppo_fast.remax(
+        rewards,
+        table["greedy_score"].to_numpy(),
+        gamma=0.9,
+        mask=mask,
+        bootstrap=table["bootstrap"].to_numpy(),
+    )
+    for b, row in enumerate(out.to_pylist()):  # not whitened (whiten=True is the default)
+        n = len(row["values"])
+        np.testing.assert_array_equal(row["advantages"], expected.advantages[b, :n])
+        np.testing.assert_array_equal(row["returns"], expected.returns[b, :n])
+    assert data.PRESETS["verl"].baseline == "reward_baselines"
+    with pytest.raises(data.DataError, match="remax subtracts each row's baseline"):
+        data.advantages(table, estimator="remax")
+    with pytest.raises(data.DataError, match=r"no column 'reward_baselines' \(the baseline"):
+        data.advantages(
+            table, estimator="remax", columns=columns.replace(baseline="reward_baselines")
+        )
 
 
 def test_verl_preset_equals_verls_gae_and_whitening():

@@ -3,10 +3,10 @@ Parquet, Arrow IPC or JSON lines file (or a Table), the two passes of ``_compute
 output written whole or not at all.
 
 Memory: a pass holds one record batch (and, for Parquet, a page of each column being decoded,
-whatever the row groups) and its results; between the passes it keeps the statistics (three floats, or one float64 a row for the
-group estimators). Arrow IPC files are memory-mapped, so their batches are read in place. JSON
-lines are parsed whole by ``pyarrow.json`` (there is no streaming JSON reader in pyarrow), then
-cut into batches.
+whatever the row groups) and its results; between the passes it keeps the statistics (three floats,
+or one float64 a row for the group estimators). Arrow IPC files are memory-mapped, so their batches
+are read in place. JSON lines are parsed whole by ``pyarrow.json`` (there is no streaming JSON
+reader in pyarrow), then cut into batches.
 """
 
 from __future__ import annotations

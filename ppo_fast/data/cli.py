@@ -69,14 +69,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar="NAME",
             help=f"the {field} column ('' for none; default: the preset's)",
         )
-    parser.add_argument("--estimator", choices=ESTIMATORS, default="gae")
+    parser.add_argument(
+        "--estimator",
+        choices=ESTIMATORS,
+        default="gae",
+        help="gae (default: needs values), reinforce_plus_plus, remax (needs --baseline-column: "
+        "each row's greedy reward; not whitened), or a group estimator over --uid-column: grpo, "
+        "dr_grpo, rloo, gpg, pass_at_k, reinforce_plus_plus_baseline, opo (the group's mean "
+        "score weighted by each row's valid tokens)",
+    )
     parser.add_argument("--gamma", type=float, default=1.0)
     parser.add_argument("--lam", type=float, default=0.95)
     parser.add_argument("--kl-coef", type=float, default=0.0, help="KL shaping (default 0)")
     parser.add_argument("--kl-estimator", choices=KL_ESTIMATORS, default="k1")
     parser.add_argument("--kl-clamp", type=float, default=None)
     parser.add_argument(
-        "--no-whiten", dest="whiten", action="store_false", help="do not whiten the advantages"
+        "--no-whiten",
+        dest="whiten",
+        action="store_false",
+        help="do not whiten the advantages (gae, reinforce_plus_plus; reinforce_plus_plus_baseline"
+        " whitens its own)",
     )
     parser.add_argument("--whiten-eps", type=float, default=1e-8)
     parser.add_argument("--unbiased", action="store_true", help="whiten by the n-1 variance")
