@@ -55,7 +55,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ppo_fast import data
+# The ppo_fast of this checkout, not an installed one (``python bench/...`` puts bench/ first on
+# sys.path, not the working folder), here and in the fresh processes it starts.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+CHILD_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+}
+
+from ppo_fast import data  # noqa: E402
 
 OPTIONS = {"estimator": "gae", "kl_coef": 0.05, "gamma": 1.0, "lam": 0.95, "unbiased": True}
 COLUMNS = data.resolve_columns("verl", mask="")  # the rows hold only response tokens
@@ -149,7 +158,8 @@ def one_pass(source: str, output: str, batch_rows: int) -> None:
 
 def cold(source: str, output: str, batch_rows: int) -> None:
     command = [sys.executable, "-m", "ppo_fast.cli", "advantages", source, "-o", output]
-    subprocess.run([*command, *CLI_OPTIONS, "--batch-rows", str(batch_rows)], check=True)
+    arguments = [*command, *CLI_OPTIONS, "--batch-rows", str(batch_rows)]
+    subprocess.run(arguments, check=True, env=CHILD_ENV)
 
 
 def lists_and_verl(source: str, output: str, batch_rows: int) -> None:
@@ -203,7 +213,7 @@ def peak_rss_mib(run: str, source: str, output: str, batch_rows: int) -> float:
     """Peak resident set (MiB) of ``run`` ("floor" or "ours") in a fresh process: VmHWM, which
     starts again at exec (ru_maxrss would carry this process's peak over into the child)."""
     command = [sys.executable, __file__, "--child", run, source, output, str(batch_rows)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=CHILD_ENV)
     return int(out.stdout.split()[-1]) / 1024
 
 
@@ -255,6 +265,7 @@ def main() -> None:
         groups = pq.ParquetFile(source).num_row_groups
         pool = pa.default_memory_pool().backend_name
         print(f"{cpu_name()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, {pool}")
+        print(f"ppo_fast from {os.path.dirname(data.__file__)}")
         print(
             f"file: {args.rows:,} rows, {tokens:,} tokens, {size:.0f} MiB Parquet in {groups} "
             f"row group(s); --batch-rows {args.batch_rows}"
