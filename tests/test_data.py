@@ -327,6 +327,33 @@ def test_a_row_group_larger_than_the_batch_is_read_in_pieces_in_bounded_memory(
     )
 
 
+def test_parquet_output_keeps_the_input_codecs_unless_told(tmp_path):
+    from ppo_fast.data import _stream
+
+    table = rollouts(n_rows=30, seed=15)
+    source = tmp_path / "in.parquet"
+    # ParquetWriter's per-column settings are keyed by leaf ("values.list.element").
+    leaves = _stream._leaf_paths(table.schema)
+    codecs = {leaf: "none" if leaf.startswith("values.") else "zstd" for leaf in leaves}
+    pq.write_table(table, source, compression=codecs)
+
+    def written(path):
+        group = pq.ParquetFile(path).metadata.row_group(0)
+        chunks = (group.column(i) for i in range(group.num_columns))
+        return {c.path_in_schema.split(".")[0]: c.compression for c in chunks}
+
+    assert written(source)["values"] == "UNCOMPRESSED" and written(source)["logprobs"] == "ZSTD"
+    output = tmp_path / "out.parquet"
+    data.advantages_file(source, output, batch_rows=8)
+    assert written(output) == written(source) | {"advantages": "SNAPPY", "returns": "SNAPPY"}
+    data.advantages_file(source, output, batch_rows=8, compression="none")
+    assert set(written(output).values()) == {"UNCOMPRESSED"}
+    got = pq.read_table(output)
+    assert got.select(table.column_names).equals(pq.read_table(source))
+    with pytest.raises(data.DataError, match="compression must be one of none, snappy"):
+        data.advantages_file(source, output, compression="lzo")
+
+
 def test_an_interrupted_run_leaves_no_output(tmp_path):
     source = tmp_path / "in.parquet"
     pq.write_table(rollouts(n_rows=40, seed=9), source, row_group_size=10)

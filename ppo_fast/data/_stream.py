@@ -25,6 +25,8 @@ from ._compute import second_pass_batch as _second_pass_batch
 from ._names import DEFAULT_BATCH_ROWS, Columns, DataError, Options
 
 FORMATS = ("parquet", "arrow", "arrow-stream", "jsonl")
+COMPRESSIONS = ("none", "snappy", "zstd", "lz4", "gzip", "brotli")  # of ParquetWriter
+CODECS = {"UNCOMPRESSED": "none", "LZ4_RAW": "lz4"}  # Parquet metadata -> ParquetWriter
 OUTPUT_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow"}
 Progress = Callable[[str, int, int], None]  # (pass name, rows, tokens) after each batch
 READ_PIECES = 4  # a Parquet batch is decoded in this many pieces (ParquetSource)
@@ -39,6 +41,7 @@ class _Source:
     """Record batches of at most ``batch_rows`` rows, of some ``columns`` or all (None)."""
 
     schema: Any
+    compression: dict[str, str] = {}  # noqa: RUF012 - column -> codec of a Parquet input
 
     def batches(self, columns: list[str] | None) -> Iterator[Any]:
         raise NotImplementedError
@@ -92,6 +95,7 @@ class ParquetSource(_Source):
         with self._open() as file:
             self.schema = file.schema_arrow
             self.num_rows = file.metadata.num_rows
+            self.compression = _codecs(file.metadata)
 
     def _open(self) -> Any:
         return self._pq.ParquetFile(self.path, pre_buffer=False, buffer_size=READ_BUFFER)
@@ -100,6 +104,33 @@ class ParquetSource(_Source):
         rows = -(-self.batch_rows // READ_PIECES)
         with self._open() as file:
             yield from file.iter_batches(batch_size=rows, columns=columns)
+
+
+def _codecs(metadata: Any) -> dict[str, str]:
+    """Each top-level column's codec in the first row group (a codec name of
+    ``ParquetWriter``: "none", "snappy", "zstd"...; for a nested column, its first leaf's)."""
+    if metadata.num_row_groups == 0:
+        return {}
+    group = metadata.row_group(0)
+    codecs: dict[str, str] = {}
+    for i in range(group.num_columns):
+        chunk = group.column(i)
+        codec = CODECS.get(chunk.compression, chunk.compression.lower())
+        # LZO and others that pyarrow reads but does not write: snappy.
+        codec = codec if codec in COMPRESSIONS else "snappy"
+        codecs.setdefault(chunk.path_in_schema.split(".")[0], codec)
+    return codecs
+
+
+def _leaf_paths(schema: Any) -> list[str]:
+    """The Parquet leaf columns of ``schema`` ("logprobs.list.element"): what a per-column
+    setting of ``ParquetWriter`` is keyed by (a top-level name matches a flat column only)."""
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    parquet_schema = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
+    return [parquet_schema.column(i).path for i in range(len(parquet_schema))]
 
 
 class IpcSource(_Source):
@@ -200,17 +231,21 @@ def check_paths(source_path: str, output: str) -> str:
 class Writer:
     """Record batches into an open binary file, as Parquet or an Arrow IPC file. In Parquet, the
     flat columns (uids, scores) keep pyarrow's default dictionary encoding and the list columns
-    (token data: floats that rarely repeat) are written without one: pyarrow would try a
-    dictionary and drop it once it outgrows its page, which took more than half of the
-    writing time on the rollouts of bench/data_advantages.py. The rest is pyarrow's defaults
-    (snappy, statistics): on those rollouts (5.2 M float32 tokens, seven columns), writing
-    the float columns uncompressed was no faster (0.61 to 0.65 s against 0.58 s, within the
-    noise of a shared machine) for a file 19% larger, and zstd (level 1) 40% slower for a
-    file 10% smaller."""
+    (token data: floats that rarely repeat) are written without one: pyarrow would try a dictionary
+    and drop it once it outgrows its page, which took more than half of the writing time on the
+    rollouts of bench/data_advantages.py. ``compression``: a codec for every column, or column ->
+    codec (``advantages_file`` passes the input's codecs: its columns are written compressed as they
+    were, the new ones with snappy). The rest is pyarrow's defaults (snappy, statistics): on those
+    rollouts (5.2 M float32 tokens, seven columns), writing the float columns uncompressed was no
+    faster (0.61 to 0.65 s against 0.58 s, within the noise of a shared machine) for a file 19%
+    larger, and zstd (level 1) 40% slower for a file 10% smaller."""
 
-    def __init__(self, file: Any, kind: str, batch_rows: int = 1) -> None:
+    def __init__(
+        self, file: Any, kind: str, batch_rows: int = 1, compression: str | dict = "snappy"
+    ) -> None:
         self.file, self.kind, self.writer = file, kind, None
         self.batch_rows, self.pending, self.pending_rows = batch_rows, [], 0
+        self.compression = compression
 
     def write(self, batch: Any) -> None:
         """Parquet: ``batch`` joins the pending ones, written as one row group once they hold
@@ -233,8 +268,14 @@ class Writer:
                 import pyarrow.parquet as pq
 
                 flat = [f.name for f in batch.schema if not pa.types.is_nested(f.type)]
+                compression = self.compression
+                if isinstance(compression, dict):  # by leaf; the columns it does not name: snappy
+                    compression = {
+                        path: compression.get(path.split(".")[0], "snappy")
+                        for path in _leaf_paths(batch.schema)
+                    }
                 self.writer = pq.ParquetWriter(
-                    self.file, batch.schema, use_dictionary=flat or False
+                    self.file, batch.schema, use_dictionary=flat or False, compression=compression
                 )
             else:
                 self.writer = pa.ipc.new_file(self.file, batch.schema)
@@ -319,19 +360,31 @@ def advantages_file(
     names: tuple[str, str] = ("advantages", "returns"),
     batch_rows: int = DEFAULT_BATCH_ROWS,
     progress: Progress = _no_progress,
+    compression: str | None = None,
 ) -> dict[str, Any]:
     """Read ``input`` in batches of ``batch_rows`` rows, write it with the advantages and returns
     to ``output`` (a temporary file in its folder, renamed at the end: an interrupted run leaves
-    no partial output). Returns the summary, with the time and tokens/s."""
+    no partial output). Returns the summary, with the time and tokens/s.
+
+    ``compression`` (Parquet output): None keeps each input column's codec (from a Parquet
+    input's metadata; snappy, pyarrow's default, for the new columns and other inputs), or a
+    codec of ``pyarrow.parquet.ParquetWriter`` for every column ("none", "snappy", "zstd",
+    "lz4", "gzip", "brotli")."""
     input, output = os.fspath(input), os.fspath(output)
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
         raise DataError(f"batch_rows must be a positive integer, got {batch_rows!r}")
     kind = check_paths(input, output)
+    if compression is not None and compression not in COMPRESSIONS:
+        raise DataError(
+            f"compression must be one of {', '.join(COMPRESSIONS)} (or None: as the input), "
+            f"got {compression!r}"
+        )
     source = open_source(input, batch_rows)
     start = time.perf_counter()
     try:
         with atomic_write(output, "wb") as file:
-            writer = Writer(file, kind, batch_rows)
+            codecs = source.compression if compression is None else compression
+            writer = Writer(file, kind, batch_rows, compression=codecs)
             try:
                 summary = run(source, writer.write, options, columns, names, progress)
             except BaseException:

@@ -99,6 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="rows per record batch: bounds the memory (default: %(default)s)",
     )
+    parser.add_argument(
+        "--compression",
+        choices=("none", "snappy", "zstd", "lz4", "gzip", "brotli"),
+        default=None,
+        help="a Parquet OUTPUT's codec for every column (default: each input column's codec, "
+        "snappy for the new columns)",
+    )
     parser.add_argument("--advantages-column", default="advantages", metavar="NAME")
     parser.add_argument("--returns-column", default="returns", metavar="NAME")
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
@@ -246,6 +253,7 @@ def run_command(args: argparse.Namespace) -> int:
                 columns,
                 names=(args.advantages_column, args.returns_column),
                 batch_rows=args.batch_rows,
+                compression=args.compression,
                 **({} if progress is None else {"progress": progress}),
             )
     except (ValueError, TypeError) as error:
