@@ -1,23 +1,32 @@
 """``ppo-fast advantages`` on a generated rollout file, against the I/O floor and today's code.
 
-    python bench/data_advantages.py                       5.2 M tokens, 3 repeats (~2 min)
+    python bench/data_advantages.py                       5.2 M tokens, 3 repeats (~4 min)
     python bench/data_advantages.py --rows 2048 --repeats 1   a quick look
+    BENCH_DIR=/some/disk python bench/data_advantages.py  its files there (default: $TMPDIR)
 
 The file: ``--rows`` responses of 64 .. 1,216 tokens (uniform), 8 per prompt, float32 per-token
-columns (logprobs, ref_logprobs, values, verl's names) and a score and uid per row, Parquet in
-row groups of 4,096 rows. Every row of the result (best of ``--repeats``, each run writing a new
-file) is end-to-end from the file to a new file, verl's computation: rewards = score on the last
-token - 0.05 * KL (k1), GAE (gamma 1, lambda 0.95), advantages whitened over the whole dataset
-(unbiased variance, verl's ``masked_whiten``):
+columns (logprobs, ref_logprobs, values, verl's names) and a score and uid per row, written by
+``pyarrow.parquet.write_table`` with its defaults: row groups of up to 1 Mi rows, so one row
+group (HF ``datasets``' ``to_parquet`` writes row groups of about 100 MB: one too);
+``--row-group-rows`` for smaller ones. Every row of the result (best of ``--repeats``, the runs
+interleaved, each writing a new file) is end to end from the file to a new file, verl's
+computation: rewards = score on the last token - 0.05 * KL (k1), GAE (gamma 1, lambda 0.95),
+advantages whitened over the whole dataset (unbiased variance, verl's ``masked_whiten``):
 
-- ``floor``: pyarrow alone, reading the file in batches and writing it back (what no pipeline
-  beats), with ppo_fast's Parquet settings (no dictionary for the list columns); ``ppo_fast``
-  reads it twice (the statistics, then the advantages);
-- ``floor, pyarrow's default writer``: the same with pyarrow's defaults (a dictionary tried on
-  every column);
+- ``floor``: pyarrow alone, ``read_table`` (its defaults: the whole file, every core) and
+  ``write_table`` back with the Parquet settings ``ppo-fast advantages`` writes with by default
+  (pyarrow's: snappy, statistics, format 2.6; no dictionary for the list columns) in row groups
+  of ``--batch-rows`` rows, as ppo_fast's: what no pipeline beats;
+- ``floor, pyarrow's default writer``: the same with a dictionary tried on every column;
+- ``floor, streamed in batches``: ``iter_batches(--batch-rows)`` and a ``ParquetWriter``, pyarrow's
+  bounded-memory way (its reader pre-buffers each row group whole, though);
+- ``floor, fsync'd and renamed``: the floor written as ppo_fast writes (a temporary file in the
+  folder, fsync, rename: the output is whole or absent, also after a crash);
 - ``floor + the 2 output columns``: the floor writing two more float32 list columns (the bytes
   ``ppo_fast`` writes);
-- ``ppo_fast``: ``ppo_fast.data.advantages_file`` (what ``ppo-fast advantages`` runs), warm;
+- ``ppo_fast``: ``ppo_fast.data.advantages_file`` (what ``ppo-fast advantages`` runs), warm, in
+  this process (so with this process's allocator: the command sets its own, see its cold run);
+  it reads the file twice (the statistics, then the advantages);
 - ``ppo_fast, no whitening (1 pass)``: the same without whitening: no first pass;
 - ``ppo-fast advantages (cold)``: the command in a fresh process: imports and first compiles;
 - ``lists + verl``: what a user writes today: the table to Python lists, padded torch tensors,
@@ -26,10 +35,10 @@ token - 0.05 * KL (k1), GAE (gamma 1, lambda 0.95), advantages whitened over the
 
 Peak memory: the peak resident set of ``advantages_file(batch_rows=N)`` in a fresh process, minus
 that of the same code on an 8-row file (the interpreter, numpy, numba, pyarrow), against the bytes
-of one batch (its input and output columns), on the whole file and on half of it (bounded by the
-batch, whatever the file size), and the same for the floor (pyarrow's reader and writer hold row
-groups and pages of their own). Ratios of one run; the machine is shared,
-so run it on a quiet one and repeat.
+of one batch (its input and output columns), for each N of ``--memory-batch-rows``, on the whole
+file and on half of it (bounded by the batch, whatever the file size), and the same for the
+streamed floor (pyarrow's reader and writer hold row groups and pages of their own). Ratios of
+one run; the machine is shared, so run it on a quiet one and repeat.
 """
 
 from __future__ import annotations
@@ -46,15 +55,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ppo_fast import data
+# The ppo_fast of this checkout, not an installed one (``python bench/...`` puts bench/ first on
+# sys.path, not the working folder), here and in the fresh processes it starts.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+CHILD_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+}
+
+from ppo_fast import data  # noqa: E402
 
 OPTIONS = {"estimator": "gae", "kl_coef": 0.05, "gamma": 1.0, "lam": 0.95, "unbiased": True}
 COLUMNS = data.resolve_columns("verl", mask="")  # the rows hold only response tokens
 CLI_OPTIONS = ["--preset", "verl", "--mask-column", "", "--kl-coef", "0.05", "--unbiased"]
 
 
-def generate(path: str, n_rows: int, seed: int = 0) -> int:
-    """A verl-named rollout file (token_level_scores: the score on the last token); its tokens."""
+def generate(path: str, n_rows: int, seed: int = 0, row_group_rows: int | None = None) -> int:
+    """A verl-named rollout file (token_level_scores: the score on the last token), written by
+    ``pyarrow.parquet.write_table`` with its defaults (row groups of up to 1 Mi rows: one row
+    group here) unless ``row_group_rows`` is given; its tokens."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(64, 1217, n_rows)
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
@@ -74,41 +94,56 @@ def generate(path: str, n_rows: int, seed: int = 0) -> int:
             "values": tokens(rng.normal(0.0, 1.0, n)),
         }
     )
-    pq.write_table(table, path, row_group_size=4096)
+    pq.write_table(
+        table, path, **({} if row_group_rows is None else {"row_group_size": row_group_rows})
+    )
     return n
 
 
-def _writer(output: str, schema: pa.Schema, default: bool = False) -> pq.ParquetWriter:
-    """ppo_fast's Parquet settings (no dictionary for the list columns), or pyarrow's."""
-    if default:
-        return pq.ParquetWriter(output, schema)
-    flat = [f.name for f in schema if not pa.types.is_nested(f.type)]
-    return pq.ParquetWriter(output, schema, use_dictionary=flat)
+def _writer_options(schema: pa.Schema) -> dict:
+    """The Parquet settings ``ppo-fast advantages`` writes with by default: pyarrow's (snappy,
+    statistics, format 2.6), except no dictionary for the list columns."""
+    return {"use_dictionary": [f.name for f in schema if not pa.types.is_nested(f.type)]}
 
 
-def floor(source: str, output: str, batch_rows: int, default: bool = False) -> None:
-    with pq.ParquetFile(source) as file:
-        writer = _writer(output, file.schema_arrow, default)
-        for batch in file.iter_batches(batch_size=batch_rows):
-            writer.write_batch(batch)
-        writer.close()
-
-
-def floor_with_outputs(source: str, output: str, batch_rows: int) -> None:
-    """The floor writing two more float32 list columns (the size of ppo_fast's output)."""
-    with pq.ParquetFile(source) as file:
-        writer = None
-        for batch in file.iter_batches(batch_size=batch_rows):
-            values = batch.column("values")
-            batch = batch.append_column("advantages", values).append_column("returns", values)
-            writer = writer or _writer(output, batch.schema)
-            writer.write_batch(batch)
-        writer.close()
+def floor(source: str, output: str, batch_rows: int) -> None:
+    """pyarrow alone: read the whole file (``read_table``, its defaults) and write it back with
+    ppo_fast's Parquet settings, in one row group per ``batch_rows`` rows, as ppo_fast does."""
+    table = pq.read_table(source)
+    pq.write_table(table, output, row_group_size=batch_rows, **_writer_options(table.schema))
 
 
 def floor_default(source: str, output: str, batch_rows: int) -> None:
     """The floor with pyarrow's default writer (a dictionary tried on every column)."""
-    floor(source, output, batch_rows, default=True)
+    pq.write_table(pq.read_table(source), output, row_group_size=batch_rows)
+
+
+def floor_streamed(source: str, output: str, batch_rows: int) -> None:
+    """The floor in bounded memory: ``iter_batches`` of ``batch_rows`` rows (pyarrow's default
+    reader), a row group per batch."""
+    with pq.ParquetFile(source) as file:
+        schema = file.schema_arrow
+        with pq.ParquetWriter(output, schema, **_writer_options(schema)) as writer:
+            for batch in file.iter_batches(batch_size=batch_rows):
+                writer.write_batch(batch)
+
+
+def floor_durable(source: str, output: str, batch_rows: int) -> None:
+    """The floor written as ppo_fast writes its output: to a temporary file in the folder,
+    flushed to the disk (fsync) and renamed."""
+    from ppo_fast._atomic import atomic_write
+
+    table = pq.read_table(source)
+    with atomic_write(output, "wb") as file:
+        pq.write_table(table, file, row_group_size=batch_rows, **_writer_options(table.schema))
+
+
+def floor_with_outputs(source: str, output: str, batch_rows: int) -> None:
+    """The floor writing two more float32 list columns (the size of ppo_fast's output)."""
+    table = pq.read_table(source)
+    values = table["values"]
+    table = table.append_column("advantages", values).append_column("returns", values)
+    pq.write_table(table, output, row_group_size=batch_rows, **_writer_options(table.schema))
 
 
 def ours(source: str, output: str, batch_rows: int) -> None:
@@ -123,7 +158,8 @@ def one_pass(source: str, output: str, batch_rows: int) -> None:
 
 def cold(source: str, output: str, batch_rows: int) -> None:
     command = [sys.executable, "-m", "ppo_fast.cli", "advantages", source, "-o", output]
-    subprocess.run([*command, *CLI_OPTIONS, "--batch-rows", str(batch_rows)], check=True)
+    arguments = [*command, *CLI_OPTIONS, "--batch-rows", str(batch_rows)]
+    subprocess.run(arguments, check=True, env=CHILD_ENV)
 
 
 def lists_and_verl(source: str, output: str, batch_rows: int) -> None:
@@ -155,15 +191,21 @@ def lists_and_verl(source: str, output: str, batch_rows: int) -> None:
     pq.write_table(table, output)
 
 
-def timed(run, source: str, folder: str, repeats: int, batch_rows: int) -> float:
-    best = float("inf")
+def timings(runs: dict, source: str, folder: str, repeats: int, batch_rows: int) -> dict:
+    """The best wall time of each run (name -> function), the runs interleaved ``repeats``
+    times (the machine's load then weighs on each alike); each writes a new file, the last
+    repeat's kept (``check`` reads them)."""
+    best = dict.fromkeys(runs, float("inf"))
     for repeat in range(repeats):
-        output = os.path.join(folder, f"{run.__name__}-{repeat}.parquet")
-        start = time.perf_counter()
-        run(source, output, batch_rows)
-        best = min(best, time.perf_counter() - start)
-        if repeat < repeats - 1:
-            os.unlink(output)
+        for name, run in runs.items():
+            if repeat and run in (cold, lists_and_verl):
+                continue  # one run of each: they are slow and far from the floor
+            output = os.path.join(folder, f"{run.__name__}-{repeat}.parquet")
+            start = time.perf_counter()
+            run(source, output, batch_rows)
+            best[name] = min(best[name], time.perf_counter() - start)
+            if repeat < repeats - 1 and run not in (cold, lists_and_verl):
+                os.unlink(output)
     return best
 
 
@@ -171,12 +213,12 @@ def peak_rss_mib(run: str, source: str, output: str, batch_rows: int) -> float:
     """Peak resident set (MiB) of ``run`` ("floor" or "ours") in a fresh process: VmHWM, which
     starts again at exec (ru_maxrss would carry this process's peak over into the child)."""
     command = [sys.executable, __file__, "--child", run, source, output, str(batch_rows)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=CHILD_ENV)
     return int(out.stdout.split()[-1]) / 1024
 
 
 def child(run: str, source: str, output: str, batch_rows: str) -> None:
-    {"floor": floor, "ours": ours}[run](source, output, int(batch_rows))
+    {"floor": floor_streamed, "ours": ours}[run](source, output, int(batch_rows))
     with open("/proc/self/status") as status:
         print(next(line.split()[1] for line in status if line.startswith("VmHWM")))
 
@@ -205,35 +247,42 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-rows", type=int, default=4096)
-    parser.add_argument("--memory-batch-rows", type=int, default=2048)
+    parser.add_argument(
+        "--row-group-rows",
+        type=int,
+        default=None,
+        help="rows per row group of the generated file (default: pyarrow's, one row group)",
+    )
+    parser.add_argument("--memory-batch-rows", type=int, nargs="*", default=[1024, 2048, 4096])
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(*args.child)
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as folder:
         source = os.path.join(folder, "rollouts.parquet")
-        tokens = generate(source, args.rows)
+        tokens = generate(source, args.rows, row_group_rows=args.row_group_rows)
         size = os.path.getsize(source) / 2**20
-        print(f"{cpu_name()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
-        print(f"file: {args.rows:,} rows, {tokens:,} tokens, {size:.0f} MiB Parquet")
+        groups = pq.ParquetFile(source).num_row_groups
+        pool = pa.default_memory_pool().backend_name
+        print(f"{cpu_name()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, {pool}")
+        print(f"ppo_fast from {os.path.dirname(data.__file__)}")
+        print(
+            f"file: {args.rows:,} rows, {tokens:,} tokens, {size:.0f} MiB Parquet in {groups} "
+            f"row group(s); --batch-rows {args.batch_rows}"
+        )
         ours(source, os.path.join(folder, "warm.parquet"), args.batch_rows)  # compiles
-        times = {
-            "floor (pyarrow read + write)": timed(
-                floor, source, folder, args.repeats, args.batch_rows
-            ),
-            "floor, pyarrow's default writer": timed(
-                floor_default, source, folder, args.repeats, args.batch_rows
-            ),
-            "floor + the 2 output columns": timed(
-                floor_with_outputs, source, folder, args.repeats, args.batch_rows
-            ),
-            "ppo_fast (warm)": timed(ours, source, folder, args.repeats, args.batch_rows),
-            "ppo_fast, no whitening (1 pass)": timed(
-                one_pass, source, folder, args.repeats, args.batch_rows
-            ),
-            "ppo-fast advantages (cold)": timed(cold, source, folder, 1, args.batch_rows),
-            "lists + verl": timed(lists_and_verl, source, folder, 1, args.batch_rows),
+        runs = {
+            "floor (pyarrow read + write)": floor,
+            "floor, pyarrow's default writer": floor_default,
+            "floor, streamed in batches": floor_streamed,
+            "floor, fsync'd and renamed": floor_durable,
+            "floor + the 2 output columns": floor_with_outputs,
+            "ppo_fast (warm)": ours,
+            "ppo_fast, no whitening (1 pass)": one_pass,
+            "ppo-fast advantages (cold)": cold,
+            "lists + verl": lists_and_verl,
         }
+        times = timings(runs, source, folder, args.repeats, args.batch_rows)
         base = times["floor (pyarrow read + write)"]
         for name, seconds in times.items():
             print(
@@ -242,25 +291,26 @@ def main() -> None:
         print(f"ppo_fast vs lists + verl: {times['lists + verl'] / times['ppo_fast (warm)']:.1f}x")
         print(f"largest |ppo_fast - verl| advantage: {check(folder, args.repeats):.2e} (float32)")
         half = os.path.join(folder, "half.parquet")
-        generate(half, args.rows // 2, seed=1)
+        generate(half, args.rows // 2, seed=1, row_group_rows=args.row_group_rows)
         tiny = os.path.join(folder, "tiny.parquet")
         generate(tiny, 8, seed=2)
-        rows = args.memory_batch_rows
         per_token = 4 * 4 + 2 * 4  # four float32 columns in, two out
-        batch_mib = rows * (tokens / args.rows) * per_token / 2**20
-        print(f"peak RSS, --batch-rows {rows} (one batch's data: {batch_mib:.0f} MiB), above the")
-        print("same code on an 8-row file (the interpreter and the imports):")
-        for run, name, path in (
-            ("floor", "floor, whole file", source),
-            ("ours", "ppo_fast, whole file", source),
-            ("ours", "ppo_fast, half the file", half),
-        ):
-            base = peak_rss_mib(run, tiny, os.path.join(folder, "m0.parquet"), rows)
-            peak = peak_rss_mib(run, path, os.path.join(folder, "m.parquet"), rows)
-            print(
-                f"  {name:24s} {peak - base:5.0f} MiB ({(peak - base) / batch_mib:.1f} batches; "
-                f"{peak:.0f} MiB in all)"
-            )
+        print("peak RSS above the same code on an 8-row file (the interpreter and the imports),")
+        print("against one batch's data (its input and output columns):")
+        for rows in args.memory_batch_rows:
+            batch_mib = rows * (tokens / args.rows) * per_token / 2**20
+            for run, name, path in (
+                ("floor", "floor, streamed, whole file", source),
+                ("ours", "ppo_fast, whole file", source),
+                ("ours", "ppo_fast, half the file", half),
+            ):
+                base = peak_rss_mib(run, tiny, os.path.join(folder, "m0.parquet"), rows)
+                peak = peak_rss_mib(run, path, os.path.join(folder, "m.parquet"), rows)
+                print(
+                    f"  --batch-rows {rows:5d} ({batch_mib:3.0f} MiB) {name:28s} "
+                    f"{peak - base:5.0f} MiB ({(peak - base) / batch_mib:.1f} batches; "
+                    f"{peak:.0f} MiB in all)"
+                )
 
 
 if __name__ == "__main__":

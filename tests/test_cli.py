@@ -579,6 +579,32 @@ def test_advantages_writes_the_input_with_advantages_and_a_json_summary(tmp_path
     assert sorted(os.listdir(tmp_path)) == ["in.parquet", "out.parquet"]
 
 
+def test_advantages_runs_remax_and_opo_as_the_table_api(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from ppo_fast import data
+
+    with pytest.raises(SystemExit):
+        cli.main(["advantages", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "remax (needs --baseline-column" in usage and "opo (the group's mean" in usage
+    source = tmp_path / "in.parquet"
+    write_rollouts(source, greedy=pa.array([0.5, 0.5, 0.2]))
+    table = pq.read_table(source)
+    for estimator, extra, columns in (
+        ("remax", ["--baseline-column", "greedy"], {"baseline": "greedy"}),
+        ("opo", [], {}),
+    ):
+        output = tmp_path / f"{estimator}.parquet"
+        arguments = ["advantages", str(source), "-o", str(output), "--estimator", estimator]
+        assert cli.main([*arguments, *extra, "--batch-rows", "2"]) == 0
+        expected = data.advantages(
+            table, estimator=estimator, columns=data.resolve_columns(**columns)
+        )
+        assert pq.read_table(output).equals(expected)
+    capsys.readouterr()
+
+
 def _list(values, kind):
     pa = pytest.importorskip("pyarrow")
     return pa.array(values, pa.list_(kind))

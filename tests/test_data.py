@@ -142,7 +142,7 @@ def test_uids_of_any_arrow_type_are_numbered_in_first_seen_order():
     assert _columns.group_ids([pa.array([7, 3]), pa.array([7, 9])]).tolist() == [0, 1, 0, 2]
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline", "opo"])
 def test_group_estimators_over_batches_equal_the_whole_table(estimator):
     table = rollouts(n_rows=70, seed=6)
     out = data.advantages(table, estimator=estimator, batch_rows=8)
@@ -154,6 +154,61 @@ def test_group_estimators_over_batches_equal_the_whole_table(estimator):
         expected = getattr(ppo_fast, estimator)(scores, uids, cu_seqlens=cu)
     np.testing.assert_array_equal(flat(out, "advantages"), expected)
     np.testing.assert_array_equal(flat(out, "returns"), expected)
+
+
+def test_opo_weighs_rows_by_their_valid_tokens_as_the_in_memory_opo():
+    table = rollouts(n_rows=70, seed=13)
+    columns = data.resolve_columns(mask="mask")
+    out = data.advantages(table, estimator="opo", columns=columns, batch_rows=8)
+    valid_counts = [sum(row) for row in table["mask"].to_pylist()]
+    per_row = ppo_fast.opo(
+        table["score"].to_numpy(), table["uid"].to_pylist(), token_counts=valid_counts
+    )
+    for b, row in enumerate(out.to_pylist()):
+        expected = np.where(row["mask"], per_row[b], 0.0)
+        np.testing.assert_array_equal(row["advantages"], expected)
+        np.testing.assert_array_equal(row["returns"], expected)
+
+
+def test_remax_equals_the_in_memory_remax_with_a_mask_kl_and_bootstrap():
+    table = rollouts(seed=14, dtype=np.float32)
+    rng = np.random.default_rng(14)
+    table = table.append_column("greedy_score", pa.array(rng.normal(size=table.num_rows)))
+    columns = data.resolve_columns(mask="mask", bootstrap="bootstrap", baseline="greedy_score")
+    options = {"kl_coef": 0.1, "gamma": 0.9}
+    out = data.advantages(table, estimator="remax", columns=columns, batch_rows=7, **options)
+    rows = table.to_pylist()
+    width = max(len(r["values"]) for r in rows)
+    padded = {
+        k: np.array([r[k] + [0] * (width - len(r[k])) for r in rows], dtype=np.float32)
+        for k in ("logprobs", "ref_logprobs")
+    }
+    mask = np.array([r["mask"] + [False] * (width - len(r["mask"])) for r in rows])
+    rewards = ppo_fast.shape_rewards(
+        table["score"].to_numpy(),
+        padded["logprobs"],
+        padded["ref_logprobs"],
+        kl_coef=0.1,
+        mask=mask,
+    )
+    expected = ppo_fast.remax(
+        rewards,
+        table["greedy_score"].to_numpy(),
+        gamma=0.9,
+        mask=mask,
+        bootstrap=table["bootstrap"].to_numpy(),
+    )
+    for b, row in enumerate(out.to_pylist()):  # not whitened (whiten=True is the default)
+        n = len(row["values"])
+        np.testing.assert_array_equal(row["advantages"], expected.advantages[b, :n])
+        np.testing.assert_array_equal(row["returns"], expected.returns[b, :n])
+    assert data.PRESETS["verl"].baseline == "reward_baselines"
+    with pytest.raises(data.DataError, match="remax subtracts each row's baseline"):
+        data.advantages(table, estimator="remax")
+    with pytest.raises(data.DataError, match=r"no column 'reward_baselines' \(the baseline"):
+        data.advantages(
+            table, estimator="remax", columns=columns.replace(baseline="reward_baselines")
+        )
 
 
 def test_verl_preset_equals_verls_gae_and_whitening():
@@ -222,14 +277,81 @@ def test_files_in_every_format_equal_the_table_api(tmp_path):
     np.testing.assert_array_equal(
         flat(pq.read_table(output), "advantages"), flat(expected, "advantages")
     )
-    # Parquet is read by row groups (9 rows) in pieces of a quarter batch (3 rows), which the
-    # writer joins again into row groups of batch_rows.
+    # Parquet is read in pieces of a quarter batch (3 rows), across its row groups (9 rows),
+    # which the writer joins again into row groups of batch_rows.
     output = tmp_path / "out-row-groups.parquet"
     data.advantages_file(paths["parquet"], output, estimator="grpo", batch_rows=12)
     written = pq.ParquetFile(output)
     sizes = [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)]
     assert sizes == [12, 12, 12, 4]
     np.testing.assert_array_equal(flat(written.read(), "advantages"), flat(expected, "advantages"))
+
+
+def test_a_row_group_larger_than_the_batch_is_read_in_pieces_in_bounded_memory(
+    tmp_path, monkeypatch
+):
+    # pyarrow's default reader (pre_buffer=True) reads a row group's column chunks whole and
+    # keeps them until the read ends; the source streams them through a buffer per column
+    # (made small here: small against the row group) and decodes a quarter batch at a time.
+    from ppo_fast.data import _stream
+
+    monkeypatch.setattr(_stream, "READ_BUFFER", 1 << 14)
+    table = rollouts(n_rows=30000, seed=12, max_len=60)
+    source = tmp_path / "one-row-group.parquet"
+    pq.write_table(table, source, row_group_size=table.num_rows)
+    assert pq.ParquetFile(source).num_row_groups == 1
+
+    def held(batches):
+        """The batch sizes, and the most bytes pyarrow held while they were read."""
+        before = pa.total_allocated_bytes()
+        sizes, most = [], 0
+        for batch in batches:
+            sizes.append(batch.num_rows)
+            most = max(most, pa.total_allocated_bytes() - before)
+            del batch
+        return sizes, most
+
+    sizes, streamed = held(_stream.open_source(str(source), 200).batches(None))
+    assert sum(sizes) == 30000 and max(sizes) == 50  # 200 / READ_PIECES
+    with pq.ParquetFile(source) as file:
+        _, buffered = held(file.iter_batches(batch_size=50))
+    # pre-buffered: the row group's column chunks (about 40 MB here); streamed: a page of
+    # each column (up to pyarrow's 1 MB page), the decoders' scratch and a piece of 50 rows
+    # (about 6 MB, whatever the size of the row group).
+    assert streamed < buffered / 3, (streamed, buffered)
+    out = tmp_path / "out.parquet"
+    data.advantages_file(source, out, batch_rows=4000, whiten=False)
+    expected = data.advantages(table, whiten=False)
+    np.testing.assert_array_equal(
+        flat(pq.read_table(out), "advantages"), flat(expected, "advantages")
+    )
+
+
+def test_parquet_output_keeps_the_input_codecs_unless_told(tmp_path):
+    from ppo_fast.data import _stream
+
+    table = rollouts(n_rows=30, seed=15)
+    source = tmp_path / "in.parquet"
+    # ParquetWriter's per-column settings are keyed by leaf ("values.list.element").
+    leaves = _stream._leaf_paths(table.schema)
+    codecs = {leaf: "none" if leaf.startswith("values.") else "zstd" for leaf in leaves}
+    pq.write_table(table, source, compression=codecs)
+
+    def written(path):
+        group = pq.ParquetFile(path).metadata.row_group(0)
+        chunks = (group.column(i) for i in range(group.num_columns))
+        return {c.path_in_schema.split(".")[0]: c.compression for c in chunks}
+
+    assert written(source)["values"] == "UNCOMPRESSED" and written(source)["logprobs"] == "ZSTD"
+    output = tmp_path / "out.parquet"
+    data.advantages_file(source, output, batch_rows=8)
+    assert written(output) == written(source) | {"advantages": "SNAPPY", "returns": "SNAPPY"}
+    data.advantages_file(source, output, batch_rows=8, compression="none")
+    assert set(written(output).values()) == {"UNCOMPRESSED"}
+    got = pq.read_table(output)
+    assert got.select(table.column_names).equals(pq.read_table(source))
+    with pytest.raises(data.DataError, match="compression must be one of none, snappy"):
+        data.advantages_file(source, output, compression="lzo")
 
 
 def test_an_interrupted_run_leaves_no_output(tmp_path):

@@ -76,16 +76,31 @@ def test_gae_whitened_over_blocks_equals_one_table():
     )
 
 
-def test_grpo_by_groupby_equals_one_table():
+@pytest.mark.parametrize("estimator", ["grpo", "opo"])
+def test_group_local_estimators_by_groupby_equal_one_table(estimator):
     table = rollouts(n_rows=120, seed=5)
-    expected = data.advantages(table, estimator="grpo")
+    columns = data.resolve_columns(mask="mask")  # opo weighs by the valid tokens
+    expected = data.advantages(table, estimator=estimator, columns=columns)
     dataset = ray.data.from_arrow(table).repartition(2)  # groups spread over both blocks
-    got = collected(ppo_ray.advantages(dataset, estimator="grpo", num_partitions=2))
+    got = collected(
+        ppo_ray.advantages(dataset, estimator=estimator, columns=columns, num_partitions=2)
+    )
     assert got.num_rows == table.num_rows
     np.testing.assert_allclose(
         flat(got, "advantages"), flat(expected, "advantages"), rtol=RTOL, atol=RTOL
     )
     assert got.select(["id", "score"]).equals(expected.select(["id", "score"]))
+
+
+def test_remax_over_blocks_equals_one_table_bit_for_bit():
+    table = rollouts(n_rows=100, seed=6)
+    table = table.append_column("greedy", pa.array(np.linspace(-1.0, 1.0, 100)))
+    columns = data.resolve_columns(mask="mask", baseline="greedy")
+    options = {"estimator": "remax", "kl_coef": 0.1, "gamma": 0.95, "columns": columns}
+    expected = data.advantages(table, **options)
+    dataset = ray.data.from_arrow(table).repartition(3)
+    got = collected(ppo_ray.advantages(dataset, batch_size=30, **options))
+    assert got.equals(expected)
 
 
 def test_estimators_with_statistics_of_the_whole_batch_equal_one_table():

@@ -118,15 +118,28 @@ def advantages_file(
     names: tuple[str, str] = ("advantages", "returns"),
     batch_rows: int = DEFAULT_BATCH_ROWS,
     progress: Any = None,
+    compression: str | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Stream ``input`` (Parquet, Arrow IPC file or stream, JSON lines: told by its first bytes)
     to ``output`` (``.parquet`` or ``.arrow``) with the advantages and returns, ``batch_rows``
     rows at a time; ``output`` appears whole at the end or not at all. ``progress(pass, rows,
-    tokens)`` is called after each batch. Returns the summary (rows, tokens, tokens_per_s...)."""
+    tokens)`` is called after each batch. ``compression`` (a Parquet output): None writes each
+    column of a Parquet input with its codec and the new ones with snappy; or one codec for
+    every column ("none", "snappy", "zstd", "lz4", "gzip", "brotli"). Returns the summary
+    (rows, tokens, tokens_per_s...)."""
     from ._stream import advantages_file as stream
 
     config = Options(**options)
     fields = resolve_columns(columns)
     extra = {} if progress is None else {"progress": progress}
-    return stream(input, output, config, fields, names=names, batch_rows=batch_rows, **extra)
+    return stream(
+        input,
+        output,
+        config,
+        fields,
+        names=names,
+        batch_rows=batch_rows,
+        compression=compression,
+        **extra,
+    )

@@ -6,9 +6,9 @@ Pass 1 (only when the result needs statistics of the whole input) reads the colu
   discounted returns), and their float64 moments per batch, (count, mean, M2) about the batch's
   own mean (two ``masked_moments`` calls: no cancellation), merged batch after batch by Chan's
   formula (``merge_moments``) into the input's global mean and variance;
-- the group estimators: every row's score and uid (and, for ``reinforce_plus_plus_baseline``,
-  its valid-token count), then the estimator of ``ppo_fast.outcome`` once over all rows, uids
-  factorised by Arrow's dictionary encoding: one advantage per row of the input (8 bytes a row,
+- the group estimators: every row's score and uid (and, for ``reinforce_plus_plus_baseline`` and
+  ``opo``, its valid-token count), then the estimator of ``ppo_fast.outcome`` once over all rows,
+  uids factorised by Arrow's dictionary encoding: one advantage per row of the input (8 bytes a row,
   whatever the number of tokens).
 
 Pass 2 reads every column, recomputes each batch and appends ``advantages`` and ``returns`` list
@@ -16,6 +16,12 @@ columns that share the offsets of the batch's token column. A ``mask`` with zero
 valid tokens first (a gather) and scatters the results back, 0 elsewhere: the packed layout has
 no holes, and masked positions are transparent to every recursion (DESIGN.md section 3), so the
 compacted rows give exactly the masked results.
+
+Pass 2 recomputes pass 1's raw advantages rather than reading them back from a temporary file:
+the kernels are the cheap part. On the 5.2 M-token file of bench/data_advantages.py (whitened
+GAE with KL shaping, a 2-core AMD EPYC) the stages of both passes took 0.08 to 0.26 s (cProfile,
+by the machine's load) of a 2.3 s run, against the Parquet writer's 0.9 to 1.2 s; spilling
+them would write and read 42 MB (two float32 values a token) to save about half of that.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import numpy as np
 
 from .. import outcome
 from ..gae import gae
-from ..returns import discounted_returns
+from ..returns import discounted_returns, remax
 from ..rewards import shape_rewards
 from ..whiten import Moments, masked_moments, whiten
 from . import _columns
@@ -66,6 +72,13 @@ def fields_used(options: Options, columns: Columns) -> dict[str, str]:
         if "values" not in named:
             raise DataError("gae needs the critic's values: name the column with --values-column")
         used["values"] = named["values"]
+    if options.estimator == "remax":
+        if "baseline" not in named:
+            raise DataError(
+                "remax subtracts each row's baseline (the reward of the greedy response to its "
+                "prompt): name the column with --baseline-column (verl: reward_baselines)"
+            )
+        used["baseline"] = named["baseline"]
     if "bootstrap" in named:
         used["bootstrap"] = named["bootstrap"]
     return _with_layout(used, named)
@@ -91,7 +104,7 @@ def first_pass_fields(options: Options, used: dict[str, str]) -> dict[str, str]:
     if not options.grouped:
         return used
     wanted = {"score", "uid", "rewards", "mask"}
-    if options.estimator == "reinforce_plus_plus_baseline":
+    if options.estimator in ("reinforce_plus_plus_baseline", "opo"):  # the valid-token counts
         wanted |= set(used)
     return {f: n for f, n in used.items() if f in wanted}
 
@@ -104,7 +117,7 @@ class Extracted(NamedTuple):
     cu_seqlens: np.ndarray | None  # (B+1,) int64 over the compacted tokens
     valid: np.ndarray | None  # (N,) bool where the mask has a zero, else None
     layout: _columns.TokenColumn | None  # the column whose offsets the outputs share
-    rows: dict[str, np.ndarray]  # score, bootstrap: float64 (B,)
+    rows: dict[str, np.ndarray]  # score, bootstrap, baseline: float64 (B,)
     uid: Any  # the Arrow uid column, or None
     dtype: np.dtype  # of the outputs
 
@@ -138,7 +151,7 @@ def extract(batch: Any, used: dict[str, str], row_offset: int) -> Extracted:
     tokens = {f: (c.values if valid is None else c.values[valid]) for f, c in token_columns.items()}
     rows = {
         f: _columns.row_column(batch, used[f], f, row_offset)
-        for f in ("score", "bootstrap")
+        for f in ("score", "bootstrap", "baseline")
         if f in used
     }
     uid = _columns.uid_column(batch, used["uid"], row_offset) if "uid" in used else None
@@ -189,6 +202,15 @@ def token_results(ex: Extracted, options: Options) -> tuple[np.ndarray, np.ndarr
             ex.tokens["values"],
             gamma=options.gamma,
             lam=options.lam,
+            cu_seqlens=ex.cu_seqlens,
+            bootstrap=bootstrap,
+            backend=options.backend,
+        )
+    if options.estimator == "remax":
+        return remax(
+            rewards,
+            ex.rows["baseline"],
+            gamma=options.gamma,
             cu_seqlens=ex.cu_seqlens,
             bootstrap=bootstrap,
             backend=options.backend,
@@ -261,6 +283,8 @@ def group_advantages(
         return outcome.grpo(scores, ids, std=None)
     if name == "gpg":
         return outcome.gpg(scores, ids, alpha=options.gpg_alpha)
+    if name == "opo":
+        return outcome.opo(scores, ids, token_counts=token_counts)
     if name == "reinforce_plus_plus_baseline":
         return outcome.reinforce_plus_plus_baseline(
             scores,
@@ -365,7 +389,7 @@ def second_pass_batch(
         returns = advantages
     else:
         advantages, returns = token_results(ex, options)
-        if options.whiten:
+        if options.whitens_tokens:
             advantages = whiten(
                 advantages,
                 cu_seqlens=ex.cu_seqlens,

@@ -10,7 +10,7 @@ from .._spec import ESTIMATORS as KL_ESTIMATORS
 
 # Per-token list columns, and per-row columns, in the order errors and summaries list them.
 TOKEN_FIELDS = ("rewards", "logprobs", "ref_logprobs", "values", "mask")
-ROW_FIELDS = ("score", "uid", "bootstrap")
+ROW_FIELDS = ("score", "uid", "bootstrap", "baseline")
 FLOAT_TYPES = ("float", "double")
 DEFAULT_BATCH_ROWS = 65_536
 
@@ -30,7 +30,8 @@ class Columns:
     token is an action: holes for tool or observation tokens). Per row: ``score`` (the
     sequence-level reward, added on the row's last valid token), ``uid`` (the group label: rows
     sampled for one prompt share it; any type), ``bootstrap`` (the value after a truncated row's
-    last token).
+    last token), ``baseline`` (ReMax's baseline: the reward of the greedy response to the row's
+    prompt).
     """
 
     score: str | None = "score"
@@ -41,6 +42,7 @@ class Columns:
     mask: str | None = None
     uid: str | None = "uid"
     bootstrap: str | None = None
+    baseline: str | None = None
 
     def replace(self, **names: str | None) -> Columns:
         """These names with some replaced; an empty string means "no such column"."""
@@ -60,7 +62,8 @@ PRESETS = {
     # verl 0.9.1 (verl/trainer/ppo/ray_trainer.py, DataProto keys): batch["token_level_scores"]
     # (per-token scores; token_level_rewards = token_level_scores - beta * KL, the KL of
     # batch["old_log_probs"] against batch["ref_log_prob"]), batch["values"],
-    # batch["response_mask"], and non_tensor_batch["uid"] (one per prompt, the group).
+    # batch["response_mask"], and non_tensor_batch["uid"] (one per prompt, the group);
+    # batch["reward_baselines"] (remax: the greedy response's reward, (bs,)).
     "verl": Columns(
         score=None,
         rewards="token_level_scores",
@@ -69,6 +72,7 @@ PRESETS = {
         values="values",
         mask="response_mask",
         uid="uid",
+        baseline="reward_baselines",
     ),
     # OpenRLHF 0.11.2 (openrlhf/trainer/ppo_utils/experience.py, Experience fields):
     # action_log_probs, base_action_log_probs (the reference), values, action_mask per token;
@@ -86,7 +90,7 @@ PRESETS = {
 }
 
 
-TOKEN_ESTIMATORS = ("gae", "reinforce_plus_plus")
+TOKEN_ESTIMATORS = ("gae", "reinforce_plus_plus", "remax")
 GROUP_ESTIMATORS = (
     "grpo",
     "dr_grpo",
@@ -94,7 +98,10 @@ GROUP_ESTIMATORS = (
     "gpg",
     "pass_at_k",
     "reinforce_plus_plus_baseline",
+    "opo",
 )
+# The token estimators whose advantages are whitened over the whole input (``whiten``).
+WHITENED_ESTIMATORS = ("gae", "reinforce_plus_plus")
 ESTIMATORS = TOKEN_ESTIMATORS + GROUP_ESTIMATORS
 
 
@@ -103,18 +110,20 @@ class Options:
     """What to compute.
 
     ``estimator``: ``gae`` (advantages and returns of ``ppo_fast.gae``), ``reinforce_plus_plus``
-    (returns: the discounted returns of ``ppo_fast.discounted_returns``; advantages: them
-    whitened), or a group estimator of ``ppo_fast.outcome`` over the ``uid`` groups (``grpo``,
-    ``dr_grpo`` = grpo with std=None, ``rloo``, ``gpg``, ``pass_at_k``,
-    ``reinforce_plus_plus_baseline``), with that function's defaults; a group estimator's
-    returns are its advantages, as verl's. ``gamma``, ``lam``: discount and GAE lambda.
-    ``kl_coef``, ``kl_estimator``, ``kl_clamp``: KL shaping of the token rewards
-    (``ppo_fast.shape_rewards``; ``kl_coef=0`` needs no log-probabilities). ``whiten``: whiten the
-    advantages over every valid token of the whole input (gae, reinforce_plus_plus) with
-    ``whiten_eps``, ``unbiased``, ``shift_mean`` as ``ppo_fast.whiten``; for
-    ``reinforce_plus_plus_baseline``, its own whitening. ``gpg_alpha``: gpg's scale alpha (None:
-    n / max(m, 1) over the whole input, n rows of which m have a nonzero score; what
-    ``ppo_fast.data.ray`` passes to each group, computed over the whole dataset).
+    (returns: the discounted returns of ``ppo_fast.discounted_returns``; advantages: them whitened),
+    ``remax`` (``ppo_fast.remax``: the discounted returns, and them minus the row's ``baseline``
+    column as the advantages, not whitened, as verl's), or a group estimator of ``ppo_fast.outcome``
+    over the ``uid`` groups (``grpo``, ``dr_grpo`` = grpo with std=None, ``rloo``, ``gpg``,
+    ``pass_at_k``, ``reinforce_plus_plus_baseline``, ``opo``: the baseline is the group's mean score
+    weighted by each row's valid tokens), with that function's defaults; a group estimator's returns
+    are its advantages, as verl's. ``gamma``, ``lam``: discount and GAE lambda. ``kl_coef``,
+    ``kl_estimator``, ``kl_clamp``: KL shaping of the token rewards (``ppo_fast.shape_rewards``;
+    ``kl_coef=0`` needs no log-probabilities). ``whiten``: whiten the advantages over every valid
+    token of the whole input (gae, reinforce_plus_plus) with ``whiten_eps``, ``unbiased``,
+    ``shift_mean`` as ``ppo_fast.whiten``; for ``reinforce_plus_plus_baseline``, its own whitening.
+    ``gpg_alpha``: gpg's scale alpha (None: n / max(m, 1) over the whole input, n rows of which m
+    have a nonzero score; what ``ppo_fast.data.ray`` passes to each group, computed over the whole
+    dataset).
     """
 
     estimator: str = "gae"
@@ -151,5 +160,10 @@ class Options:
         return self.estimator in GROUP_ESTIMATORS
 
     @property
+    def whitens_tokens(self) -> bool:
+        """The advantages are whitened by the moments of every valid token of the input."""
+        return self.whiten and self.estimator in WHITENED_ESTIMATORS
+
+    @property
     def needs_first_pass(self) -> bool:
-        return self.grouped or self.whiten
+        return self.grouped or self.whitens_tokens

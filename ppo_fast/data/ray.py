@@ -15,7 +15,7 @@ whole dataset come first:
   (``merge_moments``: Chan's update) into the global mean and variance, and the second
   ``map_batches`` whitens by them. The rows keep the dataset's order.
 - the group estimators that need nothing but the group's own rows (``grpo``, ``dr_grpo``,
-  ``rloo``, ``pass_at_k``): ``groupby(uid).map_groups`` computes each group where its rows
+  ``rloo``, ``pass_at_k``, ``opo``): ``groupby(uid).map_groups`` computes each group where its rows
   meet. The rows come out grouped by uid (Ray's shuffle), not in the input's order: keep an id
   column to sort by.
 - the group estimators with a statistic of the whole batch, in two stages: ``gpg``'s alpha =
@@ -41,7 +41,7 @@ import numpy as np
 
 from . import Columns, DataError, Options, resolve_columns
 
-GROUP_LOCAL = ("grpo", "dr_grpo", "rloo", "pass_at_k")
+GROUP_LOCAL = ("grpo", "dr_grpo", "rloo", "pass_at_k", "opo")
 MOMENT_COLUMNS = ("count", "mean", "m2")
 # reinforce_plus_plus_baseline's per-row columns between its stages (dropped at the end).
 CENTRED, TOKENS = "__ppo_fast_centred", "__ppo_fast_tokens"
@@ -178,7 +178,7 @@ def advantages(
     if config.grouped:
         return _grouped(dataset, config, fields, used, names, batch_size, num_partitions)
     statistics = Statistics()
-    if config.whiten:
+    if config.whitens_tokens:
         parts = dataset.select_columns(list(dict.fromkeys(used.values()))).map_batches(
             functools.partial(_block_moments, options=config, used=used),
             batch_format="pyarrow",
