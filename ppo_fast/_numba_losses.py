@@ -740,6 +740,23 @@ def gspo(
         row_kl[b] = kl_total
 
 
+@_jit
+def _lane_total(lanes):
+    """The 8 lanes of a sum (lane k: the terms of positions k, k + 8, ... in order) added up in
+    the fixed tree of src/lanes.h ppo_f64x8_total."""
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
+        (lanes[4] + lanes[5]) + (lanes[6] + lanes[7])
+    )
+
+
+@_jit
+def _add_lanes(lanes, terms, n):
+    """lanes[k] += terms[j] for the n terms of a chunk, term j in lane j % 8 (n a multiple of 8)."""
+    for j in range(0, n, 8):
+        for k in range(8):
+            lanes[k] += terms[j + k]
+
+
 def geo_mean(
     logprobs,
     old_logprobs,
@@ -760,9 +777,11 @@ def geo_mean(
 ):
     """Twin: src/rows_sequence.h ppo_geo_mean_row. Two passes over a row: the sums of its kept
     log-ratios, advantages and log-weights (the row's loss, in float64), then the gradient,
-    that loss times the row's scale where the kept log-ratio moves with the token's. Built
-    without `reassoc` (see its registration in _numba_kernels.py): the sums run in token order,
-    identical on any number of threads."""
+    that loss times the row's scale where the kept log-ratio moves with the token's. The row's
+    gradient is a function of its sums, so they run in the C twin's order: over the row's valid
+    prefix, token t in lane t % 8, the lanes added up in a fixed tree (identical on any number of
+    threads). The terms go to scratch rows a chunk at a time (that loop vectorizes), then into
+    the lanes. Built without `reassoc` (see its registration in _numba_kernels.py)."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     lo, hi = log_ratio_low, log_ratio_high
@@ -771,46 +790,67 @@ def geo_mean(
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
         length = np.uint64(lengths[b])
+        valid_end = min(length, span)
         scale = scales[b]
         zero = scale - scale  # 0 in the input dtype (the scale is finite)
-        count = 0.0
-        kept_total = 0.0
-        advantage_total = 0.0
-        log_weight_total = 0.0
-        upper_count = 0.0
-        lower_count = 0.0
-        kl_total = 0.0
-        for t in range(span):
-            i = start + t
-            valid = (t < length) & ((not has_mask) or mask[i] != 0)
-            advantage = advantages[i]
-            log_ratio = logprobs[i] - old_logprobs[i]
-            positive = advantage > zero
-            negative = advantage < zero
-            kept = _select(
-                positive,
-                _select(log_ratio > hi, hi, log_ratio),
-                _select(negative, _select(log_ratio < -lo, -lo, log_ratio), log_ratio * zero),
-            )
-            outside = not ((log_ratio >= -lo) & (log_ratio <= hi))  # NaN too
-            count += _select(valid, 1.0, 0.0)
-            kept_total += _select(valid, np.float64(kept), 0.0)
-            advantage_total += _select(valid, np.float64(advantage), 0.0)
-            upper_count += _select(valid & outside & positive, 1.0, 0.0)
-            lower_count += _select(valid & outside & negative, 1.0, 0.0)
-            kl_total += _select(valid, -np.float64(log_ratio), 0.0)
-        if has_weights:  # a loop of its own: log is a call, which keeps the loop above scalar
-            for t in range(span):
-                i = start + t
-                valid = (t < length) & ((not has_mask) or mask[i] != 0)
-                log_weight_total += _select(valid, np.log(np.float64(weights[i])), 0.0)
+        kepts = np.empty(_CHUNK, np.float64)
+        advantage_terms = np.empty(_CHUNK, np.float64)
+        kls = np.empty(_CHUNK, np.float64)
+        kept_lanes = np.zeros(8)
+        advantage_lanes = np.zeros(8)
+        kl_lanes = np.zeros(8)
+        log_weight_lanes = np.zeros(8)
+        # whole numbers, as integers: a float sum would keep the loop from vectorizing
+        count = 0
+        upper_count = 0
+        lower_count = 0
+        for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
+            first = chunk * _UCHUNK
+            n = min(_UCHUNK, valid_end - first)
+            padded = (n + np.uint64(7)) // np.uint64(8) * np.uint64(8)
+            for j in range(n):
+                i = start + first + j
+                valid = (not has_mask) or mask[i] != 0
+                advantage = advantages[i]
+                log_ratio = logprobs[i] - old_logprobs[i]
+                positive = advantage > zero
+                negative = advantage < zero
+                kept = _select(
+                    positive,
+                    _select(log_ratio > hi, hi, log_ratio),
+                    _select(negative, _select(log_ratio < -lo, -lo, log_ratio), log_ratio * zero),
+                )
+                outside = not ((log_ratio >= -lo) & (log_ratio <= hi))  # NaN too
+                count += np.int64(valid)
+                kepts[j] = _select(valid, np.float64(kept), 0.0)
+                advantage_terms[j] = _select(valid, np.float64(advantage), 0.0)
+                upper_count += np.int64(valid & outside & positive)
+                lower_count += np.int64(valid & outside & negative)
+                kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
+            for j in range(n, padded):  # the C twin's zero-padded last block
+                kepts[j] = 0.0
+                advantage_terms[j] = 0.0
+                kls[j] = 0.0
+            _add_lanes(kept_lanes, kepts, padded)
+            _add_lanes(advantage_lanes, advantage_terms, padded)
+            _add_lanes(kl_lanes, kls, padded)
+            if has_weights:  # a loop of its own: log is a call, which keeps the loop above scalar
+                for j in range(n):
+                    i = start + first + j
+                    valid = (not has_mask) or mask[i] != 0
+                    kepts[j] = _select(valid, np.log(np.float64(weights[i])), 0.0)
+                _add_lanes(log_weight_lanes, kepts, padded)
+        counted = np.float64(count)
         total = 0.0
         loss = 0.0
-        if count > 0.0:
+        if counted > 0.0:
             # exp(mean(r')) * exp(mean(log w)) in one exp
-            weighted_ratio = exp_poly(kept_total / count + log_weight_total / count)
-            loss = -(advantage_total / count) * weighted_ratio
-            total = count * loss
+            log_weight_total = _lane_total(log_weight_lanes)
+            weighted_ratio = exp_poly(
+                _lane_total(kept_lanes) / counted + log_weight_total / counted
+            )
+            loss = -(_lane_total(advantage_lanes) / counted) * weighted_ratio
+            total = counted * loss
         row_grad = loss * scale
         for t in range(span):
             i = start + t
@@ -822,6 +862,6 @@ def geo_mean(
             )
             grad[i] = _select(valid & moves, row_grad, 0.0)
         row_loss[b] = total
-        row_clipped[b] = upper_count
-        row_lower[b] = lower_count
-        row_kl[b] = kl_total
+        row_clipped[b] = np.float64(upper_count)
+        row_lower[b] = np.float64(lower_count)
+        row_kl[b] = _lane_total(kl_lanes)

@@ -15,7 +15,9 @@
  * Each operation is the same IEEE operation in all of them, so they agree bit for bit: max(a, b)
  * and min(a, b) are x86's a > b ? a : b and a < b ? a : b (which keep b when either is NaN: the
  * twins' clip, comparison for comparison), fma is fused, float64 -> float32 rounds to nearest, and
- * comparisons are false on NaN.
+ * comparisons are false on NaN. exp and log are exp.h's and log.h's functions operation for
+ * operation: written out in intrinsics in the AVX2 and AVX-512 blocks, applied lane by lane in
+ * the others.
  *
  * Types: ppo_f32x8 and ppo_f64x8 (values), ppo_m32x8 and ppo_m64x8 (masks, one per lane of the
  * values of the same width), ppo_c32x8 and ppo_c64x8 (counts of true mask lanes). Operations are
@@ -80,6 +82,9 @@ PPO_INLINE ppo_m32x8 ppo_f32x8_lt(ppo_f32x8 a, ppo_f32x8 b) {
 PPO_INLINE ppo_m32x8 ppo_f32x8_gt(ppo_f32x8 a, ppo_f32x8 b) {
     return _mm256_cmp_ps(a, b, _CMP_GT_OQ);
 }
+PPO_INLINE ppo_m32x8 ppo_f32x8_le(ppo_f32x8 a, ppo_f32x8 b) {
+    return _mm256_cmp_ps(a, b, _CMP_LE_OQ);
+}
 PPO_INLINE ppo_f32x8 ppo_f32x8_select(ppo_m32x8 m, ppo_f32x8 a, ppo_f32x8 b) {
     return _mm256_blendv_ps(b, a, m);
 }
@@ -88,6 +93,10 @@ PPO_INLINE ppo_m32x8 ppo_m32x8_all(void) { return _mm256_castsi256_ps(_mm256_set
 PPO_INLINE ppo_m32x8 ppo_m32x8_and(ppo_m32x8 a, ppo_m32x8 b) { return _mm256_and_ps(a, b); }
 PPO_INLINE ppo_m32x8 ppo_m32x8_and_not(ppo_m32x8 a, ppo_m32x8 b) { /* a and not b */
     return _mm256_andnot_ps(b, a);
+}
+PPO_INLINE ppo_m32x8 ppo_m32x8_or(ppo_m32x8 a, ppo_m32x8 b) { return _mm256_or_ps(a, b); }
+PPO_INLINE ppo_f32x8 ppo_f32x8_abs(ppo_f32x8 x) { /* clears the sign bit, as fabs does */
+    return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
 }
 PPO_INLINE ppo_m32x8 ppo_m32x8_from_bytes(const uint8_t* p) { /* lane i: p[i] != 0 */
     int64_t bytes;
@@ -147,6 +156,82 @@ PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 argument) {
     return ppo_exact_where_nonfinite_ps(argument, _mm256_mul_ps(p, _mm256_castsi256_ps(power)));
 }
 
+/* log's value where its argument is 0, inf, NaN or negative, as ppo_log32 and ppo_log64 (log.h):
+ * -inf (either zero), inf, NaN (the argument's own) and NaN. */
+PPO_INLINE __m256 ppo_log_special_ps(__m256 x, __m256 y) {
+    y = _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(-INFINITY), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_EQ_OQ));
+    y = _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    return _mm256_blendv_ps(y, _mm256_set1_ps(NAN), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+}
+PPO_INLINE __m256d ppo_log_special_pd(__m256d x, __m256d y) {
+    y = _mm256_blendv_pd(y, x, _mm256_cmp_pd(x, _mm256_set1_pd(INFINITY), _CMP_EQ_OQ));
+    y = _mm256_blendv_pd(y, _mm256_set1_pd(-INFINITY), _mm256_cmp_pd(x, _mm256_setzero_pd(), _CMP_EQ_OQ));
+    y = _mm256_blendv_pd(y, x, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
+    return _mm256_blendv_pd(y, _mm256_set1_pd(NAN), _mm256_cmp_pd(x, _mm256_setzero_pd(), _CMP_LT_OQ));
+}
+
+/* The twin of ppo_log32 (log.h), operation for operation: integer steps in int32 lanes (the
+ * unsigned wrap of its bits is the lanes' two's complement), no fused multiply-add but the
+ * series'. */
+PPO_INLINE ppo_f32x8 ppo_f32x8_log(ppo_f32x8 x) {
+    __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(PPO_LOG32_TINY), _CMP_LT_OQ);
+    __m256 scaled = _mm256_blendv_ps(x, _mm256_mul_ps(x, _mm256_set1_ps(PPO_LOG32_SCALE)), tiny);
+    __m256i bits = _mm256_add_epi32(_mm256_castps_si256(scaled),
+                                    _mm256_set1_epi32((int32_t)PPO_LOG32_OFFSET));
+    __m256i k = _mm256_sub_epi32(_mm256_srli_epi32(bits, PPO_LOG32_SHIFT),
+                                 _mm256_set1_epi32(PPO_LOG32_BIAS));
+    k = _mm256_sub_epi32(
+        k, _mm256_and_si256(_mm256_castps_si256(tiny), _mm256_set1_epi32(PPO_LOG32_SCALE_BITS)));
+    __m256i m_bits = _mm256_add_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(PPO_LOG32_MANTISSA)),
+                                      _mm256_set1_epi32((int32_t)PPO_LOG32_SQRT_HALF));
+    __m256 f = _mm256_sub_ps(_mm256_castsi256_ps(m_bits), _mm256_set1_ps(1.0f));
+    __m256 half_square = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), f), f);
+    __m256 s = _mm256_div_ps(f, _mm256_add_ps(_mm256_set1_ps(2.0f), f));
+    __m256 z = _mm256_mul_ps(s, s);
+    __m256 r = _mm256_set1_ps(ppo_log32_series[0]);
+    for (int j = 1; j < 4; j++) r = _mm256_fmadd_ps(r, z, _mm256_set1_ps(ppo_log32_series[j]));
+    r = _mm256_mul_ps(r, z);
+    __m256 n = _mm256_cvtepi32_ps(k);
+    __m256 inner = _mm256_add_ps(_mm256_mul_ps(s, _mm256_add_ps(half_square, r)),
+                                 _mm256_mul_ps(n, _mm256_set1_ps(PPO_EXP32_LN2_LOW)));
+    __m256 y = _mm256_sub_ps(_mm256_mul_ps(n, _mm256_set1_ps(PPO_EXP32_LN2_HIGH)),
+                             _mm256_sub_ps(_mm256_sub_ps(half_square, inner), f));
+    return ppo_log_special_ps(x, y);
+}
+
+/* ppo_log64's steps on four float64 lanes, as ppo_f32x8_log's on eight float32 ones. Its k is
+ * converted to float64 exactly through the bits of 2^52 + 2^51 + k (AVX2 has no int64 -> float64
+ * conversion; |k| < 2^12 here). */
+PPO_INLINE __m256d ppo_log64_pd(__m256d x) {
+    __m256d tiny = _mm256_cmp_pd(x, _mm256_set1_pd(PPO_LOG64_TINY), _CMP_LT_OQ);
+    __m256d scaled = _mm256_blendv_pd(x, _mm256_mul_pd(x, _mm256_set1_pd(PPO_LOG64_SCALE)), tiny);
+    __m256i bits = _mm256_add_epi64(_mm256_castpd_si256(scaled),
+                                    _mm256_set1_epi64x((int64_t)PPO_LOG64_OFFSET));
+    __m256i k = _mm256_sub_epi64(_mm256_srli_epi64(bits, PPO_LOG64_SHIFT),
+                                 _mm256_set1_epi64x(PPO_LOG64_BIAS));
+    k = _mm256_sub_epi64(k, _mm256_and_si256(_mm256_castpd_si256(tiny),
+                                             _mm256_set1_epi64x(PPO_LOG64_SCALE_BITS)));
+    __m256i m_bits =
+        _mm256_add_epi64(_mm256_and_si256(bits, _mm256_set1_epi64x((int64_t)PPO_LOG64_MANTISSA)),
+                         _mm256_set1_epi64x((int64_t)PPO_LOG64_SQRT_HALF));
+    __m256d f = _mm256_sub_pd(_mm256_castsi256_pd(m_bits), _mm256_set1_pd(1.0));
+    __m256d half_square = _mm256_mul_pd(_mm256_mul_pd(_mm256_set1_pd(0.5), f), f);
+    __m256d s = _mm256_div_pd(f, _mm256_add_pd(_mm256_set1_pd(2.0), f));
+    __m256d z = _mm256_mul_pd(s, s);
+    __m256d r = _mm256_set1_pd(ppo_log64_series[0]);
+    for (int j = 1; j < 10; j++) r = _mm256_fmadd_pd(r, z, _mm256_set1_pd(ppo_log64_series[j]));
+    r = _mm256_mul_pd(r, z);
+    const __m256d magic = _mm256_set1_pd(6755399441055744.0); /* 2^52 + 2^51 */
+    __m256d n = _mm256_sub_pd(
+        _mm256_castsi256_pd(_mm256_add_epi64(k, _mm256_castpd_si256(magic))), magic);
+    __m256d inner = _mm256_add_pd(_mm256_mul_pd(s, _mm256_add_pd(half_square, r)),
+                                  _mm256_mul_pd(n, _mm256_set1_pd(PPO_EXP64_LN2_LOW)));
+    __m256d y = _mm256_sub_pd(_mm256_mul_pd(n, _mm256_set1_pd(PPO_EXP64_LN2_HIGH)),
+                              _mm256_sub_pd(_mm256_sub_pd(half_square, inner), f));
+    return ppo_log_special_pd(x, y);
+}
+
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 /* -- float64 on AVX-512F and DQ (setup.py's _avx512 build): eight lanes in one register, a mask
  * in a mask register (__mmask8, bit i for lane i), counts as the popcount of each mask. The
@@ -173,6 +258,9 @@ PPO_INLINE ppo_m64x8 ppo_f64x8_lt(ppo_f64x8 a, ppo_f64x8 b) {
 PPO_INLINE ppo_m64x8 ppo_f64x8_gt(ppo_f64x8 a, ppo_f64x8 b) {
     return _mm512_cmp_pd_mask(a, b, _CMP_GT_OQ);
 }
+PPO_INLINE ppo_m64x8 ppo_f64x8_le(ppo_f64x8 a, ppo_f64x8 b) {
+    return _mm512_cmp_pd_mask(a, b, _CMP_LE_OQ);
+}
 PPO_INLINE ppo_f64x8 ppo_f64x8_select(ppo_m64x8 m, ppo_f64x8 a, ppo_f64x8 b) {
     return _mm512_mask_blend_pd(m, b, a); /* a where m is set */
 }
@@ -192,6 +280,7 @@ PPO_INLINE ppo_m64x8 ppo_m64x8_and(ppo_m64x8 a, ppo_m64x8 b) { return (ppo_m64x8
 PPO_INLINE ppo_m64x8 ppo_m64x8_and_not(ppo_m64x8 a, ppo_m64x8 b) { /* a and not b */
     return (ppo_m64x8)(a & ~b);
 }
+PPO_INLINE ppo_m64x8 ppo_m64x8_or(ppo_m64x8 a, ppo_m64x8 b) { return (ppo_m64x8)(a | b); }
 PPO_INLINE ppo_m64x8 ppo_m64x8_from_bytes(const uint8_t* p) { /* lane i: p[i] != 0 */
     int64_t bytes;
     memcpy(&bytes, p, 8);
@@ -234,6 +323,39 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 argument) {
     return _mm512_mask_blend_pd(_mm512_cmp_pd_mask(argument, argument, _CMP_UNORD_Q), y, argument);
 }
 
+/* The twin of ppo_log64 (log.h), as ppo_log64_pd above on eight lanes; k converts exactly. */
+PPO_INLINE ppo_f64x8 ppo_f64x8_log(ppo_f64x8 x) {
+    __mmask8 tiny = _mm512_cmp_pd_mask(x, _mm512_set1_pd(PPO_LOG64_TINY), _CMP_LT_OQ);
+    __m512d scaled = _mm512_mask_blend_pd(tiny, x, _mm512_mul_pd(x, _mm512_set1_pd(PPO_LOG64_SCALE)));
+    __m512i bits = _mm512_add_epi64(_mm512_castpd_si512(scaled),
+                                    _mm512_set1_epi64((int64_t)PPO_LOG64_OFFSET));
+    __m512i k = _mm512_sub_epi64(_mm512_srli_epi64(bits, PPO_LOG64_SHIFT),
+                                 _mm512_set1_epi64(PPO_LOG64_BIAS));
+    k = _mm512_mask_sub_epi64(k, tiny, k, _mm512_set1_epi64(PPO_LOG64_SCALE_BITS));
+    __m512i m_bits =
+        _mm512_add_epi64(_mm512_and_si512(bits, _mm512_set1_epi64((int64_t)PPO_LOG64_MANTISSA)),
+                         _mm512_set1_epi64((int64_t)PPO_LOG64_SQRT_HALF));
+    __m512d f = _mm512_sub_pd(_mm512_castsi512_pd(m_bits), _mm512_set1_pd(1.0));
+    __m512d half_square = _mm512_mul_pd(_mm512_mul_pd(_mm512_set1_pd(0.5), f), f);
+    __m512d s = _mm512_div_pd(f, _mm512_add_pd(_mm512_set1_pd(2.0), f));
+    __m512d z = _mm512_mul_pd(s, s);
+    __m512d r = _mm512_set1_pd(ppo_log64_series[0]);
+    for (int j = 1; j < 10; j++) r = _mm512_fmadd_pd(r, z, _mm512_set1_pd(ppo_log64_series[j]));
+    r = _mm512_mul_pd(r, z);
+    __m512d n = _mm512_cvtepi64_pd(k);
+    __m512d inner = _mm512_add_pd(_mm512_mul_pd(s, _mm512_add_pd(half_square, r)),
+                                  _mm512_mul_pd(n, _mm512_set1_pd(PPO_EXP64_LN2_LOW)));
+    __m512d y = _mm512_sub_pd(_mm512_mul_pd(n, _mm512_set1_pd(PPO_EXP64_LN2_HIGH)),
+                              _mm512_sub_pd(_mm512_sub_pd(half_square, inner), f));
+    /* log's value where the argument is 0, inf, NaN or negative, as ppo_log_special_pd */
+    y = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(x, _mm512_set1_pd(INFINITY), _CMP_EQ_OQ), y, x);
+    y = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(x, _mm512_setzero_pd(), _CMP_EQ_OQ), y,
+                             _mm512_set1_pd(-INFINITY));
+    y = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), y, x);
+    return _mm512_mask_blend_pd(_mm512_cmp_pd_mask(x, _mm512_setzero_pd(), _CMP_LT_OQ), y,
+                                _mm512_set1_pd(NAN));
+}
+
 #else
 /* -- float64 on AVX2: two registers of four lanes ---------------------------------------------- */
 typedef struct {
@@ -262,6 +384,7 @@ PPO_INLINE void ppo_f64x8_store(double* p, ppo_f64x8 x) {
 #define PPO_CMP_EQ(a, b) _mm256_cmp_pd(a, b, _CMP_EQ_OQ)
 #define PPO_CMP_LT(a, b) _mm256_cmp_pd(a, b, _CMP_LT_OQ)
 #define PPO_CMP_GT(a, b) _mm256_cmp_pd(a, b, _CMP_GT_OQ)
+#define PPO_CMP_LE(a, b) _mm256_cmp_pd(a, b, _CMP_LE_OQ)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, add, _mm256_add_pd)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, sub, _mm256_sub_pd)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, mul, _mm256_mul_pd)
@@ -271,6 +394,7 @@ PPO_F64X8_BOTH_HALVES(ppo_f64x8, min, _mm256_min_pd)
 PPO_F64X8_BOTH_HALVES(ppo_m64x8, eq, PPO_CMP_EQ)
 PPO_F64X8_BOTH_HALVES(ppo_m64x8, lt, PPO_CMP_LT)
 PPO_F64X8_BOTH_HALVES(ppo_m64x8, gt, PPO_CMP_GT)
+PPO_F64X8_BOTH_HALVES(ppo_m64x8, le, PPO_CMP_LE)
 PPO_INLINE ppo_f64x8 ppo_f64x8_select(ppo_m64x8 m, ppo_f64x8 a, ppo_f64x8 b) {
     ppo_f64x8 r = {_mm256_blendv_pd(b.low, a.low, m.low), _mm256_blendv_pd(b.high, a.high, m.high)};
     return r;
@@ -309,6 +433,10 @@ PPO_INLINE ppo_m64x8 ppo_m64x8_and(ppo_m64x8 a, ppo_m64x8 b) {
 }
 PPO_INLINE ppo_m64x8 ppo_m64x8_and_not(ppo_m64x8 a, ppo_m64x8 b) {
     ppo_m64x8 r = {_mm256_andnot_pd(b.low, a.low), _mm256_andnot_pd(b.high, a.high)};
+    return r;
+}
+PPO_INLINE ppo_m64x8 ppo_m64x8_or(ppo_m64x8 a, ppo_m64x8 b) {
+    ppo_m64x8 r = {_mm256_or_pd(a.low, b.low), _mm256_or_pd(a.high, b.high)};
     return r;
 }
 PPO_INLINE ppo_m64x8 ppo_m64x8_from_bytes(const uint8_t* p) {
@@ -374,6 +502,10 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
         ppo_exact_where_nonfinite_pd(x.high, _mm256_mul_pd(p1, _mm256_castsi256_pd(power1)))};
     return r;
 }
+PPO_INLINE ppo_f64x8 ppo_f64x8_log(ppo_f64x8 x) {
+    ppo_f64x8 r = {ppo_log64_pd(x.low), ppo_log64_pd(x.high)};
+    return r;
+}
 #endif /* AVX-512 */
 
 #elif defined(__GNUC__) || defined(__clang__)
@@ -411,11 +543,13 @@ typedef ppo_m64x8 ppo_c64x8;
 #define PPO_PART_EQ(p) r.p = (__typeof__(r.p))(a.p == b.p);
 #define PPO_PART_LT(p) r.p = (__typeof__(r.p))(a.p < b.p);
 #define PPO_PART_GT(p) r.p = (__typeof__(r.p))(a.p > b.p);
+#define PPO_PART_LE(p) r.p = (__typeof__(r.p))(a.p <= b.p);
 #define PPO_PART_SELECT(p) \
     a.p = (__typeof__(a.p))((m.p & (__typeof__(m.p))a.p) | (~m.p & (__typeof__(m.p))b.p));
 #define PPO_PART_ALL(p) r.p = ~(__typeof__(r.p)){0};
 #define PPO_PART_AND(p) a.p &= b.p;
 #define PPO_PART_AND_NOT(p) a.p &= ~b.p;
+#define PPO_PART_OR(p) a.p |= b.p;
 #define PPO_PART_ZERO(p) r.p = (__typeof__(r.p)){0};
 #define PPO_PART_COUNT(p) counts.p -= m.p; /* a true lane is -1 */
 #define PPO_PART_TOTAL(p) \
@@ -456,6 +590,10 @@ typedef ppo_m64x8 ppo_c64x8;
         ppo_##mask r;                                                                      \
         PPO_PARTS_##name(PPO_PART_GT) return r;                                            \
     }                                                                                      \
+    PPO_INLINE ppo_##mask ppo_##name##_le(ppo_##name a, ppo_##name b) {                    \
+        ppo_##mask r;                                                                      \
+        PPO_PARTS_##name(PPO_PART_LE) return r;                                            \
+    }                                                                                      \
     PPO_INLINE ppo_##name ppo_##name##_select(ppo_##mask m, ppo_##name a, ppo_##name b) {  \
         PPO_PARTS_##name(PPO_PART_SELECT) return a;                                        \
     }                                                                                      \
@@ -474,6 +612,9 @@ typedef ppo_m64x8 ppo_c64x8;
     }                                                                                      \
     PPO_INLINE ppo_##mask ppo_##mask##_and_not(ppo_##mask a, ppo_##mask b) {               \
         PPO_PARTS_##name(PPO_PART_AND_NOT) return a;                                       \
+    }                                                                                      \
+    PPO_INLINE ppo_##mask ppo_##mask##_or(ppo_##mask a, ppo_##mask b) {                    \
+        PPO_PARTS_##name(PPO_PART_OR) return a;                                            \
     }
 PPO_GENERIC_LANES(f32x8, float, m32x8)
 PPO_GENERIC_LANES(f64x8, double, m64x8)
@@ -548,6 +689,11 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_abs(ppo_f64x8 x) {
     const ppo_v2l magnitude = (ppo_v2l){0} + INT64_MAX;
     PPO_PARTS_f64x8(PPO_PART_ABS) return x;
 }
+#define PPO_PART_ABS32(p) x.p = (ppo_v4f)((ppo_v4i)x.p & magnitude);
+PPO_INLINE ppo_f32x8 ppo_f32x8_abs(ppo_f32x8 x) {
+    const ppo_v4i magnitude = (ppo_v4i){0} + INT32_MAX;
+    PPO_PARTS_f32x8(PPO_PART_ABS32) return x;
+}
 PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) {
     ppo_f64x8 r = {{x.a[0], x.a[1]}, {x.a[2], x.a[3]}, {x.b[0], x.b[1]}, {x.b[2], x.b[3]}};
     return r;
@@ -569,6 +715,20 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
     double lanes[8];
     memcpy(lanes, &x, sizeof lanes);
     for (int lane = 0; lane < 8; lane++) lanes[lane] = ppo_exp64(lanes[lane]);
+    memcpy(&x, lanes, sizeof lanes);
+    return x;
+}
+PPO_INLINE ppo_f32x8 ppo_f32x8_log(ppo_f32x8 x) {
+    float lanes[8];
+    memcpy(lanes, &x, sizeof lanes);
+    for (int lane = 0; lane < 8; lane++) lanes[lane] = ppo_log32(lanes[lane]);
+    memcpy(&x, lanes, sizeof lanes);
+    return x;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_log(ppo_f64x8 x) {
+    double lanes[8];
+    memcpy(lanes, &x, sizeof lanes);
+    for (int lane = 0; lane < 8; lane++) lanes[lane] = ppo_log64(lanes[lane]);
     memcpy(&x, lanes, sizeof lanes);
     return x;
 }
@@ -641,6 +801,11 @@ typedef int64_t ppo_c64x8;
         PPO_EACH_LANE(r.lane[lane] = -(bits)(a.lane[lane] > b.lane[lane]));                  \
         return r;                                                                            \
     }                                                                                        \
+    PPO_INLINE ppo_##mask ppo_##name##_le(ppo_##name a, ppo_##name b) {                      \
+        ppo_##mask r;                                                                        \
+        PPO_EACH_LANE(r.lane[lane] = -(bits)(a.lane[lane] <= b.lane[lane]));                 \
+        return r;                                                                            \
+    }                                                                                        \
     PPO_INLINE ppo_##name ppo_##name##_select(ppo_##mask m, ppo_##name a, ppo_##name b) {    \
         bits a_bits[8], b_bits[8];                                                           \
         memcpy(a_bits, a.lane, sizeof a_bits);                                               \
@@ -667,6 +832,10 @@ typedef int64_t ppo_c64x8;
     }                                                                                        \
     PPO_INLINE ppo_##mask ppo_##mask##_and_not(ppo_##mask a, ppo_##mask b) {                 \
         PPO_EACH_LANE(a.lane[lane] &= ~b.lane[lane]);                                        \
+        return a;                                                                            \
+    }                                                                                        \
+    PPO_INLINE ppo_##mask ppo_##mask##_or(ppo_##mask a, ppo_##mask b) {                      \
+        PPO_EACH_LANE(a.lane[lane] |= b.lane[lane]);                                         \
         return a;                                                                            \
     }                                                                                        \
     PPO_INLINE ppo_##mask ppo_##mask##_from_bytes(const uint8_t* p) {                        \
@@ -708,6 +877,10 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_abs(ppo_f64x8 x) {
     PPO_EACH_LANE(x.lane[lane] = fabs(x.lane[lane]));
     return x;
 }
+PPO_INLINE ppo_f32x8 ppo_f32x8_abs(ppo_f32x8 x) {
+    PPO_EACH_LANE(x.lane[lane] = fabsf(x.lane[lane]));
+    return x;
+}
 PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) {
     ppo_f64x8 r;
     PPO_EACH_LANE(r.lane[lane] = (double)x.lane[lane]);
@@ -725,6 +898,14 @@ PPO_INLINE ppo_f32x8 ppo_f32x8_exp(ppo_f32x8 x) {
 }
 PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
     PPO_EACH_LANE(x.lane[lane] = ppo_exp64(x.lane[lane]));
+    return x;
+}
+PPO_INLINE ppo_f32x8 ppo_f32x8_log(ppo_f32x8 x) {
+    PPO_EACH_LANE(x.lane[lane] = ppo_log32(x.lane[lane]));
+    return x;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_log(ppo_f64x8 x) {
+    PPO_EACH_LANE(x.lane[lane] = ppo_log64(x.lane[lane]));
     return x;
 }
 #endif

@@ -62,6 +62,12 @@ PPO_INLINE ppo_m64x8 ppo_valid_lanes(
     ppo_m64x8 valid = ppo_m64x8_first(length - t);
     return has_mask ? ppo_m64x8_and(valid, ppo_m64x8_from_bytes(mask + i)) : valid;
 }
+
+/* Where the valid prefix of the row at start ends (its positions before its length): an index
+ * into the token arrays, as rows_returns.h's ppo_valid_end is a count. */
+PPO_INLINE ptrdiff_t ppo_valid_stop(ptrdiff_t start, ptrdiff_t span, ptrdiff_t length) {
+    return start + (length < span ? (length > 0 ? length : 0) : span);
+}
 #endif
 #define ppo_vec PPO_CONCAT(ppo_, PPO_LANES)
 #define ppo_mask PPO_CONCAT(ppo_, PPO_MASKS)
@@ -72,19 +78,23 @@ PPO_INLINE ppo_vec PPO_ROW(ppo_clip)(ppo_vec x, ppo_vec low, ppo_vec high) {
     return PPO_V(min)(high, PPO_V(max)(low, x));
 }
 
-/* A row's last partial block: `count` < 8 tokens from position i of up to four token arrays
- * (NULL: absent), and their mask (all valid without one), in zero-padded lanes. */
+/* A row's last partial block: `count` < 8 tokens from position i of up to PPO_TAIL_ARRAYS token
+ * arrays (NULL or left out of the initializer: absent), and their mask (all valid without one),
+ * in zero-padded lanes. */
+#ifndef PPO_TAIL_ARRAYS
+#define PPO_TAIL_ARRAYS 5 /* KL-Cov's: log-probabilities, old ones, advantages, penalties, weights */
+#endif
 typedef struct {
-    ppo_real tokens[4][8], grad[8];
+    ppo_real tokens[PPO_TAIL_ARRAYS][8], grad[8];
     uint8_t mask[8];
 } PPO_ROW(ppo_tail);
 
 PPO_INLINE void PPO_ROW(ppo_tail_fill)(
-    PPO_ROW(ppo_tail) * tail, const ppo_real* const arrays[4], int has_mask, const uint8_t* mask,
-    ptrdiff_t i, ptrdiff_t count) {
+    PPO_ROW(ppo_tail) * tail, const ppo_real* const arrays[PPO_TAIL_ARRAYS], int has_mask,
+    const uint8_t* mask, ptrdiff_t i, ptrdiff_t count) {
     memset(tail, 0, sizeof *tail);
     for (ptrdiff_t lane = 0; lane < count; lane++) {
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < PPO_TAIL_ARRAYS; k++) {
             if (arrays[k]) tail->tokens[k][lane] = arrays[k][i + lane];
         }
         tail->mask[lane] = has_mask ? mask[i + lane] : 1;

@@ -99,7 +99,7 @@ PPO_INLINE void PPO_ROW(ppo_clipped_surrogate_cases)(
                 PPO_V(load)(ratios + (i - first)), p, grad, &sums);
         }
         if (i < end) {
-            const ppo_real* const arrays[4] = {
+            const ppo_real* const arrays[PPO_TAIL_ARRAYS] = {
                 logprobs, old_logprobs, advantages, has_weights ? weights : NULL};
             PPO_ROW(ppo_tail) tail;
             PPO_ROW(ppo_tail_fill)(&tail, arrays, has_mask, mask, i, end - i);
@@ -205,7 +205,7 @@ PPO_INLINE void PPO_ROW(ppo_value_loss_cases)(
                 &loss, &clipped_count);
         }
         if (t < end) {
-            const ppo_real* const arrays[4] = {values, old_values, returns, NULL};
+            const ppo_real* const arrays[PPO_TAIL_ARRAYS] = {values, old_values, returns, NULL};
             PPO_ROW(ppo_tail) tail;
             PPO_ROW(ppo_tail_fill)(&tail, arrays, has_mask, mask, start + t, end - t);
             ppo_mask valid = PPO_M(and)(PPO_M(from_bytes)(tail.mask), PPO_M(first)(length - t));

@@ -152,7 +152,7 @@ PPO_INLINE void PPO_ROW(ppo_family_cases)(
                 ratio, sigmoid, p, grad, &sums);
         }
         if (i < end) {
-            const ppo_real* const arrays[4] = {
+            const ppo_real* const arrays[PPO_TAIL_ARRAYS] = {
                 logprobs, old_logprobs, advantages, has_weights ? weights : NULL};
             PPO_ROW(ppo_tail) tail;
             PPO_ROW(ppo_tail_fill)(&tail, arrays, has_mask, mask, i, end - i);

@@ -1,151 +1,324 @@
 /* Twins of dppo and kl_cov (ppo_fast/_numba_losses.py), operation for operation. Included by
  * rows.h, once per dtype.
  *
- * Scalar C over the row's valid prefix, in loops the compiler may vectorize (not the explicit
- * eight-lane form of rows_policy.h): per-token
- * arithmetic in the dtype, the weight in float64 as the twins' (numba's promotion), every sum in
- * float64 in token order (an order of its own, the same on any number of threads), every count an
- * integer. An invalid position gets a zero gradient and adds nothing to any sum. */
+ * Eight lanes at a time, as rows_policy.h: a row's valid prefix in chunks of PPO_CHUNK tokens,
+ * the chunk's exps (and DPPO's binary KL's logs) first into scratch rows, then the rest 8 tokens at
+ * a time, a row's last partial block in the zero-padded invalid lanes of PPO_ROW(ppo_tail).
+ * Per-token arithmetic runs in the dtype, the weight in float64 as the twins' (numba's
+ * promotion), every sum in float64 in 8 lanes added up in a fixed tree (an order of its own, the
+ * same on any number of threads), every count an integer. An invalid position gets a zero
+ * gradient and adds a zero term to each sum, as the twins' selects: whatever is stored there
+ * (NaN, inf) reaches nothing. */
 
-#if PPO_FAST_DTYPE == 32
-#define ppo_exp_real ppo_exp32
-#define ppo_log_real ppo_log32
-#else
-#define ppo_exp_real ppo_exp64
-#define ppo_log_real ppo_log64
-#endif
-
-/* numba's (Python's) min and max, comparison for comparison: a NaN first argument stays. */
-#define PPO_MIN(a, b) ((b) < (a) ? (b) : (a))
-#define PPO_MAX(a, b) ((b) > (a) ? (b) : (a))
-
-/* out[j] = exp(x[j]) (y NULL), or exp(x[j] - y[j]) clamped to [-clamp, clamp] when `clamped`,
- * for j < n: eight lanes at a time with lanes.h's exp, the last partial block one at a time with
- * exp.h's (the same function, lane for lane). */
-PPO_INLINE void PPO_ROW(ppo_exps_of)(
-    const ppo_real* x, const ppo_real* y, ptrdiff_t n, ppo_real clamp, int clamped,
-    ppo_real* out) {
-    ptrdiff_t j = 0;
-    ppo_vec high = PPO_V(splat)(clamp), low = PPO_V(splat)(-clamp);
-    for (; j + 8 <= n; j += 8) {
-        ppo_vec v = PPO_V(load)(x + j);
-        if (y) v = PPO_V(sub)(v, PPO_V(load)(y + j));
-        if (clamped) v = PPO_ROW(ppo_clip)(v, low, high);
-        PPO_V(store)(out + j, PPO_V(exp)(v));
-    }
-    for (; j < n; j++) {
-        ppo_real v = y ? x[j] - y[j] : x[j];
-        out[j] = ppo_exp_real(clamped ? PPO_MIN(PPO_MAX(v, -clamp), clamp) : v);
+/* Prefetches the cache lines PPO_CHUNK tokens ahead of position i of up to four token arrays and
+ * the mask, once a line (as ppo_family_cases, rows_policy.h). */
+PPO_INLINE void PPO_ROW(ppo_prefetch_ahead)(
+    const ppo_real* a, const ppo_real* b, const ppo_real* c, const ppo_real* d,
+    const uint8_t* mask, ptrdiff_t first, ptrdiff_t i) {
+    ptrdiff_t ahead = (i + PPO_CHUNK) * (ptrdiff_t)sizeof(ppo_real);
+    if ((i - first) % (64 / sizeof(ppo_real)) == 0) {
+        ppo_prefetch(a, ahead);
+        ppo_prefetch(b, ahead);
+        if (c) ppo_prefetch(c, ahead);
+        if (d) ppo_prefetch(d, ahead);
+        if (mask && (i - first) % 64 == 0) ppo_prefetch(mask, i + PPO_CHUNK);
     }
 }
 
 /* -- DPPO (binary TV or binary KL) ------------------------------------------------------------- */
 
-/* A row's valid prefix in chunks of PPO_CHUNK tokens, as the twin: the chunk's exps (the ratios,
- * the probabilities) and, for the binary KL, its quotients and their logs, each in a loop of its
- * own into a scratch row (short loops over plain arithmetic, which the compiler vectorizes), then
- * the rest. */
+typedef struct {
+    ppo_vec zero, one, eps, low, negative_low, high, cap, clamp, negative_clamp;
+    ppo_f64x8 scale;
+    int binary_kl;
+} PPO_ROW(ppo_dppo_params);
+
+typedef struct {
+    ppo_f64x8 loss, kl;
+    ppo_count outside, capped;
+} PPO_ROW(ppo_dppo_sums);
+
+/* The exps of the 8 tokens from position i: the ratio (of the clamped log-ratio), the
+ * probability and the old one. */
+PPO_INLINE void PPO_ROW(ppo_dppo_exps)(
+    const ppo_real* logprobs, const ppo_real* old_logprobs, ptrdiff_t i,
+    const PPO_ROW(ppo_dppo_params) * p, ppo_vec* ratio, ppo_vec* prob, ppo_vec* old_prob) {
+    ppo_vec logprob = PPO_V(load)(logprobs + i), old = PPO_V(load)(old_logprobs + i);
+    ppo_vec log_ratio = PPO_ROW(ppo_clip)(PPO_V(sub)(logprob, old), p->negative_clamp, p->clamp);
+    *ratio = PPO_V(exp)(log_ratio);
+    *prob = PPO_V(exp)(logprob);
+    *old_prob = PPO_V(exp)(old);
+}
+
+/* The binary KL's log((1 - old_prob + eps) / ((1 - prob) + eps)). */
+PPO_INLINE ppo_vec PPO_ROW(ppo_dppo_log)(
+    ppo_vec prob, ppo_vec old_prob, const PPO_ROW(ppo_dppo_params) * p) {
+    ppo_vec complement = PPO_V(sub)(p->one, old_prob);
+    ppo_vec quotient = PPO_V(div)(PPO_V(add)(complement, p->eps),
+                                  PPO_V(add)(PPO_V(sub)(p->one, prob), p->eps));
+    return PPO_V(log)(quotient);
+}
+
+/* The twin's loop body for the 8 tokens from position i, their exps and logs given. */
+PPO_INLINE void PPO_ROW(ppo_dppo_block)(
+    int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
+    const ppo_real* advantages, const ppo_real* weights, const uint8_t* mask, ptrdiff_t i,
+    ppo_vec ratio, ppo_vec prob, ppo_vec old_prob, ppo_vec log_quotient,
+    const PPO_ROW(ppo_dppo_params) * p, ppo_real* grad, PPO_ROW(ppo_dppo_sums) * sums) {
+    ppo_mask valid = has_mask ? PPO_M(from_bytes)(mask + i) : PPO_M(all)();
+    ppo_vec logprob = PPO_V(load)(logprobs + i), old = PPO_V(load)(old_logprobs + i);
+    ppo_vec advantage = PPO_V(load)(advantages + i);
+    ppo_vec log_ratio = PPO_ROW(ppo_clip)(PPO_V(sub)(logprob, old), p->negative_clamp, p->clamp);
+    ppo_mask positive = PPO_V(gt)(advantage, p->zero), inside_positive, inside_negative;
+    if (p->binary_kl) {
+        ppo_vec distance = PPO_V(add)(PPO_V(mul)(old_prob, PPO_V(sub)(old, logprob)),
+                                      PPO_V(mul)(PPO_V(sub)(p->one, old_prob), log_quotient));
+        inside_positive = PPO_M(or)(PPO_V(le)(distance, p->high), PPO_V(le)(prob, old_prob));
+        inside_negative = PPO_M(or)(PPO_V(le)(distance, p->low), PPO_V(le)(old_prob, prob));
+    } else {
+        ppo_vec difference = PPO_V(sub)(prob, old_prob);
+        inside_positive = PPO_V(le)(difference, p->high);
+        inside_negative = PPO_V(le)(p->negative_low, difference);
+    }
+    ppo_mask inside = PPO_M(or)(PPO_M(and)(positive, inside_positive),
+                                PPO_M(and_not)(inside_negative, positive));
+    ppo_vec keep = PPO_V(select)(inside, p->one, p->zero);
+    /* the twin's min(ratio, cap): cap < ratio ? cap : ratio */
+    ppo_vec slope = PPO_V(mul)(advantage, PPO_V(min)(p->cap, ratio));
+    /* numba's weight is float64 either way (its 1 is an integer) */
+    ppo_f64x8 negative_weight = ppo_f64x8_splat(-1.0);
+    if (has_weights) {
+        ppo_vec weight = PPO_V(select)(valid, PPO_V(load)(weights + i), p->zero);
+        negative_weight = ppo_f64x8_negative(PPO_V(to_f64)(weight));
+    }
+    ppo_f64x8 gradient = ppo_f64x8_mul(
+        ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(PPO_V(mul)(slope, keep))), p->scale);
+    PPO_V(store)(grad + i, PPO_V(select)(valid, PPO_V(from_f64)(gradient), p->zero));
+    ppo_vec objective = PPO_V(select)(valid, PPO_V(mul)(PPO_V(mul)(slope, logprob), keep), p->zero);
+    sums->loss =
+        ppo_f64x8_add(sums->loss, ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(objective)));
+    log_ratio = PPO_V(select)(valid, log_ratio, p->zero);
+    sums->kl = ppo_f64x8_add(sums->kl, ppo_f64x8_negative(PPO_V(to_f64)(log_ratio)));
+    sums->outside = PPO_C(add)(sums->outside, PPO_M(and_not)(valid, inside));
+    ppo_mask capped = PPO_M(and)(PPO_M(and)(valid, inside), PPO_V(gt)(ratio, p->cap));
+    sums->capped = PPO_C(add)(sums->capped, capped);
+}
+
+/* The row's valid prefix, a chunk at a time: the chunk's exps (the ratios, the probabilities),
+ * prefetching the next chunk's inputs meanwhile, then for the binary KL its logs, each pass a
+ * short chain per block (as the ratios and sigmoids of rows_policy.h), then the rest. */
+PPO_INLINE void PPO_ROW(ppo_dppo_cases)(
+    int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
+    const ppo_real* advantages, const ppo_real* weights, ptrdiff_t start, ptrdiff_t span,
+    ptrdiff_t length, const uint8_t* mask, const PPO_ROW(ppo_dppo_params) * p, ppo_real* grad,
+    double* row_loss, double* row_outside, double* row_capped, double* row_kl) {
+    ppo_real ratios[PPO_CHUNK], probs[PPO_CHUNK], old_probs[PPO_CHUNK], logs[PPO_CHUNK];
+    ppo_f64x8 loss = ppo_f64x8_splat(0.0), kl = ppo_f64x8_splat(0.0);
+    int64_t outside = 0, capped = 0;
+    ptrdiff_t valid_end = ppo_valid_stop(start, span, length);
+    for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
+        ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
+        ptrdiff_t whole_end = end - (end - first) % 8, i;
+        PPO_ROW(ppo_dppo_sums) sums = {loss, kl, PPO_C(zero)(), PPO_C(zero)()};
+        for (i = first; i < whole_end; i += 8) {
+            PPO_ROW(ppo_prefetch_ahead)(
+                logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
+                has_mask ? mask : NULL, first, i);
+            ppo_vec ratio, prob, old_prob;
+            PPO_ROW(ppo_dppo_exps)(logprobs, old_logprobs, i, p, &ratio, &prob, &old_prob);
+            PPO_V(store)(ratios + (i - first), ratio);
+            PPO_V(store)(probs + (i - first), prob);
+            PPO_V(store)(old_probs + (i - first), old_prob);
+        }
+        for (i = first; p->binary_kl && i < whole_end; i += 8) {
+            ppo_vec prob = PPO_V(load)(probs + (i - first));
+            ppo_vec old_prob = PPO_V(load)(old_probs + (i - first));
+            PPO_V(store)(logs + (i - first), PPO_ROW(ppo_dppo_log)(prob, old_prob, p));
+        }
+        for (i = first; i < whole_end; i += 8) {
+            ppo_vec log_quotient = p->zero;
+            if (p->binary_kl) log_quotient = PPO_V(load)(logs + (i - first));
+            PPO_ROW(ppo_dppo_block)(
+                has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask, i,
+                PPO_V(load)(ratios + (i - first)), PPO_V(load)(probs + (i - first)),
+                PPO_V(load)(old_probs + (i - first)), log_quotient, p, grad, &sums);
+        }
+        if (i < end) {
+            const ppo_real* const arrays[PPO_TAIL_ARRAYS] = {
+                logprobs, old_logprobs, advantages, has_weights ? weights : NULL};
+            PPO_ROW(ppo_tail) tail;
+            PPO_ROW(ppo_tail_fill)(&tail, arrays, has_mask, mask, i, end - i);
+            ppo_vec ratio, prob, old_prob, log_quotient = p->zero;
+            PPO_ROW(ppo_dppo_exps)(tail.tokens[0], tail.tokens[1], 0, p, &ratio, &prob, &old_prob);
+            if (p->binary_kl) log_quotient = PPO_ROW(ppo_dppo_log)(prob, old_prob, p);
+            PPO_ROW(ppo_dppo_block)(
+                1, has_weights, tail.tokens[0], tail.tokens[1], tail.tokens[2], tail.tokens[3],
+                tail.mask, 0, ratio, prob, old_prob, log_quotient, p, tail.grad, &sums);
+            memcpy(grad + i, tail.grad, (size_t)(end - i) * sizeof(ppo_real));
+        }
+        loss = sums.loss;
+        kl = sums.kl;
+        outside += PPO_C(total)(sums.outside);
+        capped += PPO_C(total)(sums.capped);
+    }
+    for (ptrdiff_t i = valid_end; i < start + span; i++) grad[i] = 0;
+    *row_loss = ppo_f64x8_total(loss);
+    *row_outside = (double)outside;
+    *row_capped = (double)capped;
+    *row_kl = ppo_f64x8_total(kl);
+}
+
+/* One specialization per case: without a mask or weights, nothing is loaded for them. */
+#define PPO_TOKEN_CASES(cases, ...)                                                            \
+    do {                                                                                       \
+        if (has_mask && has_weights)                                                           \
+            cases(1, 1, __VA_ARGS__);                                                          \
+        else if (has_mask)                                                                     \
+            cases(1, 0, __VA_ARGS__);                                                          \
+        else if (has_weights)                                                                  \
+            cases(0, 1, __VA_ARGS__);                                                          \
+        else                                                                                   \
+            cases(0, 0, __VA_ARGS__);                                                          \
+    } while (0)
+
 static void PPO_ROW(ppo_dppo_row)(
     const ppo_real* logprobs, const ppo_real* old_logprobs, const ppo_real* advantages,
     const ppo_real* weights, int has_weights, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length,
     const uint8_t* mask, int has_mask, ppo_real scale, int divergence, ppo_real divergence_low,
     ppo_real divergence_high, ppo_real ratio_cap, ppo_real log_ratio_clamp, ppo_real* grad,
     double* row_loss, double* row_outside, double* row_capped, double* row_kl) {
-    const ppo_real zero = scale - scale, one = 1, eps = (ppo_real)1e-8; /* verl's 1e-8 */
-    const ppo_real low = divergence_low, high = divergence_high, cap = ratio_cap;
-    const ppo_real clamp = log_ratio_clamp;
-    const int binary_kl = divergence == 1; /* _spec.DIVERGENCES */
-    ppo_real ratios[PPO_CHUNK], probs[PPO_CHUNK], old_probs[PPO_CHUNK], logs[PPO_CHUNK];
-    double total = 0, kl_total = 0;
-    int64_t outside = 0, capped = 0;
-    ptrdiff_t valid_end = start + (length < span ? (length > 0 ? length : 0) : span);
-    for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
-        ptrdiff_t n = valid_end - first < PPO_CHUNK ? valid_end - first : PPO_CHUNK, j;
-        const ppo_real *lp = logprobs + first, *op = old_logprobs + first;
-        PPO_ROW(ppo_exps_of)(lp, op, n, clamp, 1, ratios);
-        PPO_ROW(ppo_exps_of)(lp, NULL, n, 0, 0, probs);
-        PPO_ROW(ppo_exps_of)(op, NULL, n, 0, 0, old_probs);
-        if (binary_kl) {
-            for (j = 0; j < n; j++)
-                logs[j] = (one - old_probs[j] + eps) / ((one - probs[j]) + eps);
-            for (j = 0; j < n; j++) logs[j] = ppo_log_real(logs[j]);
-        }
-        for (j = 0; j < n; j++) {
-            ptrdiff_t i = first + j;
-            int valid = !has_mask || mask[i] != 0;
-            ppo_real logprob = lp[j], old = op[j], advantage = advantages[i];
-            ppo_real prob = probs[j], old_prob = old_probs[j], ratio = ratios[j];
-            double weight = has_weights ? (double)weights[i] : 1.0;
-            ppo_real log_ratio = PPO_MIN(PPO_MAX(logprob - old, -clamp), clamp);
-            int positive = advantage > zero, inside;
-            if (binary_kl) {
-                ppo_real distance = old_prob * (old - logprob) + (one - old_prob) * logs[j];
-                inside = positive ? (distance <= high) | (prob <= old_prob)
-                                  : (distance <= low) | (prob >= old_prob);
-            } else {
-                ppo_real difference = prob - old_prob;
-                inside = positive ? difference <= high : difference >= -low;
-            }
-            ppo_real keep = inside ? one : zero;
-            ppo_real slope = advantage * PPO_MIN(ratio, cap);
-            double gradient = -weight * (double)(slope * keep) * (double)scale;
-            double term = -weight * (double)((slope * logprob) * keep);
-            grad[i] = valid ? (ppo_real)gradient : zero;
-            total += valid ? term : 0.0;
-            kl_total += valid ? -(double)log_ratio : 0.0;
-            outside += valid & !inside;
-            capped += valid & inside & (ratio > cap);
-        }
-    }
-    for (ptrdiff_t i = valid_end; i < start + span; i++) grad[i] = 0;
-    *row_loss = total;
-    *row_outside = (double)outside;
-    *row_capped = (double)capped;
-    *row_kl = kl_total;
+    const ppo_real zero = scale - scale, one = 1; /* 0 in the dtype, as the twin */
+    PPO_ROW(ppo_dppo_params) p;
+    p.zero = PPO_V(splat)(zero);
+    p.one = PPO_V(splat)(one);
+    p.eps = PPO_V(splat)((ppo_real)1e-8); /* verl's 1e-8, in the dtype */
+    p.low = PPO_V(splat)(divergence_low);
+    p.negative_low = PPO_V(splat)(-divergence_low);
+    p.high = PPO_V(splat)(divergence_high);
+    p.cap = PPO_V(splat)(ratio_cap);
+    p.clamp = PPO_V(splat)(log_ratio_clamp);
+    p.negative_clamp = PPO_V(splat)(-log_ratio_clamp);
+    p.scale = ppo_f64x8_splat((double)scale);
+    p.binary_kl = divergence == 1; /* _spec.DIVERGENCES */
+    PPO_TOKEN_CASES(
+        PPO_ROW(ppo_dppo_cases), logprobs, old_logprobs, advantages, weights, start, span, length,
+        mask, &p, grad, row_loss, row_outside, row_capped, row_kl);
 }
 
 /* -- KL-Cov ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    ppo_vec zero, one, negative_one;
+    ppo_f64x8 scale;
+} PPO_ROW(ppo_kl_cov_params);
+
+typedef struct {
+    ppo_f64x8 loss, distance;
+    ppo_count penalised;
+} PPO_ROW(ppo_kl_cov_sums);
+
+/* The twin's loop body for the 8 tokens from position i, their ratios given. */
+PPO_INLINE void PPO_ROW(ppo_kl_cov_block)(
+    int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
+    const ppo_real* advantages, const ppo_real* penalties, const ppo_real* weights,
+    const uint8_t* mask, ptrdiff_t i, ppo_vec ratio, const PPO_ROW(ppo_kl_cov_params) * p,
+    ppo_real* grad, PPO_ROW(ppo_kl_cov_sums) * sums) {
+    ppo_mask valid = has_mask ? PPO_M(from_bytes)(mask + i) : PPO_M(all)();
+    ppo_vec log_ratio = PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
+    ppo_vec penalty = PPO_V(load)(penalties + i);
+    /* penalty != 0: NaN too */
+    ppo_mask penalised = PPO_M(and_not)(PPO_M(all)(), PPO_V(eq)(penalty, p->zero));
+    ppo_vec distance = PPO_V(abs)(log_ratio); /* numba's abs: |-0| = +0 */
+    /* sign: 0 at 0, NaN at NaN (the log-ratio itself, where it is neither < nor > 0) */
+    ppo_vec sign = PPO_V(select)(
+        PPO_V(gt)(log_ratio, p->zero), p->one,
+        PPO_V(select)(PPO_V(lt)(log_ratio, p->zero), p->negative_one, log_ratio));
+    ppo_vec base = PPO_V(mul)(PPO_V(load)(advantages + i), ratio);
+    ppo_vec objective =
+        PPO_V(select)(penalised, PPO_V(sub)(base, PPO_V(mul)(penalty, distance)), base);
+    ppo_vec slope = PPO_V(select)(penalised, PPO_V(sub)(base, PPO_V(mul)(penalty, sign)), base);
+    /* numba's weight is float64 either way (its 1 is an integer) */
+    ppo_f64x8 negative_weight = ppo_f64x8_splat(-1.0);
+    if (has_weights) {
+        ppo_vec weight = PPO_V(select)(valid, PPO_V(load)(weights + i), p->zero);
+        negative_weight = ppo_f64x8_negative(PPO_V(to_f64)(weight));
+    }
+    ppo_f64x8 gradient =
+        ppo_f64x8_mul(ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(slope)), p->scale);
+    PPO_V(store)(grad + i, PPO_V(select)(valid, PPO_V(from_f64)(gradient), p->zero));
+    objective = PPO_V(select)(valid, objective, p->zero);
+    sums->loss =
+        ppo_f64x8_add(sums->loss, ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(objective)));
+    distance = PPO_V(select)(valid, distance, p->zero);
+    sums->distance = ppo_f64x8_add(sums->distance, PPO_V(to_f64)(distance));
+    sums->penalised = PPO_C(add)(sums->penalised, PPO_M(and)(valid, penalised));
+}
+
+PPO_INLINE void PPO_ROW(ppo_kl_cov_cases)(
+    int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
+    const ppo_real* advantages, const ppo_real* weights, const ppo_real* penalties,
+    ptrdiff_t start, ptrdiff_t span, ptrdiff_t length, const uint8_t* mask,
+    const PPO_ROW(ppo_kl_cov_params) * p, ppo_real* grad, double* row_loss,
+    double* row_penalised, double* row_abs_kl) {
+    ppo_real ratios[PPO_CHUNK];
+    ppo_f64x8 loss = ppo_f64x8_splat(0.0), distance = ppo_f64x8_splat(0.0);
+    int64_t penalised = 0;
+    ptrdiff_t valid_end = ppo_valid_stop(start, span, length);
+    for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
+        ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
+        ptrdiff_t whole_end = end - (end - first) % 8, i;
+        PPO_ROW(ppo_kl_cov_sums) sums = {loss, distance, PPO_C(zero)()};
+        for (i = first; i < whole_end; i += 8) {
+            PPO_ROW(ppo_prefetch_ahead)(
+                logprobs, old_logprobs, advantages, penalties, has_mask ? mask : NULL, first, i);
+            if (has_weights && (i - first) % (64 / sizeof(ppo_real)) == 0) {
+                ppo_prefetch(weights, (i + PPO_CHUNK) * (ptrdiff_t)sizeof(ppo_real));
+            }
+            ppo_vec log_ratio =
+                PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
+            PPO_V(store)(ratios + (i - first), PPO_V(exp)(log_ratio));
+        }
+        for (i = first; i < whole_end; i += 8) {
+            PPO_ROW(ppo_kl_cov_block)(
+                has_mask, has_weights, logprobs, old_logprobs, advantages, penalties, weights,
+                mask, i, PPO_V(load)(ratios + (i - first)), p, grad, &sums);
+        }
+        if (i < end) {
+            const ppo_real* const arrays[PPO_TAIL_ARRAYS] = {
+                logprobs, old_logprobs, advantages, penalties, has_weights ? weights : NULL};
+            PPO_ROW(ppo_tail) tail;
+            PPO_ROW(ppo_tail_fill)(&tail, arrays, has_mask, mask, i, end - i);
+            ppo_vec ratio = PPO_V(exp)(PPO_V(sub)(PPO_V(load)(tail.tokens[0]),
+                                                  PPO_V(load)(tail.tokens[1])));
+            PPO_ROW(ppo_kl_cov_block)(
+                1, has_weights, tail.tokens[0], tail.tokens[1], tail.tokens[2], tail.tokens[3],
+                tail.tokens[4], tail.mask, 0, ratio, p, tail.grad, &sums);
+            memcpy(grad + i, tail.grad, (size_t)(end - i) * sizeof(ppo_real));
+        }
+        loss = sums.loss;
+        distance = sums.distance;
+        penalised += PPO_C(total)(sums.penalised);
+    }
+    for (ptrdiff_t i = valid_end; i < start + span; i++) grad[i] = 0;
+    *row_loss = ppo_f64x8_total(loss);
+    *row_penalised = (double)penalised;
+    *row_abs_kl = ppo_f64x8_total(distance);
+}
 
 static void PPO_ROW(ppo_kl_cov_row)(
     const ppo_real* logprobs, const ppo_real* old_logprobs, const ppo_real* advantages,
     const ppo_real* weights, int has_weights, const ppo_real* penalties, ptrdiff_t start,
     ptrdiff_t span, ptrdiff_t length, const uint8_t* mask, int has_mask, ppo_real scale,
     ppo_real* grad, double* row_loss, double* row_penalised, double* row_abs_kl) {
-    const ppo_real zero = scale - scale, one = 1;
-    ppo_real ratios[PPO_CHUNK];
-    double total = 0, abs_total = 0;
-    int64_t penalised_count = 0;
-    ptrdiff_t valid_end = start + (length < span ? (length > 0 ? length : 0) : span);
-    for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
-        ptrdiff_t n = valid_end - first < PPO_CHUNK ? valid_end - first : PPO_CHUNK, j;
-        const ppo_real *lp = logprobs + first, *op = old_logprobs + first;
-        PPO_ROW(ppo_exps_of)(lp, op, n, 0, 0, ratios);
-        for (j = 0; j < n; j++) {
-            ptrdiff_t i = first + j;
-            int valid = !has_mask || mask[i] != 0;
-            double weight = has_weights ? (double)weights[i] : 1.0;
-            ppo_real log_ratio = lp[j] - op[j], penalty = penalties[i];
-            int penalised = penalty != zero;
-            ppo_real distance = (ppo_real)fabs((double)log_ratio); /* numba's abs: |-0| = +0 */
-            /* sign: 0 at 0, NaN at NaN (the log-ratio itself, where it is neither < nor > 0) */
-            ppo_real sign = log_ratio > zero ? one : (log_ratio < zero ? -one : log_ratio);
-            ppo_real base = advantages[i] * ratios[j];
-            ppo_real objective = penalised ? base - penalty * distance : base;
-            ppo_real slope = penalised ? base - penalty * sign : base;
-            double gradient = -weight * (double)slope * (double)scale;
-            grad[i] = valid ? (ppo_real)gradient : zero;
-            total += valid ? -weight * (double)objective : 0.0;
-            abs_total += valid ? (double)distance : 0.0;
-            penalised_count += valid & penalised;
-        }
-    }
-    for (ptrdiff_t i = valid_end; i < start + span; i++) grad[i] = 0;
-    *row_loss = total;
-    *row_penalised = (double)penalised_count;
-    *row_abs_kl = abs_total;
+    const ppo_real zero = scale - scale, one = 1; /* 0 in the dtype, as the twin */
+    PPO_ROW(ppo_kl_cov_params) p;
+    p.zero = PPO_V(splat)(zero);
+    p.one = PPO_V(splat)(one);
+    p.negative_one = PPO_V(splat)(-one);
+    p.scale = ppo_f64x8_splat((double)scale);
+    PPO_TOKEN_CASES(
+        PPO_ROW(ppo_kl_cov_cases), logprobs, old_logprobs, advantages, weights, penalties, start,
+        span, length, mask, &p, grad, row_loss, row_penalised, row_abs_kl);
 }
 
-#undef PPO_MIN
-#undef PPO_MAX
-#undef ppo_exp_real
-#undef ppo_log_real
+#undef PPO_TOKEN_CASES
