@@ -6,6 +6,8 @@ No test here asserts a time: only that things run, what they compute, and what t
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -223,18 +225,22 @@ def test_importing_the_benchmark_loads_no_peer():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """``ppo-fast bench`` on a tiny workload, every kernel, both dtypes and thread counts."""
+    """``ppo-fast bench`` on a tiny workload, every kernel, both dtypes and thread counts, run
+    once for the tests that read it (they share an xdist group, so one worker runs it once):
+    the JSON document's path and what the command printed."""
     path = tmp_path_factory.mktemp("bench") / "bench.json"
     argv = ["bench", "--shapes", "4x16,8x128", "--threads", "1,2", "--dtype", "float32,float64"]
     argv += ["--budget", "0.001", "--repeats", "1", "--scaling", "1e4", "--no-progress"]
     argv += ["--json", str(path)]
-    return path, argv
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli.main(argv) == 0
+    return path, printed.getvalue()
 
 
-def test_cli_bench_writes_every_row(tiny_run, capsys):
-    path, argv = tiny_run
-    assert cli.main(argv) == 0
-    out = capsys.readouterr().out
+@pytest.mark.xdist_group("tiny_bench")
+def test_cli_bench_writes_every_row(tiny_run):
+    path, out = tiny_run
     document = json.loads(path.read_text())
     rows = document["rows"]
     by_key = {
@@ -278,6 +284,7 @@ def test_cli_bench_writes_every_row(tiny_run, capsys):
         assert f"\n{kernel}  4x16 float32, 1 thread" in out
 
 
+@pytest.mark.xdist_group("tiny_bench")
 def test_cli_bench_plot(tiny_run, tmp_path):
     path, _ = tiny_run
     rows = json.loads(path.read_text())["rows"]
