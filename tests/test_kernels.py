@@ -12,7 +12,7 @@ import inspect
 import numpy as np
 import pytest
 from batches import ragged_batches
-from conftest import COMPILED, RTOL
+from conftest import COMPILED, COMPILED_NUMBA_PARALLEL, NUMBA_PARALLEL, RTOL
 from hypothesis import given, settings
 from kernel_cases import cases
 
@@ -94,7 +94,7 @@ def test_every_kernel_keeps_the_oracles_nan_and_inf_at_valid_positions(backend, 
         _assert_outputs_equal_oracle(case.run(kernels), expected, case, batch.dtype, backend)
 
 
-@pytest.mark.parametrize("backend", COMPILED)
+@pytest.mark.parametrize("backend", COMPILED_NUMBA_PARALLEL)
 @settings(max_examples=15)
 @given(batch=ragged_batches(max_rows=6, max_len=300, long_rows=False))
 def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch):
@@ -108,6 +108,7 @@ def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch)
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+@NUMBA_PARALLEL
 def test_numba_runs_its_parallel_build_on_two_threads_and_its_serial_build_on_one(monkeypatch):
     """Every kernel: the build that must not run is replaced by one that fails."""
     from batches import Batch
