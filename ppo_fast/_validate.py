@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from . import _loops
+
 if TYPE_CHECKING:  # _groups validates through this module: no import at run time
     from ._groups import Groups
 
@@ -358,6 +360,13 @@ def _index_array(value: Any, name: str) -> np.ndarray:
     return array.astype(np.int64)
 
 
+# Masks of numbers converted by the compiled loop (the dtypes numba takes, native byte order);
+# others (float16, a byte-swapped array) go NumPy's way, with the same result.
+_LOOP_MASK_DTYPES = frozenset(
+    np.dtype(f"{kind}{bits}") for kind in ("int", "uint") for bits in (8, 16, 32, 64)
+) | frozenset(FLOAT_DTYPES)
+
+
 def _mask_array(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
     mask = _as_array("mask", mask)
     if mask.shape != shape:
@@ -369,13 +378,19 @@ def _mask_array(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
         return kernel_array(mask.reshape(-1)).view(np.uint8)
     if mask.dtype.kind not in "biuf":
         raise TypeError(f"mask must be bool or 0/1 numbers, got dtype {mask.dtype}")
-    is_one = mask == 1
-    if not np.all(is_one | (mask == 0)):
-        bad = mask[~(is_one | (mask == 0))].flat[0]
+    flat = mask.reshape(-1)
+    convert = _loops.compiled("mask_bytes") if mask.dtype in _LOOP_MASK_DTYPES else None
+    if convert is not None:
+        valid = np.empty(flat.shape[0], dtype=np.uint8)
+        if convert(kernel_array(flat), valid):
+            return valid
+    is_one = flat == 1
+    if not np.all(is_one | (flat == 0)):
+        bad = flat[~(is_one | (flat == 0))][0]
         raise ValueError(
             f"mask must hold only 0 and 1, found {bad!r}: pass (mask > 0) for a boolean mask"
         )
-    return is_one.reshape(-1).view(np.uint8)
+    return is_one.view(np.uint8)
 
 
 # starts and spans of the padded (B, T) layouts met so far: the same few shapes come back on
