@@ -108,13 +108,18 @@ def test_contiguous_cpu_tensors_are_not_copied(monkeypatch):
     assert np.shares_memory(written[0], out.numpy())
     # gae's common case goes to the kernel without batch(): what the kernel reads is checked.
     kernel_inputs = []
-    call = _backend.call
+    common = _backend.common
 
-    def spy_call(name, backend, n_rows, n_positions, *arguments):
-        kernel_inputs.extend(arguments[:2])
-        return call(name, backend, n_rows, n_positions, *arguments)
+    def spy_common(name, backend):
+        entry = common(name, backend)
 
-    monkeypatch.setattr(_backend, "call", spy_call)
+        def spy_entry(*arguments):
+            kernel_inputs.extend(arguments[:2])
+            return entry(*arguments)
+
+        return spy_entry
+
+    monkeypatch.setattr(_backend, "common", spy_common)
     rewards, values = torch.randn(4, 32), torch.randn(4, 32)
     pt.gae(rewards, values)
     assert np.shares_memory(kernel_inputs[0], rewards.numpy())
