@@ -13,6 +13,9 @@ compared with their table kernel and NumPy's sums, kernel by kernel.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+
 import hostile
 import numpy as np
 import pytest
@@ -204,12 +207,38 @@ def test_every_common_entry_equals_its_table_kernel_and_numpys_sums(name, dtype,
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.parametrize("name", COMMON)
 def test_every_common_entry_takes_the_tables_common_arguments(name, backend):
-    import inspect
-
     entry = _backend.common(name, backend)
     assert list(inspect.signature(entry).parameters) == list(KERNELS[name].common_arguments)
     if backend == "cython":
         assert entry is getattr(_backend.resolve("cython"), f"{name}_common")
+
+
+@pytest.mark.skipif("cython" not in COMPILED, reason="the Cython backend is not built here")
+@pytest.mark.parametrize("name", COMMON)
+def test_every_cython_build_gives_the_common_entries_the_same_bits(name):
+    from ppo_fast import _cython_backend, _cython_kernels
+
+    builds = []
+    for build in _cython_kernels.CPU_BUILDS:  # the builds this CPU runs, widest first
+        try:
+            builds.append(importlib.import_module(f"ppo_fast.{_cython_backend.MODULES[build]}"))
+        except ModuleNotFoundError:
+            continue  # not built here (setup.py's x86-64 builds are optional)
+    kernel = KERNELS[name]
+    rng = np.random.default_rng(9)
+    for dtype in DTYPES:
+        for shape in [(8, 128), (9, 263), (130, 3)]:
+            for mask in masks(rng, shape)[:4]:
+                named = _examples.common_arguments(kernel, shape, dtype, rng, optional=True)
+                named["mask"] = mask
+                results = []
+                for module in builds:
+                    outputs = {a.name: np.empty(shape, dtype) for a in kernel.outputs}
+                    arguments = [{**named, **outputs}[a] for a in kernel.common_arguments[:-1]]
+                    totals = getattr(module, f"{name}_common")(*arguments, 1)
+                    results.append([*outputs.values(), *(totals or ())])
+                for result, module in zip(results[1:], builds[1:], strict=True):
+                    same_bits(result, results[0], f"{module.BUILD} {shape} {np.dtype(dtype)}")
 
 
 @pytest.mark.skipif("cython" not in COMPILED, reason="the Cython backend is not built here")
