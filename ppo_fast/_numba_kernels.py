@@ -20,6 +20,7 @@ from ._numba_core import (
     _jit,
     _Kernel,
     _prefer_wide_vectors,
+    _row_totals,
     _select,
     _Specialised,
     _valid_count,
@@ -562,3 +563,11 @@ geo_mean = _Kernel(geo_mean)
 dppo = _Kernel(dppo, fastmath={"reassoc"})
 kl_cov = _Kernel(kl_cov, fastmath={"reassoc"})
 kl_cov_top_k = _Kernel(kl_cov_top_k)
+
+
+def row_totals(row_outputs, weight):
+    """The totals of the (k, B) float64 row outputs of a common case (``_backend.common``), the
+    first weighted row by row by ``weight``, each summed as ``row_output.sum()`` sums (0.0 plus
+    NumPy's pairwise sum), as Python floats: the general way's ``loss._totals`` bit for bit.
+    Twin: src/totals.h ppo_numpy_sum."""
+    return _row_totals(row_outputs, weight).tolist()

@@ -18,7 +18,7 @@ from kernel_cases import cases
 
 import ppo_fast
 from ppo_fast import _backend, _reference
-from ppo_fast._spec import KERNELS
+from ppo_fast._spec import KERNELS, ROWS
 
 
 def _parameters(function) -> list[str]:
@@ -48,6 +48,8 @@ def test_the_table_and_the_stage_modules_agree():
             assert source in {a.name for a in kernel.inputs}, (kernel.name, source)
         if kernel.specialise is not None:
             assert kernel.scalar(kernel.specialise).choices, kernel.name
+        if kernel.common:  # a common case is padded rows, one value of each row input
+            assert kernel.layout == ROWS and kernel.specialise is None, kernel.name
 
 
 def test_binding_a_kernel_without_an_argument_names_it():
