@@ -145,8 +145,9 @@ def run(name: str, backend: str | None, **arguments) -> None:
     stage cannot pass them out of order); the threads follow the thread policy for the batch.
     """
     kernel = KERNELS[name]
-    first_input = arguments[kernel.inputs[0].name]
-    arguments["n_threads"] = _threads.threads_for(arguments["starts"].shape[0], first_input.size)
+    n_positions = arguments[kernel.inputs[0].name].size
+    units = kernel.parallel_units(arguments["starts"].shape[0], n_positions)
+    arguments["n_threads"] = _threads.threads_for(units, n_positions)
     getattr(_cached_resolve(backend), name)(*kernel.bind(arguments))
 
 
@@ -155,10 +156,11 @@ def run(name: str, backend: str | None, **arguments) -> None:
 _functions: dict[tuple[str, str | None, str | None, object], object] = {}
 
 
-def call(name: str, backend: str | None, n_rows: int, n_positions: int, *arguments) -> None:
+def call(name: str, backend: str | None, units: int, n_positions: int, *arguments) -> None:
     """Run kernel ``name`` on ``backend`` with every argument but ``n_threads`` given in the
     table's order: the stages' fast paths (binding them by name, as ``run`` does, costs about a
-    microsecond). The threads follow the thread policy for the batch, as in ``run``."""
+    microsecond). The threads follow the thread policy for the batch, as in ``run``: ``units``
+    is the kernel's ``parallel_units`` for the batch (its rows, unless it has ``chunks``)."""
     key = (name, backend, _selected, _environment_backend())
     function = _functions.get(key)
     if function is None:
@@ -166,4 +168,4 @@ def call(name: str, backend: str | None, n_rows: int, n_positions: int, *argumen
         if len(_functions) > 256:  # bounded, as _resolved
             _functions.clear()
         _functions[key] = function
-    function(*arguments, _threads.threads_for(n_rows, n_positions))
+    function(*arguments, _threads.threads_for(units, n_positions))

@@ -19,9 +19,14 @@ from ._numba_core import (
     _exp64,
     _jit,
     _Kernel,
+    _lane,
+    _lanes_fma,
+    _mask_word,
     _prefer_wide_vectors,
     _Specialised,
+    _td_errors,
     _valid_count,
+    _with_lane,
     fma,
 )
 from ._numba_losses import (
@@ -38,6 +43,10 @@ from ._numba_losses import (
 from ._spec import ESTIMATORS, KERNELS
 
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
+_U7, _U8 = np.uint64(7), np.uint64(8)
+# GAE's long rows (_spec.GAE_CHUNKS), as constants.
+_GAE_LONG_ROW = np.uint64(KERNELS["gae"].chunks.long_row)
+_GAE_CHUNK = np.uint64(KERNELS["gae"].chunks.size)
 
 
 @_jit
@@ -114,36 +123,255 @@ def _shape_rewards_rows(code):
     return shape_rewards
 
 
+@_jit
+def _gae_span(
+    rewards, values, start, low, high, length, mask, has_mask, gamma, gamma_lam, next_value,
+    running, advantages, returns,
+):  # fmt: skip
+    """Twin: src/rows_gae.h ppo_gae_span. Positions low .. high-1 of the row at start by the
+    plain recursion, backwards, from the value after them and the running advantage there."""
+    for k in range(high - low):
+        t = high - _U1 - k
+        i = start + t
+        if t < length and (not has_mask or mask[i] != 0):
+            value = np.float64(values[i])
+            delta = fma(gamma, next_value, np.float64(rewards[i])) - value
+            running = fma(gamma_lam, running, delta)
+            advantages[i] = running
+            returns[i] = running + value
+            next_value = value
+        else:
+            advantages[i] = 0.0
+            returns[i] = 0.0
+
+
+@_jit
+def _power(base, exponent):
+    """base ** exponent for an unsigned integer exponent, by squaring (the same operations as the
+    twin's, src/rows_gae.h ppo_power, where pow() would round as its libm does)."""
+    result = 1.0
+    while exponent != 0:
+        if exponent & _U1:
+            result = result * base
+        base = base * base
+        exponent = exponent >> _U1
+    return result
+
+
+@_jit
+def _gae_chunks(span, length):
+    """The chunks of a row: 0 when it runs whole (GAE_LONG_ROW positions of valid extent or
+    fewer), else its valid extent min(length, span) cut every GAE_CHUNK positions."""
+    valid_end = min(length, span)
+    if valid_end <= _GAE_LONG_ROW:
+        return np.uint64(0)
+    return (valid_end + _GAE_CHUNK - _U1) // _GAE_CHUNK
+
+
+@_jit
+def _gae_summary(rewards, values, start, low, high, mask, has_mask, gamma, gamma_lam, powers):
+    """Twin: src/rows_gae.h ppo_gae_summary. Pass 1 of a chunk, positions low .. high-1 (all
+    within the row's valid extent), reading only: (its valid count m, the index of its last valid
+    position, the value at its first one, and L, the advantage at its first valid position by
+    the recursion over all but its last valid position, seeded with 0 there). Then for any
+    advantage A_m at the last valid position, the one at the first is L + (gamma lam)^(m-1) A_m.
+
+    The recursion is linear and nothing is written, so a run of blocks of 8 valid positions
+    goes without its chain: lane j holds the sum over the run's blocks of (gamma lam)^(8k) times
+    the TD error at position j of the k-th block from the run's start (Horner in (gamma lam)^8,
+    eight independent lanes in one vector), and the run is then folded into the running value
+    (_gae_carry). Not when (gamma lam)^8 underflows to 0 for a gamma lam > 0: a product by it
+    would make an inf NaN where the recursion keeps it. Blocks with a masked position take the
+    plain recursion, and blocks with no valid position are skipped."""
+    end = high  # the search for the last valid position skips masked words
+    while has_mask and end - low >= _U8 and _mask_word(mask, start + end - _U8) == 0:
+        end -= _U8
+    last = high
+    for k in range(end - low):
+        if not has_mask or mask[start + end - _U1 - k] != 0:
+            last = end - _U1 - k
+            break
+    if last == high:
+        return np.uint64(0), start, 0.0, 0.0
+    gl_2, gl_4, gl_8 = powers
+    next_value = np.float64(values[start + last])
+    running = 0.0
+    count = _U1
+    t = last
+    blocks = gamma_lam == 0.0 or gl_8 != 0.0
+    while t - low >= _U8:
+        i = start + t - _U8
+        if has_mask and not _all_valid(mask, i):
+            if _mask_word(mask, i) != 0:
+                for j in range(_U8):
+                    position = i + _U8 - _U1 - j
+                    if mask[position] != 0:
+                        value = np.float64(values[position])
+                        delta = fma(gamma, next_value, np.float64(rewards[position])) - value
+                        running = fma(gamma_lam, running, delta)
+                        next_value = value
+                        count += _U1
+            t -= _U8
+            continue
+        if not blocks:
+            break
+        # A run of valid blocks from the one at i down. The lanes' TD errors take the value at
+        # the next position, values[i + 8] for the run's first block too (t <= last: in the row),
+        # but that block's position 7 takes the value after it, which may lie past a hole.
+        last_error = fma(gamma, next_value, np.float64(rewards[i + _U7])) - np.float64(
+            values[i + _U7]
+        )
+        lanes = _with_lane(_td_errors(rewards, values, i, gamma), 7, last_error)
+        n_blocks = _U1
+        t -= _U8
+        while t - low >= _U8 and (not has_mask or _all_valid(mask, start + t - _U8)):
+            i = start + t - _U8
+            lanes = _lanes_fma(gl_8, lanes, _td_errors(rewards, values, i, gamma))
+            n_blocks += _U1
+            t -= _U8
+        pair_3 = fma(gamma_lam, _lane(lanes, 7), _lane(lanes, 6))
+        pair_2 = fma(gamma_lam, _lane(lanes, 5), _lane(lanes, 4))
+        pair_1 = fma(gamma_lam, _lane(lanes, 3), _lane(lanes, 2))
+        pair_0 = fma(gamma_lam, _lane(lanes, 1), _lane(lanes, 0))
+        folded = fma(gl_4, fma(gl_2, pair_3, pair_2), fma(gl_2, pair_1, pair_0))
+        running = _gae_carry(running, _power(gl_8, n_blocks), gamma_lam, folded)
+        next_value = np.float64(values[i])
+        count += _U8 * n_blocks
+    for k in range(t - low):
+        i = start + t - _U1 - k
+        if not has_mask or mask[i] != 0:
+            value = np.float64(values[i])
+            delta = fma(gamma, next_value, np.float64(rewards[i])) - value
+            running = fma(gamma_lam, running, delta)
+            next_value = value
+            count += _U1
+    return count, start + last, next_value, running
+
+
+@_jit
+def _gae_carry(carry, factor, gamma_lam, local):
+    """fma(factor, carry, local): the advantage before a stretch of the row from the one after
+    it (carry), where factor = (gamma lam)^(the stretch's valid positions) and local is the
+    stretch's own sum. The factor may underflow to 0 for a gamma lam > 0, where the recursion
+    would carry an inf on (inf times a positive number is inf): an inf or NaN carry then goes
+    with the factor 1, which gives what the recursion gives (with local finite, the inf; with
+    the opposite inf or NaN, NaN)."""
+    if factor == 0.0 and gamma_lam > 0.0 and not math.isfinite(carry):
+        factor = 1.0
+    return fma(factor, carry, local)
+
+
+@_jit
+def _gae_seed(
+    rewards, values, count, last, first_value, local, gamma, gamma_lam, next_value, carry
+):
+    """Twin: src/rows_gae.h ppo_gae_seed. The combine step, right to left: from a chunk's summary
+    (_gae_summary) and the (next value, running advantage) after the chunk, those before it.
+    The advantage at the chunk's last valid position is the recursion's own step there, the one
+    at its first L + (gamma lam)^(count-1) times it (_gae_carry)."""
+    if count == 0:
+        return next_value, carry
+    value = np.float64(values[last])
+    at_last = fma(gamma_lam, carry, fma(gamma, next_value, np.float64(rewards[last])) - value)
+    return first_value, _gae_carry(at_last, _power(gamma_lam, count - _U1), gamma_lam, local)
+
+
 def gae(
     rewards, values, starts, spans, lengths, mask, gammas, lams, bootstrap, advantages, returns
 ):
-    """Twin: src/rows_gae.h ppo_gae_row. The running state is float64 whatever the input dtype."""
+    """Twin: src/rows_gae.h ppo_gae_rows. The running state is float64 whatever the input dtype.
+
+    A row runs whole, by the plain recursion, unless its valid extent is longer than
+    GAE_LONG_ROW positions: it is then cut into chunks of GAE_CHUNK positions (fixed by the row,
+    never by the threads), and the work units are rows and chunks. Pass 1 summarises every chunk
+    but each row's first (_gae_summary), a serial pass per row combines the summaries right to
+    left into each chunk's seed (_gae_seed), and pass 2 runs the plain recursion over each unit
+    from its seed (_gae_span). A row's last chunk is seeded as the whole row is; the seeds of
+    the others are the combined summaries, within a few ulp of the recursion's own values."""
     has_mask = mask.shape[0] > 0
-    for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
+    n_rows = starts.shape[0]
+    n_chunks = np.uint64(0)
+    for b in range(n_rows):
+        n_chunks += _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b]))
+    if n_chunks == 0:
+        for b in prange(n_rows):
+            _prefer_wide_vectors()
+            gamma = gammas[b]
+            _gae_span(
+                rewards, values, np.uint64(starts[b]), np.uint64(0), np.uint64(spans[b]),
+                np.uint64(lengths[b]), mask, has_mask, gamma, gamma * lams[b], bootstrap[b],
+                0.0, advantages, returns,
+            )  # fmt: skip
+        return
+    # The units in row order: (row, its chunk or -1 for a row that runs whole), and where each
+    # row's units are.
+    n_units = n_chunks
+    for b in range(n_rows):
+        if _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b])) == 0:
+            n_units += _U1
+    unit_rows = np.empty(n_units, np.int64)
+    unit_chunks = np.empty(n_units, np.int64)
+    summarised = np.empty(n_chunks, np.int64)  # the units pass 1 summarises
+    first_units = np.empty(n_rows + 1, np.int64)
+    unit = 0
+    n_summarised = 0
+    for b in range(n_rows):
+        first_units[b] = unit
+        chunks = _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b]))
+        for c in range(max(chunks, _U1)):
+            unit_rows[unit] = b
+            unit_chunks[unit] = np.int64(c) if chunks != 0 else np.int64(-1)
+            if c > 0:
+                summarised[n_summarised] = unit
+                n_summarised += 1
+            unit += 1
+    first_units[n_rows] = unit
+    counts = np.zeros(n_units, np.uint64)
+    lasts = np.empty(n_units, np.uint64)
+    first_values = np.empty(n_units)
+    locals_ = np.empty(n_units)
+    for s in prange(n_summarised):
+        u = summarised[s]
+        b = unit_rows[u]
         start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        length = np.uint64(lengths[b])
+        low = np.uint64(unit_chunks[u]) * _GAE_CHUNK
+        high = min(low + _GAE_CHUNK, min(np.uint64(lengths[b]), np.uint64(spans[b])))
+        gamma_lam = gammas[b] * lams[b]
+        gl_2 = gamma_lam * gamma_lam
+        gl_4 = gl_2 * gl_2
+        counts[u], lasts[u], first_values[u], locals_[u] = _gae_summary(
+            rewards, values, start, low, high, mask, has_mask, gammas[b], gamma_lam,
+            (gl_2, gl_4, gl_4 * gl_4),
+        )  # fmt: skip
+    seed_values = np.empty(n_units)
+    seed_carries = np.empty(n_units)
+    for b in range(n_rows):
+        next_value = bootstrap[b]
+        carry = 0.0
         gamma = gammas[b]
         gamma_lam = gamma * lams[b]
-        next_value = bootstrap[b]
-        running = 0.0
-        for k in range(span):
-            t = span - _U1 - k
-            i = start + t
-            if t < length and (not has_mask or mask[i] != 0):
-                value = np.float64(values[i])
-                delta = fma(gamma, next_value, np.float64(rewards[i])) - value
-                running = fma(gamma_lam, running, delta)
-                advantages[i] = running
-                returns[i] = running + value
-                next_value = value
-            else:
-                advantages[i] = 0.0
-                returns[i] = 0.0
-
-
-_U8 = np.uint64(8)
+        for k in range(first_units[b + 1] - first_units[b]):
+            u = first_units[b + 1] - 1 - k
+            seed_values[u] = next_value
+            seed_carries[u] = carry
+            if u > first_units[b]:
+                next_value, carry = _gae_seed(
+                    rewards, values, counts[u], lasts[u], first_values[u], locals_[u], gamma,
+                    gamma_lam, next_value, carry,
+                )  # fmt: skip
+    for u in prange(n_units):
+        _prefer_wide_vectors()
+        b = unit_rows[u]
+        span = np.uint64(spans[b])
+        chunk = unit_chunks[u]
+        low = np.uint64(0) if chunk < 0 else np.uint64(chunk) * _GAE_CHUNK
+        high = span if chunk < 0 or u == first_units[b + 1] - 1 else low + _GAE_CHUNK
+        gamma = gammas[b]
+        _gae_span(
+            rewards, values, np.uint64(starts[b]), low, high, np.uint64(lengths[b]), mask,
+            has_mask, gamma, gamma * lams[b], seed_values[u], seed_carries[u], advantages,
+            returns,
+        )  # fmt: skip
 
 
 @_jit

@@ -21,6 +21,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import _backend, _validate
+from ._spec import GAE_CHUNKS
+
+_CHUNK = GAE_CHUNKS.size
 
 
 class GAEResult(NamedTuple):
@@ -147,13 +150,14 @@ def _gae_common(
     starts, spans, flat_mask = layout
     shape, dtype = rewards.shape, rewards.dtype
     n_rows = shape[0]
+    n_positions = n_rows * shape[1]
     advantages = np.empty(shape, dtype)
     returns = np.empty(shape, dtype)
     _backend.call(
         "gae",
         backend,
-        n_rows,
-        n_rows * shape[1],
+        n_rows + n_positions // _CHUNK,  # _spec.Kernel.parallel_units
+        n_positions,
         rewards.ravel(),
         values.ravel(),
         starts,
