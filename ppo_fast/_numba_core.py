@@ -97,6 +97,13 @@ def _jit(function):
     return numba.njit(nogil=True, cache=_CACHE, inline="always")(function)
 
 
+def _called(function):
+    """A helper left to LLVM to inline, not inlined into the caller's numba IR as _jit's: a
+    large helper inside a prange body makes the parallel build's analysis of it slow (GAE's
+    chunk summary: seconds of compilation)."""
+    return numba.njit(nogil=True, cache=_CACHE)(function)
+
+
 # exp by range reduction and a polynomial, with the constants of the kernel table (_spec.EXP64 and
 # _spec.EXP32, which the Cython build reads too): x = n ln2 + r, |r| <= ln2/2, exp(x) = 2^n p(r),
 # with n rounded by the 1.5 * 2^(mantissa bits) shift trick and 2^n built from its exponent bits.
@@ -487,16 +494,16 @@ class _Kernel:
         )
 
     def __call__(self, *args):
+        """The kernel's result (None for most: they write their outputs)."""
         *args, n_threads = args  # the backend signature ends with n_threads
         n_threads = min(n_threads, numba.config.NUMBA_NUM_THREADS)
         if n_threads > 1 and _parallel_lock.acquire(blocking=False):
             try:
                 numba.set_num_threads(n_threads)
-                self.parallel(*args)
+                return self.parallel(*args)
             finally:
                 _parallel_lock.release()
-        else:
-            self.serial(*args)
+        return self.serial(*args)
 
 
 class _Specialised:

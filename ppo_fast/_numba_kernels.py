@@ -16,6 +16,7 @@ from numba import prange
 from ._numba_core import (
     _U1,
     _all_valid,
+    _called,
     _exp64,
     _jit,
     _Kernel,
@@ -168,8 +169,8 @@ def _gae_chunks(span, length):
     return (valid_end + _GAE_CHUNK - _U1) // _GAE_CHUNK
 
 
-@_jit
-def _gae_summary(rewards, values, start, low, high, mask, has_mask, gamma, gamma_lam, powers):
+@_called
+def _gae_summary(rewards, values, start, low, high, mask, has_mask, gamma, gamma_lam):
     """Twin: src/rows_gae.h ppo_gae_summary. Pass 1 of a chunk, positions low .. high-1 (all
     within the row's valid extent), reading only: (its valid count m, the index of its last valid
     position, the value at its first one, and L, the advantage at its first valid position by
@@ -193,7 +194,9 @@ def _gae_summary(rewards, values, start, low, high, mask, has_mask, gamma, gamma
             break
     if last == high:
         return np.uint64(0), start, 0.0, 0.0
-    gl_2, gl_4, gl_8 = powers
+    gl_2 = gamma_lam * gamma_lam
+    gl_4 = gl_2 * gl_2
+    gl_8 = gl_4 * gl_4
     next_value = np.float64(values[start + last])
     running = 0.0
     count = _U1
@@ -261,7 +264,7 @@ def _gae_carry(carry, factor, gamma_lam, local):
     return fma(factor, carry, local)
 
 
-@_jit
+@_called
 def _gae_seed(
     rewards, values, count, last, first_value, local, gamma, gamma_lam, next_value, carry
 ):
@@ -276,47 +279,21 @@ def _gae_seed(
     return first_value, _gae_carry(at_last, _power(gamma_lam, count - _U1), gamma_lam, local)
 
 
-def gae(
-    rewards, values, starts, spans, lengths, mask, gammas, lams, bootstrap, advantages, returns
-):
-    """Twin: src/rows_gae.h ppo_gae_rows. The running state is float64 whatever the input dtype.
-
-    A row runs whole, by the plain recursion, unless its valid extent is longer than
-    GAE_LONG_ROW positions: it is then cut into chunks of GAE_CHUNK positions (fixed by the row,
-    never by the threads), and the work units are rows and chunks. Pass 1 summarises every chunk
-    but each row's first (_gae_summary), a serial pass per row combines the summaries right to
-    left into each chunk's seed (_gae_seed), and pass 2 runs the plain recursion over each unit
-    from its seed (_gae_span). A row's last chunk is seeded as the whole row is; the seeds of
-    the others are the combined summaries, within a few ulp of the recursion's own values."""
-    has_mask = mask.shape[0] > 0
+@_called
+def _gae_units(starts, spans, lengths, n_chunks):
+    """The units of a batch with long rows, in row order: for each, its row and its chunk (-1
+    for a row that runs whole), and the units pass 1 summarises (every chunk but a row's first)."""
     n_rows = starts.shape[0]
-    n_chunks = np.uint64(0)
-    for b in range(n_rows):
-        n_chunks += _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b]))
-    if n_chunks == 0:
-        for b in prange(n_rows):
-            _prefer_wide_vectors()
-            gamma = gammas[b]
-            _gae_span(
-                rewards, values, np.uint64(starts[b]), np.uint64(0), np.uint64(spans[b]),
-                np.uint64(lengths[b]), mask, has_mask, gamma, gamma * lams[b], bootstrap[b],
-                0.0, advantages, returns,
-            )  # fmt: skip
-        return
-    # The units in row order: (row, its chunk or -1 for a row that runs whole), and where each
-    # row's units are.
     n_units = n_chunks
     for b in range(n_rows):
         if _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b])) == 0:
             n_units += _U1
     unit_rows = np.empty(n_units, np.int64)
     unit_chunks = np.empty(n_units, np.int64)
-    summarised = np.empty(n_chunks, np.int64)  # the units pass 1 summarises
-    first_units = np.empty(n_rows + 1, np.int64)
+    summarised = np.empty(n_chunks, np.int64)
     unit = 0
     n_summarised = 0
     for b in range(n_rows):
-        first_units[b] = unit
         chunks = _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b]))
         for c in range(max(chunks, _U1)):
             unit_rows[unit] = b
@@ -325,53 +302,120 @@ def gae(
                 summarised[n_summarised] = unit
                 n_summarised += 1
             unit += 1
-    first_units[n_rows] = unit
-    counts = np.zeros(n_units, np.uint64)
-    lasts = np.empty(n_units, np.uint64)
-    first_values = np.empty(n_units)
-    locals_ = np.empty(n_units)
-    for s in prange(n_summarised):
+    return unit_rows, unit_chunks, summarised[:n_summarised]
+
+
+@_called
+def _gae_seeds(rewards, values, gammas, lams, bootstrap, unit_rows, summaries, seeds):
+    """The serial pass: each row's units right to left, a unit's seed (the value after it and
+    the running advantage there) from the unit after it (_gae_seed); a row's last unit gets the
+    row's bootstrap and 0."""
+    for k in range(unit_rows.shape[0]):
+        u = unit_rows.shape[0] - 1 - k
+        b = unit_rows[u]
+        if u + 1 == unit_rows.shape[0] or unit_rows[u + 1] != b:
+            seeds[u, 0] = bootstrap[b]
+            seeds[u, 1] = 0.0
+        else:
+            gamma = gammas[b]
+            seeds[u, 0], seeds[u, 1] = _gae_seed(
+                rewards, values, np.uint64(summaries[u + 1, 0]), np.uint64(summaries[u + 1, 1]),
+                summaries[u + 1, 2], summaries[u + 1, 3], gamma, gamma * lams[b],
+                seeds[u + 1, 0], seeds[u + 1, 1],
+            )  # fmt: skip
+
+
+def gae(
+    rewards, values, starts, spans, lengths, mask, gammas, lams, bootstrap, advantages, returns
+):
+    """Twin: src/rows_gae.h ppo_gae_rows. The running state is float64 whatever the input dtype.
+
+    A row runs whole, by the plain recursion, unless its valid extent is longer than
+    GAE_LONG_ROW positions. A batch without such a row runs here; one with them is left to
+    _gae_chunked (this returns its number of chunks, 0 when it has run): compiled apart, on
+    first use, so that the common kernel compiles as fast as before."""
+    n_rows = starts.shape[0]
+    n_chunks = np.uint64(0)
+    for b in range(n_rows):
+        n_chunks += _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b]))
+    if n_chunks != 0:
+        return n_chunks
+    has_mask = mask.shape[0] > 0
+    for b in prange(n_rows):
+        _prefer_wide_vectors()
+        gamma = gammas[b]
+        _gae_span(
+            rewards, values, np.uint64(starts[b]), np.uint64(0), np.uint64(spans[b]),
+            np.uint64(lengths[b]), mask, has_mask, gamma, gamma * lams[b], bootstrap[b], 0.0,
+            advantages, returns,
+        )  # fmt: skip
+    return n_chunks
+
+
+def _gae_chunked(
+    rewards, values, starts, spans, lengths, mask, gammas, lams, bootstrap, advantages, returns
+):
+    """gae for a batch with long rows: they are cut into chunks of GAE_CHUNK positions (fixed
+    by the row, never by the threads), and the work units are the other rows and these chunks,
+    in row order. Pass 1 summarises every chunk but each row's first (_gae_summary), a serial
+    pass combines the summaries of each row right to left into each chunk's seed (_gae_seeds),
+    and pass 2 runs the plain recursion over each unit from its seed (_gae_span). A row that runs
+    whole, and a row's last chunk, are seeded with the row's bootstrap and 0, as the recursion
+    is; the seeds of the other chunks are the combined summaries, within a few ulp of the
+    recursion's own values. The helpers outside the prange bodies are compiled on their own
+    (_called), once for both builds."""
+    has_mask = mask.shape[0] > 0
+    n_chunks = np.uint64(0)
+    for b in range(starts.shape[0]):
+        n_chunks += _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b]))
+    unit_rows, unit_chunks, summarised = _gae_units(starts, spans, lengths, n_chunks)
+    n_units = unit_rows.shape[0]
+    # Per unit: its valid count, the index of its last valid position, the value at its first
+    # and its local advantage (the count and the index are exact in float64).
+    summaries = np.zeros((n_units, 4))
+    for s in prange(summarised.shape[0]):
         u = summarised[s]
         b = unit_rows[u]
-        start = np.uint64(starts[b])
         low = np.uint64(unit_chunks[u]) * _GAE_CHUNK
         high = min(low + _GAE_CHUNK, min(np.uint64(lengths[b]), np.uint64(spans[b])))
-        gamma_lam = gammas[b] * lams[b]
-        gl_2 = gamma_lam * gamma_lam
-        gl_4 = gl_2 * gl_2
-        counts[u], lasts[u], first_values[u], locals_[u] = _gae_summary(
-            rewards, values, start, low, high, mask, has_mask, gammas[b], gamma_lam,
-            (gl_2, gl_4, gl_4 * gl_4),
+        count, last, first_value, local = _gae_summary(
+            rewards, values, np.uint64(starts[b]), low, high, mask, has_mask, gammas[b],
+            gammas[b] * lams[b],
         )  # fmt: skip
-    seed_values = np.empty(n_units)
-    seed_carries = np.empty(n_units)
-    for b in range(n_rows):
-        next_value = bootstrap[b]
-        carry = 0.0
-        gamma = gammas[b]
-        gamma_lam = gamma * lams[b]
-        for k in range(first_units[b + 1] - first_units[b]):
-            u = first_units[b + 1] - 1 - k
-            seed_values[u] = next_value
-            seed_carries[u] = carry
-            if u > first_units[b]:
-                next_value, carry = _gae_seed(
-                    rewards, values, counts[u], lasts[u], first_values[u], locals_[u], gamma,
-                    gamma_lam, next_value, carry,
-                )  # fmt: skip
+        summaries[u, 0] = np.float64(count)
+        summaries[u, 1] = np.float64(last)
+        summaries[u, 2] = first_value
+        summaries[u, 3] = local
+    seeds = np.empty((n_units, 2))
+    _gae_seeds(rewards, values, gammas, lams, bootstrap, unit_rows, summaries, seeds)
     for u in prange(n_units):
         _prefer_wide_vectors()
         b = unit_rows[u]
-        span = np.uint64(spans[b])
         chunk = unit_chunks[u]
         low = np.uint64(0) if chunk < 0 else np.uint64(chunk) * _GAE_CHUNK
-        high = span if chunk < 0 or u == first_units[b + 1] - 1 else low + _GAE_CHUNK
+        row_ends = u + 1 == n_units or unit_rows[u + 1] != b
+        high = np.uint64(spans[b]) if row_ends else low + _GAE_CHUNK
         gamma = gammas[b]
         _gae_span(
             rewards, values, np.uint64(starts[b]), low, high, np.uint64(lengths[b]), mask,
-            has_mask, gamma, gamma * lams[b], seed_values[u], seed_carries[u], advantages,
-            returns,
+            has_mask, gamma, gamma * lams[b], seeds[u, 0], seeds[u, 1], advantages, returns,
         )  # fmt: skip
+
+
+class _GAE:
+    """The backend's gae: the kernel of batches without long rows, and the one of batches with
+    them (compiled on the first such batch). ``kernels`` lists both, whose builds the tests
+    check."""
+
+    def __init__(self, whole_rows, chunked):
+        self.function = whole_rows  # the Python source, for the interface test
+        self.whole_rows = _Kernel(whole_rows)
+        self.chunked = _Kernel(chunked)
+        self.kernels = [self.whole_rows, self.chunked]
+
+    def __call__(self, *args):
+        if self.whole_rows(*args):
+            self.chunked(*args)
 
 
 @_jit
@@ -742,7 +786,7 @@ def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened):
 # reassociates.
 kl_penalty = _Specialised(_kl_penalty_rows, KERNELS["kl_penalty"])
 shape_rewards = _Specialised(_shape_rewards_rows, KERNELS["shape_rewards"])
-gae = _Kernel(gae)
+gae = _GAE(gae, _gae_chunked)
 discounted_returns = _Kernel(discounted_returns)
 remax = _Kernel(remax)
 optimal_token_baseline = _Kernel(optimal_token_baseline)
