@@ -190,7 +190,66 @@ PPO_INLINE void PPO_ROW(ppo_gae_seed)(
     *next_value = unit->first_value;
 }
 
-/* The whole batch on n_threads threads: 0, or 1 when the units' scratch cannot be allocated. */
+/* The batch, as ppo_gae_rows takes it. */
+typedef struct {
+    const ppo_real *rewards, *values;
+    const int64_t *starts, *spans, *lengths;
+    const uint8_t* mask;
+    int has_mask;
+    const double *gammas, *lams, *bootstrap;
+    ppo_real *advantages, *returns;
+} PPO_ROW(ppo_gae_batch);
+
+/* Pass 1 of unit u (a row's chunk but its first). */
+PPO_INLINE void PPO_ROW(ppo_gae_summarise)(const PPO_ROW(ppo_gae_batch) * x, ppo_gae_unit* unit) {
+    ptrdiff_t b = unit->row, low = unit->chunk * PPO_GAE_CHUNK;
+    ptrdiff_t valid_end = x->lengths[b] < x->spans[b] ? x->lengths[b] : x->spans[b];
+    ptrdiff_t high = low + PPO_GAE_CHUNK < valid_end ? low + PPO_GAE_CHUNK : valid_end;
+    PPO_ROW(ppo_gae_summary)(
+        x->rewards, x->values, x->starts[b], low, high, x->mask, x->has_mask, x->gammas[b],
+        x->gammas[b] * x->lams[b], unit);
+}
+
+/* The serial pass: each row's units right to left, a unit's seed (the value after it and the
+ * running advantage there) from the unit after it; a row's last unit gets the row's bootstrap
+ * and 0. */
+PPO_INLINE void PPO_ROW(ppo_gae_combine)(
+    const PPO_ROW(ppo_gae_batch) * x, ppo_gae_unit* units, ptrdiff_t n_units) {
+    for (ptrdiff_t u = n_units - 1; u >= 0; u--) {
+        ptrdiff_t b = units[u].row;
+        if (u == n_units - 1 || units[u + 1].row != b) {
+            units[u].seed_value = x->bootstrap[b];
+            units[u].seed_carry = 0.0;
+            continue;
+        }
+        double next_value = units[u + 1].seed_value, carry = units[u + 1].seed_carry;
+        double gamma = x->gammas[b];
+        PPO_ROW(ppo_gae_seed)(
+            x->rewards, x->values, &units[u + 1], gamma, gamma * x->lams[b], &next_value, &carry);
+        units[u].seed_value = next_value;
+        units[u].seed_carry = carry;
+    }
+}
+
+/* Pass 2 of unit u: the plain recursion over it from its seed (a row's last unit to the end of
+ * its span, past its valid extent). */
+PPO_INLINE void PPO_ROW(ppo_gae_unit_run)(
+    const PPO_ROW(ppo_gae_batch) * x, const ppo_gae_unit* units, ptrdiff_t n_units,
+    ptrdiff_t u) {
+    ptrdiff_t b = units[u].row;
+    int row_ends = u == n_units - 1 || units[u + 1].row != b;
+    ptrdiff_t low = units[u].chunk < 0 ? 0 : units[u].chunk * PPO_GAE_CHUNK;
+    ptrdiff_t high = row_ends ? x->spans[b] : low + PPO_GAE_CHUNK;
+    PPO_ROW(ppo_gae_span)(
+        x->rewards, x->values, x->starts[b], low, high, x->lengths[b], x->mask, x->has_mask,
+        x->gammas[b], x->gammas[b] * x->lams[b], units[u].seed_value, units[u].seed_carry,
+        x->advantages, x->returns);
+}
+
+/* The whole batch on n_threads threads: 0, or 1 when the units' scratch cannot be allocated.
+ * With long rows the three passes run in one OpenMP region (its barriers between them): a
+ * region's start wakes the idle threads, which OMP_WAIT_POLICY=PASSIVE puts to sleep after
+ * each region, at a cost of the order of this call's work. */
 static int PPO_ROW(ppo_gae_rows)(
     const ppo_real* rewards, const ppo_real* values, const int64_t* starts, const int64_t* spans,
     const int64_t* lengths, const uint8_t* mask, int has_mask, ptrdiff_t n_rows,
@@ -212,17 +271,19 @@ static int PPO_ROW(ppo_gae_rows)(
 #undef PPO_GAE_WHOLE_ROW
         return 0;
     }
-    /* The units in row order (a row's chunks from its first), then the chunks pass 1 reads. */
-    ptrdiff_t n_units = n_chunks;
+    PPO_ROW(ppo_gae_batch)
+    x = {rewards, values, starts, spans, lengths, mask, has_mask, gammas, lams, bootstrap,
+         advantages, returns};
+    /* The units in row order (a row's chunks from its first), and the chunks pass 1 reads. */
+    ptrdiff_t n_units = n_chunks, n_summarised = 0;
     for (b = 0; b < n_rows; b++) n_units += ppo_gae_chunks(spans[b], lengths[b]) == 0;
     ppo_gae_unit* units = (ppo_gae_unit*)malloc((size_t)n_units * sizeof(ppo_gae_unit));
-    ptrdiff_t* summarised = (ptrdiff_t*)malloc((size_t)n_chunks * sizeof(ptrdiff_t));
+    ppo_gae_unit** summarised = (ppo_gae_unit**)malloc((size_t)n_chunks * sizeof(ppo_gae_unit*));
     if (units == NULL || summarised == NULL) {
         free(units);
         free(summarised);
         return 1;
     }
-    ptrdiff_t n_summarised = 0;
     u = 0;
     for (b = 0; b < n_rows; b++) {
         ptrdiff_t chunks = ppo_gae_chunks(spans[b], lengths[b]);
@@ -230,58 +291,24 @@ static int PPO_ROW(ppo_gae_rows)(
             units[u].row = b;
             units[u].chunk = chunks > 0 ? c : -1;
             units[u].count = 0;
-            if (c > 0) summarised[n_summarised++] = u;
+            if (c > 0) summarised[n_summarised++] = &units[u];
         }
     }
-#define PPO_GAE_SUMMARY(s)                                                                      \
-    do {                                                                                        \
-        ppo_gae_unit* unit_ = &units[summarised[s]];                                            \
-        ptrdiff_t row_ = unit_->row, low_ = unit_->chunk * PPO_GAE_CHUNK;                       \
-        ptrdiff_t valid_end_ = lengths[row_] < spans[row_] ? lengths[row_] : spans[row_];      \
-        ptrdiff_t high_ = low_ + PPO_GAE_CHUNK < valid_end_ ? low_ + PPO_GAE_CHUNK : valid_end_; \
-        PPO_ROW(ppo_gae_summary)(                                                               \
-            rewards, values, starts[row_], low_, high_, mask, has_mask, gammas[row_],           \
-            gammas[row_] * lams[row_], unit_);                                                  \
-    } while (0)
     if (n_threads > 1) {
-#pragma omp parallel for schedule(static) num_threads(n_threads)
-        for (s = 0; s < n_summarised; s++) PPO_GAE_SUMMARY(s);
+#pragma omp parallel num_threads(n_threads)
+        {
+#pragma omp for schedule(static)
+            for (s = 0; s < n_summarised; s++) PPO_ROW(ppo_gae_summarise)(&x, summarised[s]);
+#pragma omp single
+            PPO_ROW(ppo_gae_combine)(&x, units, n_units);
+#pragma omp for schedule(static)
+            for (u = 0; u < n_units; u++) PPO_ROW(ppo_gae_unit_run)(&x, units, n_units, u);
+        }
     } else {
-        for (s = 0; s < n_summarised; s++) PPO_GAE_SUMMARY(s);
+        for (s = 0; s < n_summarised; s++) PPO_ROW(ppo_gae_summarise)(&x, summarised[s]);
+        PPO_ROW(ppo_gae_combine)(&x, units, n_units);
+        for (u = 0; u < n_units; u++) PPO_ROW(ppo_gae_unit_run)(&x, units, n_units, u);
     }
-#undef PPO_GAE_SUMMARY
-    /* Each row's units right to left: a unit's seed is the state after it. */
-    for (u = n_units - 1; u >= 0; u--) {
-        b = units[u].row;
-        int last_of_row = u == n_units - 1 || units[u + 1].row != b;
-        double gamma = gammas[b], gamma_lam = gamma * lams[b];
-        double next_value = last_of_row ? bootstrap[b] : units[u + 1].seed_value;
-        double carry = last_of_row ? 0.0 : units[u + 1].seed_carry;
-        if (!last_of_row)
-            PPO_ROW(ppo_gae_seed)(
-                rewards, values, &units[u + 1], gamma, gamma_lam, &next_value, &carry);
-        units[u].seed_value = next_value;
-        units[u].seed_carry = carry;
-    }
-#define PPO_GAE_UNIT(u)                                                                         \
-    do {                                                                                        \
-        const ppo_gae_unit* unit_ = &units[u];                                                  \
-        ptrdiff_t row_ = unit_->row;                                                            \
-        int last_ = u == n_units - 1 || units[(u) + 1].row != row_;                             \
-        ptrdiff_t low_ = unit_->chunk < 0 ? 0 : unit_->chunk * PPO_GAE_CHUNK;                  \
-        ptrdiff_t high_ = unit_->chunk < 0 || last_ ? spans[row_] : low_ + PPO_GAE_CHUNK;      \
-        PPO_ROW(ppo_gae_span)(                                                                  \
-            rewards, values, starts[row_], low_, high_, lengths[row_], mask, has_mask,          \
-            gammas[row_], gammas[row_] * lams[row_], unit_->seed_value, unit_->seed_carry,      \
-            advantages, returns);                                                               \
-    } while (0)
-    if (n_threads > 1) {
-#pragma omp parallel for schedule(static) num_threads(n_threads)
-        for (u = 0; u < n_units; u++) PPO_GAE_UNIT(u);
-    } else {
-        for (u = 0; u < n_units; u++) PPO_GAE_UNIT(u);
-    }
-#undef PPO_GAE_UNIT
     free(units);
     free(summarised);
     return 0;
