@@ -152,8 +152,9 @@ def run(name: str, backend: str | None, **arguments) -> None:
     stage cannot pass them out of order); the threads follow the thread policy for the batch.
     """
     kernel = KERNELS[name]
-    first_input = arguments[kernel.inputs[0].name]
-    arguments["n_threads"] = _threads.threads_for(arguments["starts"].shape[0], first_input.size)
+    n_positions = arguments[kernel.inputs[0].name].size
+    units = kernel.parallel_units(arguments["starts"].shape[0], n_positions)
+    arguments["n_threads"] = _threads.threads_for(units, n_positions)
     getattr(_cached_resolve(backend), name)(*kernel.bind(arguments))
 
 

@@ -33,7 +33,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba.core import types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic, models, overload, register_model
 
 from ._spec import EXP32, EXP64, LOG32, LOG64
 
@@ -95,6 +95,13 @@ def _as_float_bits(typingctx, n):
 
 def _jit(function):
     return numba.njit(nogil=True, cache=_CACHE, inline="always")(function)
+
+
+def _called(function):
+    """A helper left to LLVM to inline, not inlined into the caller's numba IR as _jit's: a
+    large helper inside a prange body makes the parallel build's analysis of it slow (GAE's
+    chunk summary: seconds of compilation)."""
+    return numba.njit(nogil=True, cache=_CACHE)(function)
 
 
 # exp by range reduction and a polynomial, with the constants of the kernel table (_spec.EXP64 and
@@ -369,6 +376,110 @@ def _prefer_wide_vectors(typingctx):
     return types.none(), codegen
 
 
+class _LanesType(types.Type):
+    """Eight float64 lanes held as one LLVM vector (<8 x double>): a loop-carried value of this
+    type stays in vector registers. numba runs no SLP vectorizer (its SLP_VECTORIZE is off), so
+    eight scalar lanes written out stay eight scalar chains, and a tuple converted to a vector in
+    each step costs more in shuffles than the lanes gain. Each operation is its scalar one lane
+    by lane (llvm.fma.v8f64 is eight fma), so the lanes give the same bits as scalar code."""
+
+    def __init__(self):
+        super().__init__(name="Lanes(float64 x 8)")
+
+
+_LANES = _LanesType()
+_F64X8 = ir.VectorType(ir.DoubleType(), 8)
+_I32 = ir.IntType(32)
+
+
+@register_model(_LanesType)
+class _LanesModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _F64X8)
+
+
+def _fma_lanes(builder, a, b, c):
+    name = "llvm.fma.v8f64"
+    try:
+        function = builder.module.get_global(name)
+    except KeyError:
+        function = ir.Function(builder.module, ir.FunctionType(_F64X8, [_F64X8] * 3), name)
+    return builder.call(function, [a, b, c])
+
+
+def _splat_lanes(builder, x):
+    vector = builder.insert_element(ir.Constant(_F64X8, ir.Undefined), x, ir.Constant(_I32, 0))
+    zeros = ir.Constant(ir.VectorType(_I32, 8), [0] * 8)
+    return builder.shuffle_vector(vector, ir.Constant(_F64X8, ir.Undefined), zeros)
+
+
+def _load_lanes(context, builder, array_type, array, index):
+    """Eight consecutive items of a float32 or float64 array from ``index`` on, as float64."""
+    item = context.get_value_type(array_type.dtype)
+    data = context.make_array(array_type)(context, builder, array).data
+    pointer = builder.bitcast(builder.gep(data, [index]), ir.VectorType(item, 8).as_pointer())
+    x = builder.load(pointer, align=array_type.dtype.bitwidth // 8)
+    return x if isinstance(item, ir.DoubleType) else builder.fpext(x, _F64X8)
+
+
+@intrinsic
+def _td_errors(typingctx, rewards, values, i, gamma):
+    """Lanes j = 0..7: fma(gamma, values[i + j + 1], rewards[i + j]) - values[i + j], in float64
+    (GAE's TD errors of 8 consecutive positions, each from the value at the next position)."""
+    if not all(
+        isinstance(a, types.Array) and a.dtype in (types.float32, types.float64)
+        for a in (rewards, values)
+    ) or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        reward_array, value_array, index, gamma = args
+        next_index = builder.add(index, ir.Constant(index.type, 1))
+        rewards = _load_lanes(context, builder, sig.args[0], reward_array, index)
+        values = _load_lanes(context, builder, sig.args[1], value_array, index)
+        next_values = _load_lanes(context, builder, sig.args[1], value_array, next_index)
+        fused = _fma_lanes(builder, _splat_lanes(builder, gamma), next_values, rewards)
+        return builder.fsub(fused, values)
+
+    return _LANES(rewards, values, i, types.float64), codegen
+
+
+@intrinsic
+def _lanes_fma(typingctx, factor, lanes, addend):
+    """Lanes j: fma(factor, lanes[j], addend[j])."""
+    if lanes != _LANES or addend != _LANES:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _fma_lanes(builder, _splat_lanes(builder, args[0]), args[1], args[2])
+
+    return _LANES(types.float64, _LANES, _LANES), codegen
+
+
+@intrinsic
+def _lane(typingctx, lanes, j):
+    """Lane j (an integer constant or value) of the lanes."""
+    if lanes != _LANES or not isinstance(j, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], args[1])
+
+    return types.float64(_LANES, j), codegen
+
+
+@intrinsic
+def _with_lane(typingctx, lanes, j, x):
+    """The lanes with lane j replaced by x."""
+    if lanes != _LANES or not isinstance(j, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.insert_element(args[0], args[2], args[1])
+
+    return _LANES(_LANES, j, types.float64), codegen
+
+
 _parallel_lock = threading.Lock()
 
 
@@ -383,16 +494,16 @@ class _Kernel:
         )
 
     def __call__(self, *args):
+        """The kernel's result (None for most: they write their outputs)."""
         *args, n_threads = args  # the backend signature ends with n_threads
         n_threads = min(n_threads, numba.config.NUMBA_NUM_THREADS)
         if n_threads > 1 and _parallel_lock.acquire(blocking=False):
             try:
                 numba.set_num_threads(n_threads)
-                self.parallel(*args)
+                return self.parallel(*args)
             finally:
                 _parallel_lock.release()
-        else:
-            self.serial(*args)
+        return self.serial(*args)
 
 
 class _Specialised:

@@ -16,14 +16,20 @@ from numba import prange
 from ._numba_core import (
     _U1,
     _all_valid,
+    _called,
     _exp64,
     _jit,
     _Kernel,
+    _lane,
+    _lanes_fma,
+    _mask_word,
     _prefer_wide_vectors,
     _row_totals,
     _select,
     _Specialised,
+    _td_errors,
     _valid_count,
+    _with_lane,
     fma,
 )
 from ._numba_losses import (
@@ -40,6 +46,10 @@ from ._numba_losses import (
 from ._spec import ESTIMATORS, KERNELS
 
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
+_U7, _U8 = np.uint64(7), np.uint64(8)
+# GAE's long rows (_spec.GAE_CHUNKS), as constants.
+_GAE_LONG_ROW = np.uint64(KERNELS["gae"].chunks.long_row)
+_GAE_CHUNK = np.uint64(KERNELS["gae"].chunks.size)
 
 
 @_jit
@@ -126,36 +136,298 @@ def _shape_rewards_rows(code):
     return shape_rewards
 
 
+@_jit
+def _gae_span(
+    rewards, values, start, low, high, length, mask, has_mask, gamma, gamma_lam, next_value,
+    running, advantages, returns,
+):  # fmt: skip
+    """Twin: src/rows_gae.h ppo_gae_span. Positions low .. high-1 of the row at start by the
+    plain recursion, backwards, from the value after them and the running advantage there."""
+    for k in range(high - low):
+        t = high - _U1 - k
+        i = start + t
+        if t < length and (not has_mask or mask[i] != 0):
+            value = np.float64(values[i])
+            delta = fma(gamma, next_value, np.float64(rewards[i])) - value
+            running = fma(gamma_lam, running, delta)
+            advantages[i] = running
+            returns[i] = running + value
+            next_value = value
+        else:
+            advantages[i] = 0.0
+            returns[i] = 0.0
+
+
+@_jit
+def _power(base, exponent):
+    """base ** exponent for an unsigned integer exponent, by squaring (the same operations as the
+    twin's, src/rows_gae.h ppo_power, where pow() would round as its libm does)."""
+    result = 1.0
+    while exponent != 0:
+        if exponent & _U1:
+            result = result * base
+        base = base * base
+        exponent = exponent >> _U1
+    return result
+
+
+@_jit
+def _gae_chunks(span, length):
+    """The chunks of a row: 0 when it runs whole (GAE_LONG_ROW positions of valid extent or
+    fewer), else its valid extent min(length, span) cut every GAE_CHUNK positions."""
+    valid_end = min(length, span)
+    if valid_end <= _GAE_LONG_ROW:
+        return np.uint64(0)
+    return (valid_end + _GAE_CHUNK - _U1) // _GAE_CHUNK
+
+
+@_called
+def _gae_summary(rewards, values, start, low, high, mask, has_mask, gamma, gamma_lam):
+    """Twin: src/rows_gae.h ppo_gae_summary. Pass 1 of a chunk, positions low .. high-1 (all
+    within the row's valid extent), reading only: (its valid count m, the index of its last valid
+    position, the value at its first one, and L, the advantage at its first valid position by
+    the recursion over all but its last valid position, seeded with 0 there). Then for any
+    advantage A_m at the last valid position, the one at the first is L + (gamma lam)^(m-1) A_m.
+
+    The recursion is linear and nothing is written, so a run of blocks of 8 valid positions
+    goes without its chain: lane j holds the sum over the run's blocks of (gamma lam)^(8k) times
+    the TD error at position j of the k-th block from the run's start (Horner in (gamma lam)^8,
+    eight independent lanes in one vector), and the run is then folded into the running value
+    (_gae_carry). Not when (gamma lam)^8 underflows to 0 for a gamma lam > 0: a product by it
+    would make an inf NaN where the recursion keeps it. Blocks with a masked position take the
+    plain recursion, and blocks with no valid position are skipped."""
+    end = high  # the search for the last valid position skips masked words
+    while has_mask and end - low >= _U8 and _mask_word(mask, start + end - _U8) == 0:
+        end -= _U8
+    last = high
+    for k in range(end - low):
+        if not has_mask or mask[start + end - _U1 - k] != 0:
+            last = end - _U1 - k
+            break
+    if last == high:
+        return np.uint64(0), start, 0.0, 0.0
+    gl_2 = gamma_lam * gamma_lam
+    gl_4 = gl_2 * gl_2
+    gl_8 = gl_4 * gl_4
+    next_value = np.float64(values[start + last])
+    running = 0.0
+    count = _U1
+    t = last
+    blocks = gamma_lam == 0.0 or gl_8 != 0.0
+    while t - low >= _U8:
+        i = start + t - _U8
+        if has_mask and not _all_valid(mask, i):
+            if _mask_word(mask, i) != 0:
+                for j in range(_U8):
+                    position = i + _U8 - _U1 - j
+                    if mask[position] != 0:
+                        value = np.float64(values[position])
+                        delta = fma(gamma, next_value, np.float64(rewards[position])) - value
+                        running = fma(gamma_lam, running, delta)
+                        next_value = value
+                        count += _U1
+            t -= _U8
+            continue
+        if not blocks:
+            break
+        # A run of valid blocks from the one at i down. The lanes' TD errors take the value at
+        # the next position, values[i + 8] for the run's first block too (t <= last: in the row),
+        # but that block's position 7 takes the value after it, which may lie past a hole.
+        last_error = fma(gamma, next_value, np.float64(rewards[i + _U7])) - np.float64(
+            values[i + _U7]
+        )
+        lanes = _with_lane(_td_errors(rewards, values, i, gamma), 7, last_error)
+        n_blocks = _U1
+        t -= _U8
+        while t - low >= _U8 and (not has_mask or _all_valid(mask, start + t - _U8)):
+            i = start + t - _U8
+            lanes = _lanes_fma(gl_8, lanes, _td_errors(rewards, values, i, gamma))
+            n_blocks += _U1
+            t -= _U8
+        pair_3 = fma(gamma_lam, _lane(lanes, 7), _lane(lanes, 6))
+        pair_2 = fma(gamma_lam, _lane(lanes, 5), _lane(lanes, 4))
+        pair_1 = fma(gamma_lam, _lane(lanes, 3), _lane(lanes, 2))
+        pair_0 = fma(gamma_lam, _lane(lanes, 1), _lane(lanes, 0))
+        folded = fma(gl_4, fma(gl_2, pair_3, pair_2), fma(gl_2, pair_1, pair_0))
+        running = _gae_carry(running, _power(gl_8, n_blocks), gamma_lam, folded)
+        next_value = np.float64(values[i])
+        count += _U8 * n_blocks
+    for k in range(t - low):
+        i = start + t - _U1 - k
+        if not has_mask or mask[i] != 0:
+            value = np.float64(values[i])
+            delta = fma(gamma, next_value, np.float64(rewards[i])) - value
+            running = fma(gamma_lam, running, delta)
+            next_value = value
+            count += _U1
+    return count, start + last, next_value, running
+
+
+@_jit
+def _gae_carry(carry, factor, gamma_lam, local):
+    """fma(factor, carry, local): the advantage before a stretch of the row from the one after
+    it (carry), where factor = (gamma lam)^(the stretch's valid positions) and local is the
+    stretch's own sum. The factor may underflow to 0 for a gamma lam > 0, where the recursion
+    would carry an inf on (inf times a positive number is inf): an inf or NaN carry then goes
+    with the factor 1, which gives what the recursion gives (with local finite, the inf; with
+    the opposite inf or NaN, NaN)."""
+    if factor == 0.0 and gamma_lam > 0.0 and not math.isfinite(carry):
+        factor = 1.0
+    return fma(factor, carry, local)
+
+
+@_called
+def _gae_seed(
+    rewards, values, count, last, first_value, local, gamma, gamma_lam, next_value, carry
+):
+    """Twin: src/rows_gae.h ppo_gae_seed. The combine step, right to left: from a chunk's summary
+    (_gae_summary) and the (next value, running advantage) after the chunk, those before it.
+    The advantage at the chunk's last valid position is the recursion's own step there, the one
+    at its first L + (gamma lam)^(count-1) times it (_gae_carry)."""
+    if count == 0:
+        return next_value, carry
+    value = np.float64(values[last])
+    at_last = fma(gamma_lam, carry, fma(gamma, next_value, np.float64(rewards[last])) - value)
+    return first_value, _gae_carry(at_last, _power(gamma_lam, count - _U1), gamma_lam, local)
+
+
+@_called
+def _gae_units(starts, spans, lengths, n_chunks):
+    """The units of a batch with long rows, in row order: for each, its row and its chunk (-1
+    for a row that runs whole), and the units pass 1 summarises (every chunk but a row's first)."""
+    n_rows = starts.shape[0]
+    n_units = n_chunks
+    for b in range(n_rows):
+        if _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b])) == 0:
+            n_units += _U1
+    unit_rows = np.empty(n_units, np.int64)
+    unit_chunks = np.empty(n_units, np.int64)
+    summarised = np.empty(n_chunks, np.int64)
+    unit = 0
+    n_summarised = 0
+    for b in range(n_rows):
+        chunks = _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b]))
+        for c in range(max(chunks, _U1)):
+            unit_rows[unit] = b
+            unit_chunks[unit] = np.int64(c) if chunks != 0 else np.int64(-1)
+            if c > 0:
+                summarised[n_summarised] = unit
+                n_summarised += 1
+            unit += 1
+    return unit_rows, unit_chunks, summarised[:n_summarised]
+
+
+@_called
+def _gae_seeds(rewards, values, gammas, lams, bootstrap, unit_rows, summaries, seeds):
+    """The serial pass: each row's units right to left, a unit's seed (the value after it and
+    the running advantage there) from the unit after it (_gae_seed); a row's last unit gets the
+    row's bootstrap and 0."""
+    for k in range(unit_rows.shape[0]):
+        u = unit_rows.shape[0] - 1 - k
+        b = unit_rows[u]
+        if u + 1 == unit_rows.shape[0] or unit_rows[u + 1] != b:
+            seeds[u, 0] = bootstrap[b]
+            seeds[u, 1] = 0.0
+        else:
+            gamma = gammas[b]
+            seeds[u, 0], seeds[u, 1] = _gae_seed(
+                rewards, values, np.uint64(summaries[u + 1, 0]), np.uint64(summaries[u + 1, 1]),
+                summaries[u + 1, 2], summaries[u + 1, 3], gamma, gamma * lams[b],
+                seeds[u + 1, 0], seeds[u + 1, 1],
+            )  # fmt: skip
+
+
 def gae(
     rewards, values, starts, spans, lengths, mask, gammas, lams, bootstrap, advantages, returns
 ):
-    """Twin: src/rows_gae.h ppo_gae_row. The running state is float64 whatever the input dtype."""
+    """Twin: src/rows_gae.h ppo_gae_rows. The running state is float64 whatever the input dtype.
+
+    A row runs whole, by the plain recursion, unless its valid extent is longer than
+    GAE_LONG_ROW positions. A batch without such a row runs here; one with them is left to
+    _gae_chunked (this returns its number of chunks, 0 when it has run): compiled apart, on
+    first use, so that the common kernel compiles as fast as before."""
+    n_rows = starts.shape[0]
+    n_chunks = np.uint64(0)
+    for b in range(n_rows):
+        n_chunks += _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b]))
+    if n_chunks != 0:
+        return n_chunks
     has_mask = mask.shape[0] > 0
-    for b in prange(starts.shape[0]):
+    for b in prange(n_rows):
         _prefer_wide_vectors()
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        length = np.uint64(lengths[b])
         gamma = gammas[b]
-        gamma_lam = gamma * lams[b]
-        next_value = bootstrap[b]
-        running = 0.0
-        for k in range(span):
-            t = span - _U1 - k
-            i = start + t
-            if t < length and (not has_mask or mask[i] != 0):
-                value = np.float64(values[i])
-                delta = fma(gamma, next_value, np.float64(rewards[i])) - value
-                running = fma(gamma_lam, running, delta)
-                advantages[i] = running
-                returns[i] = running + value
-                next_value = value
-            else:
-                advantages[i] = 0.0
-                returns[i] = 0.0
+        _gae_span(
+            rewards, values, np.uint64(starts[b]), np.uint64(0), np.uint64(spans[b]),
+            np.uint64(lengths[b]), mask, has_mask, gamma, gamma * lams[b], bootstrap[b], 0.0,
+            advantages, returns,
+        )  # fmt: skip
+    return n_chunks
 
 
-_U8 = np.uint64(8)
+def _gae_chunked(
+    rewards, values, starts, spans, lengths, mask, gammas, lams, bootstrap, advantages, returns
+):
+    """gae for a batch with long rows: they are cut into chunks of GAE_CHUNK positions (fixed
+    by the row, never by the threads), and the work units are the other rows and these chunks,
+    in row order. Pass 1 summarises every chunk but each row's first (_gae_summary), a serial
+    pass combines the summaries of each row right to left into each chunk's seed (_gae_seeds),
+    and pass 2 runs the plain recursion over each unit from its seed (_gae_span). A row that runs
+    whole, and a row's last chunk, are seeded with the row's bootstrap and 0, as the recursion
+    is; the seeds of the other chunks are the combined summaries, within a few ulp of the
+    recursion's own values. The helpers outside the prange bodies are compiled on their own
+    (_called), once for both builds."""
+    has_mask = mask.shape[0] > 0
+    n_chunks = np.uint64(0)
+    for b in range(starts.shape[0]):
+        n_chunks += _gae_chunks(np.uint64(spans[b]), np.uint64(lengths[b]))
+    unit_rows, unit_chunks, summarised = _gae_units(starts, spans, lengths, n_chunks)
+    n_units = unit_rows.shape[0]
+    # Per unit: its valid count, the index of its last valid position, the value at its first
+    # and its local advantage (the count and the index are exact in float64).
+    summaries = np.zeros((n_units, 4))
+    for s in prange(summarised.shape[0]):
+        u = summarised[s]
+        b = unit_rows[u]
+        low = np.uint64(unit_chunks[u]) * _GAE_CHUNK
+        high = min(low + _GAE_CHUNK, min(np.uint64(lengths[b]), np.uint64(spans[b])))
+        count, last, first_value, local = _gae_summary(
+            rewards, values, np.uint64(starts[b]), low, high, mask, has_mask, gammas[b],
+            gammas[b] * lams[b],
+        )  # fmt: skip
+        summaries[u, 0] = np.float64(count)
+        summaries[u, 1] = np.float64(last)
+        summaries[u, 2] = first_value
+        summaries[u, 3] = local
+    seeds = np.empty((n_units, 2))
+    _gae_seeds(rewards, values, gammas, lams, bootstrap, unit_rows, summaries, seeds)
+    for u in prange(n_units):
+        _prefer_wide_vectors()
+        b = unit_rows[u]
+        chunk = unit_chunks[u]
+        low = np.uint64(0) if chunk < 0 else np.uint64(chunk) * _GAE_CHUNK
+        row_ends = u + 1 == n_units or unit_rows[u + 1] != b
+        high = np.uint64(spans[b]) if row_ends else low + _GAE_CHUNK
+        gamma = gammas[b]
+        _gae_span(
+            rewards, values, np.uint64(starts[b]), low, high, np.uint64(lengths[b]), mask,
+            has_mask, gamma, gamma * lams[b], seeds[u, 0], seeds[u, 1], advantages, returns,
+        )  # fmt: skip
+
+
+class _GAE:
+    """The backend's gae: the kernel of batches without long rows, and the one of batches with
+    them (compiled on the first such batch). ``kernels`` lists both, whose builds the tests
+    check."""
+
+    def __init__(self, whole_rows, chunked):
+        self.function = whole_rows  # the Python source, for the interface test
+        self.whole_rows = _Kernel(whole_rows)
+        self.chunked = _Kernel(chunked)
+        self.kernels = [self.whole_rows, self.chunked]
+
+    def __call__(self, *args):
+        if self.whole_rows(*args):
+            self.chunked(*args)
 
 
 @_jit
@@ -544,7 +816,7 @@ def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened):
 # reassociates.
 kl_penalty = _Specialised(_kl_penalty_rows, KERNELS["kl_penalty"])
 shape_rewards = _Specialised(_shape_rewards_rows, KERNELS["shape_rewards"])
-gae = _Kernel(gae)
+gae = _GAE(gae, _gae_chunked)
 discounted_returns = _Kernel(discounted_returns)
 remax = _Kernel(remax)
 optimal_token_baseline = _Kernel(optimal_token_baseline)

@@ -74,6 +74,21 @@ class Scalar:
 
 
 @dataclass(frozen=True)
+class Chunks:
+    """How the long rows of a recursion are cut so that threads can share them.
+
+    A row whose valid extent (min(length, span) positions from its start) is longer than
+    ``long_row`` runs in chunks of ``size`` positions, cut at multiples of ``size`` from its
+    start: fixed by the row, never by the number of threads, so that results stay identical on
+    any number of threads. The work units of a call are then its other rows and these chunks
+    (src/rows_gae.h says how a chunk is seeded).
+    """
+
+    long_row: int
+    size: int  # a multiple of 8
+
+
+@dataclass(frozen=True)
 class Kernel:
     name: str
     summary: str
@@ -91,6 +106,14 @@ class Kernel:
     # Whether the stages have a fast path for this kernel: every backend then has an entry for its
     # common case (``common_arguments``).
     common: bool = False
+    # A recursion whose long rows run in chunks (``Chunks``): the Cython backend calls its C
+    # function once for the whole batch (ppo_<name>_rows_<dtype>), which runs its own threads.
+    chunks: Chunks | None = None
+
+    def parallel_units(self, n_rows: int, n_positions: int) -> int:
+        """At most how many units a call can share among threads: its rows, and for a kernel
+        with ``chunks`` the chunks its long rows may be cut into too."""
+        return n_rows if self.chunks is None else n_rows + n_positions // self.chunks.size
 
     @property
     def layout_arguments(self) -> tuple[str, ...]:
@@ -180,6 +203,10 @@ DIVERGENCES = ("tv", "kl")
 # second-longest row's length.
 ZERO_TAIL = ("off", "on")
 
+# GAE's rows longer than 65,536 valid-extent positions run in chunks of 16,384 (measured:
+# src/rows_gae.h).
+GAE_CHUNKS = Chunks(long_row=1 << 16, size=1 << 14)
+
 KERNELS: dict[str, Kernel] = {
     kernel.name: kernel
     for kernel in (
@@ -215,6 +242,7 @@ KERNELS: dict[str, Kernel] = {
             row_inputs=(_GAMMAS, Array("lams", FLOAT64, low=0.0, high=1.0), _BOOTSTRAP),
             outputs=(Array("advantages"), Array("returns")),
             common=True,
+            chunks=GAE_CHUNKS,
         ),
         Kernel(
             "discounted_returns",

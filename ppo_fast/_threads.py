@@ -1,9 +1,10 @@
 """The thread policy: how many threads a kernel call may use.
 
-Kernels parallelise over rows. The default is ``PPO_FAST_NUM_THREADS``, else ``OMP_NUM_THREADS``,
-else the cores this process may use (its affinity mask, capped by a cgroup CPU quota); batches too
-small to gain run on one thread whatever the setting. Results never depend on the number of
-threads (each row is reduced on its own).
+Kernels parallelise over rows (GAE over its rows and the chunks of its long rows). The default
+is ``PPO_FAST_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the cores this process may use (its
+affinity mask, capped by a cgroup CPU quota); batches too small to gain run on one thread whatever
+the setting. Results never depend on the number of threads (each row, or chunk, is reduced on its
+own, and a chunk's bounds depend on its row only).
 
 The two variables are read differently, because they belong to different owners:
 
@@ -150,9 +151,11 @@ def _threads_setting() -> int:
     return threads
 
 
-def threads_for(n_rows: int, n_positions: int) -> int:
-    """Threads for one call: never more than rows, none extra for small batches."""
+def threads_for(units: int, n_positions: int) -> int:
+    """Threads for one call: never more than its units of work (its rows, or for GAE its rows
+    and its long rows' chunks: ``_spec.Kernel.parallel_units``), none extra for small
+    batches."""
     setting = _threads_setting()  # read even for a small batch: a bad variable always raises
     if n_positions < 2 * MIN_POSITIONS_PER_THREAD:
         return 1
-    return max(1, min(setting, n_rows, n_positions // MIN_POSITIONS_PER_THREAD))
+    return max(1, min(setting, units, n_positions // MIN_POSITIONS_PER_THREAD))

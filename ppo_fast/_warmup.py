@@ -18,7 +18,8 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
 
     Runs each kernel on a small batch and, when more than one thread is in use, on one large
     enough to take the parallel build; every build of a specialised kernel (each KL estimator);
-    and the common-case entry of each kernel that has one (``_backend.common``).
+    the common-case entry of each kernel that has one (``_backend.common``); and, for a kernel
+    whose long rows run in chunks (GAE), a row that long too.
     For cython and python this only loads the backend. Whatever the backend, it also compiles
     the hash table that numbers many integer group ids (``_groups``) and the loops of the group
     estimators (``_loops``), for ``dtypes``, onto a mask and onto lengths.
@@ -30,9 +31,15 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
         sizes.append((2, _threads.MIN_POSITIONS_PER_THREAD))
     rng = np.random.default_rng(0)
     for dtype in dtypes:
-        for shape in sizes:
-            rows = _validate.rows(shape)
-            for kernel in KERNELS.values():
+        for kernel in KERNELS.values():
+            shapes = sizes
+            if kernel.chunks is not None:  # and a row long enough to run in chunks
+                shapes = [
+                    *sizes,
+                    *[(1, max(kernel.chunks.long_row + 1, s[0] * s[1])) for s in sizes],
+                ]
+            for shape in shapes:
+                rows = _validate.rows(shape)
                 for scalars in _examples.codes(kernel):
                     arguments = _examples.arguments(kernel, rows, dtype, rng, scalars=scalars)
                     _backend.run(kernel.name, name, **arguments)

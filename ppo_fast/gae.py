@@ -11,6 +11,16 @@ where r_k, V_k are rewards[t_k], values[t_k]. Advantages and returns are 0 at po
 not valid. gamma and lam are scalars or per-row (B,) arrays in [0, 1]; ``bootstrap`` (B,) is the
 value of the state after a row's last valid token for truncated rows. The recursion runs in
 float64 whatever the input dtype; the results have the dtype of ``rewards``.
+
+Threads and long rows: rows are shared among threads, and a row whose valid extent (positions 0 ..
+min(length, T) - 1 from its start; mask holes included) is longer than 65,536 positions is cut
+into chunks of 16,384 (``_spec.GAE_CHUNKS``), so that a few long rows (4 x 131072, or one of
+262,144) can use every thread. The cuts depend on the row only, so results are identical on any
+number of threads, and a row gets the same bits in any batch. A chunk's recursion starts from
+the advantage and value after it, which a first pass computes from each later chunk's own sum
+(in eight float64 lanes, a few ulp from the recursion: within the backends' tolerances of the
+oracle, NaN and inf as the recursion gives them). That pass costs a long row about an eighth of
+its time on one thread; shorter rows run the plain recursion, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +32,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import _backend, _threads, _validate
+from ._spec import GAE_CHUNKS
+
+_LONG_ROW = GAE_CHUNKS.long_row
 
 
 class GAEResult(NamedTuple):
@@ -84,7 +97,9 @@ def gae(
         and bootstrap is None
         and out is None
     ):
-        if _validate.common_case((rewards, values), mask):
+        # rows of at most _LONG_ROW positions: none runs in chunks (the common entries run
+        # each row whole, as the batch function runs such rows)
+        if _validate.common_case((rewards, values), mask) and rewards.shape[1] <= _LONG_ROW:
             return _gae_common(rewards, values, gamma, lam, mask, backend)
     (token_rewards, token_values), rows = _validate.batch(
         {"rewards": rewards, "values": values}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens
@@ -147,7 +162,7 @@ def _gae_common(
     shape, dtype = rewards.shape, rewards.dtype
     advantages = np.empty(shape, dtype)
     returns = np.empty(shape, dtype)
-    n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
+    n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])  # no row is long
     _backend.common("gae", backend)(
         rewards, values, mask, gamma, lam, 0.0, advantages, returns, n_threads
     )

@@ -246,6 +246,9 @@ PPO_INLINE void ppo_f64x8_store(double* p, ppo_f64x8 x) { _mm512_storeu_pd(p, x)
 PPO_INLINE ppo_f64x8 ppo_f64x8_add(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_add_pd(a, b); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_sub(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_sub_pd(a, b); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_mul(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_mul_pd(a, b); }
+PPO_INLINE ppo_f64x8 ppo_f64x8_fma(ppo_f64x8 a, ppo_f64x8 b, ppo_f64x8 c) { /* a * b + c */
+    return _mm512_fmadd_pd(a, b, c);
+}
 PPO_INLINE ppo_f64x8 ppo_f64x8_div(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_div_pd(a, b); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_max(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_max_pd(a, b); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_min(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_min_pd(a, b); }
@@ -464,6 +467,10 @@ PPO_INLINE void ppo_f64x8_store(double* p, ppo_f64x8 x) {
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, add, _mm256_add_pd)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, sub, _mm256_sub_pd)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, mul, _mm256_mul_pd)
+PPO_INLINE ppo_f64x8 ppo_f64x8_fma(ppo_f64x8 a, ppo_f64x8 b, ppo_f64x8 c) { /* a * b + c */
+    ppo_f64x8 r = {_mm256_fmadd_pd(a.low, b.low, c.low), _mm256_fmadd_pd(a.high, b.high, c.high)};
+    return r;
+}
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, div, _mm256_div_pd)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, max, _mm256_max_pd)
 PPO_F64X8_BOTH_HALVES(ppo_f64x8, min, _mm256_min_pd)
@@ -756,6 +763,13 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_negative(ppo_f64x8 x) {
     ppo_f64x8 r = {-x.a, -x.b, -x.c, -x.d};
     return r;
 }
+/* a * b + c, fused, lane by lane (generic vectors have no fused operation). */
+#define PPO_FMA2(p) {fma(a.p[0], b.p[0], c.p[0]), fma(a.p[1], b.p[1], c.p[1])}
+PPO_INLINE ppo_f64x8 ppo_f64x8_fma(ppo_f64x8 a, ppo_f64x8 b, ppo_f64x8 c) {
+    ppo_f64x8 r = {PPO_FMA2(a), PPO_FMA2(b), PPO_FMA2(c), PPO_FMA2(d)};
+    return r;
+}
+#undef PPO_FMA2
 PPO_INLINE int ppo_m64x8_any(ppo_m64x8 m) {
     ppo_v2l either = (m.a | m.b) | (m.c | m.d);
     return (either[0] | either[1]) != 0;
@@ -943,6 +957,10 @@ PPO_INLINE int64_t ppo_c64x8_total(int64_t counts) { return counts; }
 PPO_INLINE ppo_f64x8 ppo_f64x8_negative(ppo_f64x8 x) {
     PPO_EACH_LANE(x.lane[lane] = -x.lane[lane]);
     return x;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_fma(ppo_f64x8 a, ppo_f64x8 b, ppo_f64x8 c) { /* a * b + c */
+    PPO_EACH_LANE(a.lane[lane] = fma(a.lane[lane], b.lane[lane], c.lane[lane]));
+    return a;
 }
 PPO_INLINE int ppo_m64x8_any(ppo_m64x8 m) {
     uint64_t either = 0;

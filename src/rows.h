@@ -6,7 +6,7 @@
  * pointers to the row's row outputs. One header per family:
  *
  *   rows_kl.h       kl_penalty, shape_rewards (the KL estimators, specialised per estimator)
- *   rows_gae.h      gae
+ *   rows_gae.h      gae (the whole batch per call, ppo_gae_rows: its long rows run in chunks)
  *   rows_returns.h  discounted_returns, remax, optimal_token_baseline (this one per group of rows:
  *                   ppo_<kernel>_group, with the layout of the whole batch and the group's rows)
  *   rows_moments.h  moments, whiten
@@ -61,6 +61,21 @@ PPO_INLINE ppo_m64x8 ppo_valid_lanes(
     const uint8_t* mask, int has_mask, ptrdiff_t i, ptrdiff_t t, ptrdiff_t length) {
     ppo_m64x8 valid = ppo_m64x8_first(length - t);
     return has_mask ? ppo_m64x8_and(valid, ppo_m64x8_from_bytes(mask + i)) : valid;
+}
+
+/* Whether the 8 mask bytes from p on are all nonzero: a word has a zero byte exactly when
+ * (word - 0x01..01) & ~word & 0x80..80 is nonzero (Hacker's Delight 6-1). */
+PPO_INLINE int ppo_all_valid8(const uint8_t* p) {
+    uint64_t word;
+    memcpy(&word, p, 8);
+    return ((word - 0x0101010101010101ULL) & ~word & 0x8080808080808080ULL) == 0;
+}
+
+/* Whether the 8 mask bytes from p on are all zero. */
+PPO_INLINE int ppo_none_valid8(const uint8_t* p) {
+    uint64_t word;
+    memcpy(&word, p, 8);
+    return word == 0;
 }
 
 /* Where the valid prefix of the row at start ends (its positions before its length): an index

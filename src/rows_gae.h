@@ -1,13 +1,78 @@
 /* -- GAE --------------------------------------------------------------------------------------- */
-/* Twin of _gae_rows (ppo_fast/_numba_kernels.py). The running state is float64 whatever the
- * dtype. Included by rows.h, once per dtype. */
+/* Twin of gae (ppo_fast/_numba_kernels.py), function for function: ppo_gae_span of _gae_span,
+ * ppo_gae_summary of _gae_summary, ppo_gae_seed of _gae_seed, ppo_gae_rows of gae. The running
+ * state is float64 whatever the dtype, and each multiply-add is one fma, as the twins' llvm.fma
+ * (the same bits as numba). Included by rows.h, once per dtype.
+ *
+ * The kernel takes the whole batch (the table's `chunks`: the generated Cython calls
+ * ppo_gae_rows once) and runs its own OpenMP loops. A row whose valid extent is longer than
+ * PPO_GAE_LONG_ROW positions runs in chunks of PPO_GAE_CHUNK positions (the values of
+ * _spec.GAE_CHUNKS), cut at multiples of PPO_GAE_CHUNK from its start: fixed by the row, never by
+ * the threads, so that the results are the same on any number of threads. The work units are
+ * the other rows and these chunks, in row order:
+ *   pass 1 (parallel over chunks, each row's first chunk but none) reads a chunk and summarises
+ *          it with a zero carry (ppo_gae_summary);
+ *   a short serial pass per row combines the summaries right to left into each chunk's seed:
+ *          the value after it and the running advantage there (ppo_gae_seed);
+ *   pass 2 (parallel over units) runs the plain recursion over each unit from its seed,
+ *          writing the advantages and returns (ppo_gae_span).
+ * A row that runs whole, and a row's last chunk, are seeded with the row's bootstrap and 0, as
+ * the recursion is: a short row gets the bits it always had. The other chunks' seeds are the
+ * combined summaries, within a few ulp of the recursion's own values (within the oracle's
+ * tolerances; a sum beyond float64's range may overflow in one order and not in the other).
+ *
+ * Why the chunks are summarised by lanes, and why the sizes: the recursion's chain of fma costs
+ * 4 cycles a position (about 1.1 ns), while pass 1, in 8 lanes, reads at about 0.15 ns a
+ * position: the extra pass costs a long row about 13% on one thread, and one row on two threads
+ * runs about 1.7 times as fast. */
 
-static void PPO_ROW(ppo_gae_row)(
-    const ppo_real* rewards, const ppo_real* values, ptrdiff_t start, ptrdiff_t span,
-    ptrdiff_t length, const uint8_t* mask, int has_mask, double gamma, double lam,
-    double next_value, ppo_real* advantages, ppo_real* returns) {
-    double gamma_lam = gamma * lam, running = 0.0;
-    for (ptrdiff_t t = span - 1; t >= 0; t--) {
+#ifndef PPO_FAST_ROWS_GAE_ONCE
+#define PPO_FAST_ROWS_GAE_ONCE
+#include <stdlib.h>
+
+/* The chunks of a row: 0 when it runs whole, else its valid extent cut every PPO_GAE_CHUNK. */
+PPO_INLINE ptrdiff_t ppo_gae_chunks(ptrdiff_t span, ptrdiff_t length) {
+    ptrdiff_t valid_end = length < span ? (length > 0 ? length : 0) : span;
+    return valid_end <= PPO_GAE_LONG_ROW ? 0 : (valid_end + PPO_GAE_CHUNK - 1) / PPO_GAE_CHUNK;
+}
+
+/* base ** exponent by squaring, the twin's operations (pow() would round as its libm does). */
+PPO_INLINE double ppo_power(double base, uint64_t exponent) {
+    double result = 1.0;
+    while (exponent != 0) {
+        if (exponent & 1) result = result * base;
+        base = base * base;
+        exponent >>= 1;
+    }
+    return result;
+}
+
+/* fma(factor, carry, local), where factor = (gamma lam)^n may underflow to 0 for a gamma lam > 0
+ * where the recursion would carry an inf on: an inf or NaN carry then goes with the factor 1
+ * (the twin, _gae_carry, says why that is the recursion's result). */
+PPO_INLINE double ppo_gae_carry(double carry, double factor, double gamma_lam, double local) {
+    if (factor == 0.0 && gamma_lam > 0.0 && !isfinite(carry)) factor = 1.0;
+    return fma(factor, carry, local);
+}
+
+/* One unit of work: a row that runs whole (chunk -1) or one chunk of a long row; its summary
+ * (pass 1) and its seed (the combine). */
+typedef struct {
+    int64_t row, chunk;
+    int64_t count, last; /* valid positions, and the index of the last one */
+    double first_value, local;
+    double seed_value, seed_carry;
+} ppo_gae_unit;
+#endif
+
+/* Positions low .. high-1 of the row at start by the plain recursion, backwards, from the value
+ * after them and the running advantage there. */
+PPO_INLINE void PPO_ROW(ppo_gae_span)(
+    const ppo_real* rewards, const ppo_real* values, ptrdiff_t start, ptrdiff_t low,
+    ptrdiff_t high, ptrdiff_t length, const uint8_t* mask, int has_mask, double gamma,
+    double gamma_lam, double next_value, double running, ppo_real* advantages,
+    ppo_real* returns) {
+    for (ptrdiff_t t = high - 1; t >= low; t--) {
         ptrdiff_t i = start + t;
         if (t < length && (!has_mask || mask[i] != 0)) {
             double value = values[i];
@@ -24,4 +89,239 @@ static void PPO_ROW(ppo_gae_row)(
             returns[i] = 0;
         }
     }
+}
+
+/* The TD errors of the 8 positions from i on, each from the value at the next position (the
+ * twin's _td_errors): fma(gamma, values[i + j + 1], rewards[i + j]) - values[i + j]. */
+PPO_INLINE ppo_f64x8 PPO_ROW(ppo_gae_errors)(
+    const ppo_real* rewards, const ppo_real* values, ptrdiff_t i, double gamma) {
+    ppo_f64x8 next_values = PPO_V(to_f64)(PPO_V(load)(values + i + 1));
+    ppo_f64x8 errors = ppo_f64x8_fma(
+        ppo_f64x8_splat(gamma), next_values, PPO_V(to_f64)(PPO_V(load)(rewards + i)));
+    return ppo_f64x8_sub(errors, PPO_V(to_f64)(PPO_V(load)(values + i)));
+}
+
+/* One position of pass 1's plain recursion (nothing written). */
+#define PPO_GAE_STEP(i)                                                                 \
+    do {                                                                                \
+        double value_ = (double)values[(i)];                                            \
+        double delta_ = fma(gamma, next_value, (double)rewards[(i)]) - value_;          \
+        running = fma(gamma_lam, running, delta_);                                      \
+        next_value = value_;                                                            \
+        count++;                                                                        \
+    } while (0)
+
+/* Pass 1 of a chunk, positions low .. high-1 (within the row's valid extent): its valid count,
+ * the index of its last valid position, the value at its first, and the advantage at its first
+ * by the recursion seeded with 0 at its last (the twin's docstring has the lanes' algebra). */
+PPO_INLINE void PPO_ROW(ppo_gae_summary)(
+    const ppo_real* rewards, const ppo_real* values, ptrdiff_t start, ptrdiff_t low,
+    ptrdiff_t high, const uint8_t* mask, int has_mask, double gamma, double gamma_lam,
+    ppo_gae_unit* unit) {
+    ptrdiff_t end = high, last = high, t, j, i;
+    while (has_mask && end - low >= 8 && ppo_none_valid8(mask + start + end - 8)) end -= 8;
+    for (t = end - 1; t >= low; t--) {
+        if (!has_mask || mask[start + t] != 0) {
+            last = t;
+            break;
+        }
+    }
+    unit->count = 0;
+    if (last == high) return;
+    double gl_2 = gamma_lam * gamma_lam, gl_4 = gl_2 * gl_2, gl_8 = gl_4 * gl_4;
+    double next_value = (double)values[start + last], running = 0.0;
+    int64_t count = 1;
+    int blocks = gamma_lam == 0.0 || gl_8 != 0.0;
+    t = last;
+    while (t - low >= 8) {
+        i = start + t - 8;
+        if (has_mask && !ppo_all_valid8(mask + i)) {
+            if (!ppo_none_valid8(mask + i))
+                for (j = 7; j >= 0; j--)
+                    if (mask[i + j] != 0) PPO_GAE_STEP(i + j);
+            t -= 8;
+            continue;
+        }
+        if (!blocks) break;
+        /* A run of valid blocks from the one at i down, as the twin's lanes (its position 7
+         * takes the value after the block, which may lie past a hole). */
+        double lanes[8];
+        ppo_f64x8_store(lanes, PPO_ROW(ppo_gae_errors)(rewards, values, i, gamma));
+        lanes[7] = fma(gamma, next_value, (double)rewards[i + 7]) - (double)values[i + 7];
+        ppo_f64x8 sums = ppo_f64x8_load(lanes), factor = ppo_f64x8_splat(gl_8);
+        uint64_t n_blocks = 1;
+        t -= 8;
+        while (t - low >= 8 && (!has_mask || ppo_all_valid8(mask + start + t - 8))) {
+            i = start + t - 8;
+            sums = ppo_f64x8_fma(factor, sums, PPO_ROW(ppo_gae_errors)(rewards, values, i, gamma));
+            n_blocks++;
+            t -= 8;
+        }
+        ppo_f64x8_store(lanes, sums);
+        double pair_3 = fma(gamma_lam, lanes[7], lanes[6]);
+        double pair_2 = fma(gamma_lam, lanes[5], lanes[4]);
+        double pair_1 = fma(gamma_lam, lanes[3], lanes[2]);
+        double pair_0 = fma(gamma_lam, lanes[1], lanes[0]);
+        double folded = fma(gl_4, fma(gl_2, pair_3, pair_2), fma(gl_2, pair_1, pair_0));
+        running = ppo_gae_carry(running, ppo_power(gl_8, n_blocks), gamma_lam, folded);
+        next_value = (double)values[i];
+        count += 8 * (int64_t)n_blocks;
+    }
+    for (t = t - 1; t >= low; t--)
+        if (!has_mask || mask[start + t] != 0) PPO_GAE_STEP(start + t);
+    unit->count = count;
+    unit->last = start + last;
+    unit->first_value = next_value;
+    unit->local = running;
+}
+#undef PPO_GAE_STEP
+
+/* The combine step, right to left: from a chunk's summary and the (next value, running
+ * advantage) after the chunk, those before it. */
+PPO_INLINE void PPO_ROW(ppo_gae_seed)(
+    const ppo_real* rewards, const ppo_real* values, const ppo_gae_unit* unit, double gamma,
+    double gamma_lam, double* next_value, double* carry) {
+    if (unit->count == 0) return;
+    double value = (double)values[unit->last];
+    double at_last =
+        fma(gamma_lam, *carry, fma(gamma, *next_value, (double)rewards[unit->last]) - value);
+    *carry = ppo_gae_carry(
+        at_last, ppo_power(gamma_lam, (uint64_t)(unit->count - 1)), gamma_lam, unit->local);
+    *next_value = unit->first_value;
+}
+
+/* The batch, as ppo_gae_rows takes it. */
+typedef struct {
+    const ppo_real *rewards, *values;
+    const int64_t *starts, *spans, *lengths;
+    const uint8_t* mask;
+    int has_mask;
+    const double *gammas, *lams, *bootstrap;
+    ppo_real *advantages, *returns;
+} PPO_ROW(ppo_gae_batch);
+
+/* Pass 1 of unit u (a row's chunk but its first). */
+PPO_INLINE void PPO_ROW(ppo_gae_summarise)(const PPO_ROW(ppo_gae_batch) * x, ppo_gae_unit* unit) {
+    ptrdiff_t b = unit->row, low = unit->chunk * PPO_GAE_CHUNK;
+    ptrdiff_t valid_end = x->lengths[b] < x->spans[b] ? x->lengths[b] : x->spans[b];
+    ptrdiff_t high = low + PPO_GAE_CHUNK < valid_end ? low + PPO_GAE_CHUNK : valid_end;
+    PPO_ROW(ppo_gae_summary)(
+        x->rewards, x->values, x->starts[b], low, high, x->mask, x->has_mask, x->gammas[b],
+        x->gammas[b] * x->lams[b], unit);
+}
+
+/* The serial pass: each row's units right to left, a unit's seed (the value after it and the
+ * running advantage there) from the unit after it; a row's last unit gets the row's bootstrap
+ * and 0. */
+PPO_INLINE void PPO_ROW(ppo_gae_combine)(
+    const PPO_ROW(ppo_gae_batch) * x, ppo_gae_unit* units, ptrdiff_t n_units) {
+    for (ptrdiff_t u = n_units - 1; u >= 0; u--) {
+        ptrdiff_t b = units[u].row;
+        if (u == n_units - 1 || units[u + 1].row != b) {
+            units[u].seed_value = x->bootstrap[b];
+            units[u].seed_carry = 0.0;
+            continue;
+        }
+        double next_value = units[u + 1].seed_value, carry = units[u + 1].seed_carry;
+        double gamma = x->gammas[b];
+        PPO_ROW(ppo_gae_seed)(
+            x->rewards, x->values, &units[u + 1], gamma, gamma * x->lams[b], &next_value, &carry);
+        units[u].seed_value = next_value;
+        units[u].seed_carry = carry;
+    }
+}
+
+/* Pass 2 of unit u: the plain recursion over it from its seed (a row's last unit to the end of
+ * its span, past its valid extent). */
+PPO_INLINE void PPO_ROW(ppo_gae_unit_run)(
+    const PPO_ROW(ppo_gae_batch) * x, const ppo_gae_unit* units, ptrdiff_t n_units,
+    ptrdiff_t u) {
+    ptrdiff_t b = units[u].row;
+    int row_ends = u == n_units - 1 || units[u + 1].row != b;
+    ptrdiff_t low = units[u].chunk < 0 ? 0 : units[u].chunk * PPO_GAE_CHUNK;
+    ptrdiff_t high = row_ends ? x->spans[b] : low + PPO_GAE_CHUNK;
+    PPO_ROW(ppo_gae_span)(
+        x->rewards, x->values, x->starts[b], low, high, x->lengths[b], x->mask, x->has_mask,
+        x->gammas[b], x->gammas[b] * x->lams[b], units[u].seed_value, units[u].seed_carry,
+        x->advantages, x->returns);
+}
+
+/* One row by the plain recursion, as the batch function below runs every row that is not long:
+ * the common-case entry's row (the stages take the common case only for rows no longer than
+ * PPO_GAE_LONG_ROW, so its results are the batch function's). */
+static void PPO_ROW(ppo_gae_row)(
+    const ppo_real* rewards, const ppo_real* values, ptrdiff_t start, ptrdiff_t span,
+    ptrdiff_t length, const uint8_t* mask, int has_mask, double gamma, double lam,
+    double bootstrap, ppo_real* advantages, ppo_real* returns) {
+    PPO_ROW(ppo_gae_span)(
+        rewards, values, start, 0, span, length, mask, has_mask, gamma, gamma * lam, bootstrap,
+        0.0, advantages, returns);
+}
+
+/* The whole batch on n_threads threads: 0, or 1 when the units' scratch cannot be allocated.
+ * With long rows the three passes run in one OpenMP region (its barriers between them): a
+ * region's start wakes the idle threads, which OMP_WAIT_POLICY=PASSIVE puts to sleep after
+ * each region, at a cost of the order of this call's work. */
+static int PPO_ROW(ppo_gae_rows)(
+    const ppo_real* rewards, const ppo_real* values, const int64_t* starts, const int64_t* spans,
+    const int64_t* lengths, const uint8_t* mask, int has_mask, ptrdiff_t n_rows,
+    const double* gammas, const double* lams, const double* bootstrap, ppo_real* advantages,
+    ppo_real* returns, int n_threads) {
+    ptrdiff_t b, u, s, n_chunks = 0;
+    for (b = 0; b < n_rows; b++) n_chunks += ppo_gae_chunks(spans[b], lengths[b]);
+    if (n_chunks == 0) {
+#define PPO_GAE_WHOLE_ROW(b)                                                                    \
+    PPO_ROW(ppo_gae_span)(                                                                      \
+        rewards, values, starts[b], 0, spans[b], lengths[b], mask, has_mask, gammas[b],         \
+        gammas[b] * lams[b], bootstrap[b], 0.0, advantages, returns)
+        if (n_threads > 1) {
+#pragma omp parallel for schedule(static) num_threads(n_threads)
+            for (b = 0; b < n_rows; b++) PPO_GAE_WHOLE_ROW(b);
+        } else {
+            for (b = 0; b < n_rows; b++) PPO_GAE_WHOLE_ROW(b);
+        }
+#undef PPO_GAE_WHOLE_ROW
+        return 0;
+    }
+    PPO_ROW(ppo_gae_batch)
+    x = {rewards, values, starts, spans, lengths, mask, has_mask, gammas, lams, bootstrap,
+         advantages, returns};
+    /* The units in row order (a row's chunks from its first), and the chunks pass 1 reads. */
+    ptrdiff_t n_units = n_chunks, n_summarised = 0;
+    for (b = 0; b < n_rows; b++) n_units += ppo_gae_chunks(spans[b], lengths[b]) == 0;
+    ppo_gae_unit* units = (ppo_gae_unit*)malloc((size_t)n_units * sizeof(ppo_gae_unit));
+    ppo_gae_unit** summarised = (ppo_gae_unit**)malloc((size_t)n_chunks * sizeof(ppo_gae_unit*));
+    if (units == NULL || summarised == NULL) {
+        free(units);
+        free(summarised);
+        return 1;
+    }
+    u = 0;
+    for (b = 0; b < n_rows; b++) {
+        ptrdiff_t chunks = ppo_gae_chunks(spans[b], lengths[b]);
+        for (ptrdiff_t c = 0; c < (chunks > 0 ? chunks : 1); c++, u++) {
+            units[u].row = b;
+            units[u].chunk = chunks > 0 ? c : -1;
+            units[u].count = 0;
+            if (c > 0) summarised[n_summarised++] = &units[u];
+        }
+    }
+    if (n_threads > 1) {
+#pragma omp parallel num_threads(n_threads)
+        {
+#pragma omp for schedule(static)
+            for (s = 0; s < n_summarised; s++) PPO_ROW(ppo_gae_summarise)(&x, summarised[s]);
+#pragma omp single
+            PPO_ROW(ppo_gae_combine)(&x, units, n_units);
+#pragma omp for schedule(static)
+            for (u = 0; u < n_units; u++) PPO_ROW(ppo_gae_unit_run)(&x, units, n_units, u);
+        }
+    } else {
+        for (s = 0; s < n_summarised; s++) PPO_ROW(ppo_gae_summarise)(&x, summarised[s]);
+        PPO_ROW(ppo_gae_combine)(&x, units, n_units);
+        for (u = 0; u < n_units; u++) PPO_ROW(ppo_gae_unit_run)(&x, units, n_units, u);
+    }
+    free(units);
+    free(summarised);
+    return 0;
 }

@@ -20,14 +20,6 @@ PPO_INLINE ptrdiff_t ppo_valid_count(
     for (ptrdiff_t i = start; i < start + valid_end; i++) count += mask[i] != 0;
     return count;
 }
-
-/* Whether the 8 mask bytes from p on are all nonzero: a word has a zero byte exactly when
- * (word - 0x01..01) & ~word & 0x80..80 is nonzero (Hacker's Delight 6-1). */
-PPO_INLINE int ppo_all_valid8(const uint8_t* p) {
-    uint64_t word;
-    memcpy(&word, p, 8);
-    return ((word - 0x0101010101010101ULL) & ~word & 0x8080808080808080ULL) == 0;
-}
 #endif
 
 /* One position of the plain recursion (advantages: NULL for none); the running return after it. */

@@ -15,6 +15,7 @@ from conftest import COMPILED
 
 import ppo_fast
 from ppo_fast import _backend, _threads
+from ppo_fast._spec import GAE_CHUNKS, KERNELS
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -158,6 +159,12 @@ def test_small_batches_stay_on_one_thread():
         assert _threads.threads_for(1000, 1000 * 16) == 1
         assert _threads.threads_for(1, 10**8) == 1
         assert _threads.threads_for(64, 64 * 32768) == 8
+        # GAE's units are its rows and its long rows' chunks: one row of 2^18 positions is 17
+        # units, and takes the 4 threads its size allows.
+        gae_units = KERNELS["gae"].parallel_units(1, 1 << 18)
+        assert gae_units == 1 + (1 << 18) // GAE_CHUNKS.size
+        assert _threads.threads_for(gae_units, 1 << 18) == 4
+        assert KERNELS["whiten"].parallel_units(1, 1 << 18) == 1
     finally:
         ppo_fast.set_num_threads(None)
 
@@ -227,17 +234,18 @@ def test_warmup_compiles_ahead_of_time():
     out = run_python("""
         import ppo_fast
         from ppo_fast import _groups, _loops, _numba_kernels as k
-        before = len(k.gae.serial.signatures)
+        before = len(k.gae.whole_rows.serial.signatures)
         ppo_fast.warmup("numba", dtypes=("float32",))  # one dtype: a compile per kernel and build
         hash_table = _groups._hash_factorizer()
-        print(before, len(k.gae.serial.signatures), len(k.whiten.serial.signatures),
+        print(before, len(k.gae.whole_rows.serial.signatures),
+              len(k.gae.chunked.serial.signatures), len(k.whiten.serial.signatures),
               len(hash_table.signatures))
         loops = ("add_by_group", "centre_by_group", "take_by_group", "broadcast_by_mask",
                  "broadcast_by_lengths")
         print(*(bool(_loops.compiled(name).signatures) for name in loops))
     """)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["0", "1", "1", "1"] + ["True"] * 5
+    assert out.stdout.split() == ["0", "1", "1", "1", "1"] + ["True"] * 5
 
 
 def test_settings_read_per_call_follow_the_environment(monkeypatch):

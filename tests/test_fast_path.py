@@ -117,6 +117,24 @@ def test_the_fast_path_gives_the_general_ways_bits(backend, dtype, fast_calls):
     assert fast_calls.count("clipped_surrogate") == len(shapes) * 5 * 3
 
 
+@pytest.mark.parametrize("backend", COMPILED)
+def test_gae_rows_long_enough_to_run_in_chunks_go_the_general_way(backend, fast_calls):
+    """The common entries run each row whole: a row longer than GAE_CHUNKS.long_row runs in
+    chunks (other bits), so those batches take the general way, and one position shorter the
+    fast path, with the general way's bits."""
+    from ppo_fast._spec import GAE_CHUNKS
+
+    rng = np.random.default_rng(5)
+    for width in (GAE_CHUNKS.long_row, GAE_CHUNKS.long_row + 1):
+        arrays = token_arrays(rng, (2, width), np.float32)
+        mask = rng.random((2, width)) < 0.9
+        kwargs = dict(rewards=arrays["r"], values=arrays["v"], gamma=0.99, mask=mask)
+        calls = len(fast_calls)
+        fast = ppo_fast.gae(backend=backend, **kwargs)
+        assert len(fast_calls) - calls == (width == GAE_CHUNKS.long_row)
+        same_bits(fast, general_way(ppo_fast.gae, backend=backend, **kwargs))
+
+
 def _both_stages(arrays, mask, backend):
     gae = ppo_fast.gae(arrays["r"], arrays["v"], gamma=0.99, mask=mask, backend=backend)
     loss = ppo_fast.clipped_surrogate(
@@ -245,21 +263,23 @@ def test_every_cython_build_gives_the_common_entries_the_same_bits(name):
 def test_the_cython_common_entries_refuse_what_they_cannot_read():
     """The stages check the common case first; called on anything else, an entry raises (never
     reads past an array)."""
-    entry = _backend.resolve("cython").gae_common
-    rewards = np.zeros((2, 3))
-    out = np.empty((2, 3))
-    with pytest.raises(ValueError, match="rewards must be 2-D"):
-        entry(rewards.ravel(), rewards.ravel(), None, 0.9, 0.9, 0.0, out.ravel(), out.ravel(), 1)
-    with pytest.raises(ValueError, match="values must have the shape of the first token array"):
-        entry(rewards, rewards[:1], None, 0.9, 0.9, 0.0, out, out, 1)
+    entry = _backend.resolve("cython").clipped_surrogate_common
+    logp = np.zeros((2, 3))
+    grad = np.empty((2, 3))
+    bounds = (0.8, 1.2, np.inf, np.inf)
+    no_weights = np.zeros(0)
+    with pytest.raises(ValueError, match="logprobs must be 2-D"):
+        entry(logp.ravel(), logp.ravel(), logp.ravel(), no_weights, None, *bounds, grad.ravel(), 1)
+    with pytest.raises(ValueError, match="old_logprobs must have the shape of the first token"):
+        entry(logp, logp[:1], logp, no_weights, None, *bounds, grad, 1)
     with pytest.raises(ValueError, match="mask must have the"):
-        entry(rewards, rewards, np.ones(5, bool), 0.9, 0.9, 0.0, out, out, 1)
+        entry(logp, logp, logp, no_weights, np.ones(5, bool), *bounds, grad, 1)
     with pytest.raises(TypeError, match="mask must be a C-contiguous array of bool or uint8"):
-        entry(rewards, rewards, np.ones((2, 3)), 0.9, 0.9, 0.0, out, out, 1)
-    with pytest.raises(TypeError, match="values must be a C-contiguous array of float32"):
-        entry(rewards, rewards.astype(np.float32), None, 0.9, 0.9, 0.0, out, out, 1)
+        entry(logp, logp, logp, no_weights, np.ones((2, 3)), *bounds, grad, 1)
+    with pytest.raises(TypeError, match="old_logprobs must be a C-contiguous array of float32"):
+        entry(logp, logp.astype(np.float32), logp, no_weights, None, *bounds, grad, 1)
     with pytest.raises(ValueError, match="not C-contiguous"):
-        entry(rewards, rewards, None, 0.9, 0.9, 0.0, out[:, ::2], out, 1)
+        entry(logp, logp, logp, no_weights, None, *bounds, np.empty((2, 6))[:, ::2], 1)
 
 
 def _fast_targets():

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from batches import ragged_batches
-from conftest import assert_matches_oracle
+from conftest import COMPILED, assert_matches_oracle
 from hypothesis import given
 from hypothesis import strategies as st
 
 import ppo_fast
+from ppo_fast import _backend, _validate
+from ppo_fast._spec import GAE_CHUNKS
+from ppo_fast.gae import GAEResult
 
 
 def compressed_rows(batch, array):
@@ -208,3 +213,206 @@ def test_empty_batches(backend, shape, dtype):
     assert result.advantages.shape == shape and result.advantages.dtype == dtype
     packed = ppo_fast.gae(np.zeros(0, dtype), np.zeros(0, dtype), cu_seqlens=[0], backend=backend)
     assert packed.returns.shape == (0,)
+
+
+# -- long rows: chunks ------------------------------------------------------------------------
+#
+# A row whose valid extent is longer than GAE_CHUNKS.long_row positions runs in chunks of
+# GAE_CHUNKS.size (_spec.py, src/rows_gae.h). The oracle is the plain recursion: the chunks' seeds
+# must equal it to the tolerances, and the bits must not depend on the threads, the backend, or
+# the other rows of the batch. gamma * lam close to 1 keeps the carry across a chunk visible
+# ((1 - 1e-5)^16384 is 0.85): a wrong carry moves every position before it.
+
+LONG, CHUNK = GAE_CHUNKS.long_row, GAE_CHUNKS.size
+GAMMAS = (1.0, 0.99999, 1.0)
+LAMS = (1.0, 0.99999, 0.5)  # the last row: gamma lam = 0.5, whose powers underflow in a chunk
+INF_AT = 3 * CHUNK + 1000
+
+
+def long_batch(layout: str, dtype) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Rows at the chunks' edges, in one layout; NaN and inf where positions are not valid.
+
+    lengths: valid extents LONG (runs whole), LONG + 1 (5 chunks, the last of one position) and
+    5 * CHUNK (5 full chunks). packed: 5 * CHUNK - 1 and 5 * CHUNK + 1. mask: holes, left
+    padding, a hole longer than a chunk across a chunk boundary (a chunk with no valid position),
+    and chunks whose only valid position is their first or their last.
+    """
+    rng = np.random.default_rng(12)
+    if layout == "packed":
+        lengths = np.array([5 * CHUNK - 1, 5 * CHUNK + 1, 7])
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        valid = np.ones(int(cu[-1]), dtype=bool)
+        kwargs = {"cu_seqlens": cu}
+    elif layout == "lengths":
+        lengths = np.array([LONG, LONG + 1, 5 * CHUNK])
+        valid = np.arange(5 * CHUNK + 1)[None, :] < lengths[:, None]
+        kwargs = {"lengths": lengths}
+    else:
+        valid = rng.random((3, 5 * CHUNK + 3)) > 0.1
+        valid[0, : CHUNK // 2] = False  # left padding
+        valid[0, 2 * CHUNK - 100 : 3 * CHUNK + 100] = False  # chunk 2 has no valid position
+        valid[1, CHUNK : 2 * CHUNK] = False
+        valid[1, [CHUNK, 3 * CHUNK - 1]] = True  # the only valid positions of chunks 1 and 2
+        valid[1, 2 * CHUNK : 3 * CHUNK - 1] = False
+        valid[2, -CHUNK:] = False  # right padding past the last chunk boundary
+        kwargs = {"mask": valid}
+    shape = valid.shape
+    rewards = rng.uniform(-2.0, 2.0, shape).astype(dtype)
+    values = rng.uniform(-2.0, 2.0, shape).astype(dtype)
+    junk = np.array([np.nan, np.inf, -np.inf], dtype=dtype)
+    for array in (rewards, values):
+        array[~valid] = junk[rng.integers(0, 3, int((~valid).sum()))]
+    kwargs.update(gamma=np.array(GAMMAS), lam=np.array(LAMS), bootstrap=np.array([0.5, -1.0, 2.0]))
+    return rewards, values, kwargs
+
+
+@functools.cache
+def long_oracle(layout: str, dtype) -> GAEResult:
+    rewards, values, kwargs = long_batch(layout, dtype)
+    return ppo_fast.gae(rewards, values, **kwargs, backend="python")
+
+
+@pytest.mark.parametrize("layout", ["mask", "lengths", "packed"])
+def test_long_rows_equal_the_oracle(compiled_backend, layout, dtype):
+    rewards, values, kwargs = long_batch(layout, dtype)
+    result = ppo_fast.gae(rewards, values, **kwargs, backend=compiled_backend)
+    oracle = long_oracle(layout, dtype)
+    for name in ("advantages", "returns"):
+        what = f"{name}, {layout}, {compiled_backend}"
+        assert_matches_oracle(getattr(result, name), getattr(oracle, name), dtype, what)
+
+
+def nonfinite_row(case: str, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """One long row of 5 chunks with NaN or inf at valid positions of its later chunks."""
+    rng = np.random.default_rng(5)
+    n = 4 * CHUNK + 5
+    rewards = rng.uniform(-1.0, 1.0, (1, n)).astype(dtype)
+    values = rng.uniform(-1.0, 1.0, (1, n)).astype(dtype)
+    if case == "inf":  # inside a run of valid blocks of chunk 3: +inf at every position before
+        rewards[0, INF_AT] = np.inf
+    elif case == "inf at the end":  # -inf at the row's last position: NaN before it
+        values[0, n - 1] = -np.inf
+    elif case == "both infinities":
+        rewards[0, 3 * CHUNK + 17] = np.inf
+        rewards[0, 2 * CHUNK + 5] = -np.inf
+    else:
+        values[0, 4 * CHUNK + 2] = np.nan
+    return rewards, values
+
+
+@functools.cache
+def nonfinite_oracle(case: str, lam: float, dtype) -> GAEResult:
+    rewards, values = nonfinite_row(case, dtype)
+    return ppo_fast.gae(rewards, values, gamma=1.0, lam=lam, backend="python")
+
+
+@pytest.mark.parametrize("case", ["inf", "inf at the end", "both infinities", "nan"])
+# lam 0.5: (gamma lam)^(chunk) underflows to 0, where an inf must still carry on as inf;
+# lam 0: gamma lam = 0, where the recursion's 0 * inf makes NaN.
+@pytest.mark.parametrize("lam", [0.5, 0.0, 1.0])
+def test_long_rows_keep_the_oracles_nan_and_inf(compiled_backend, case, lam, dtype):
+    rewards, values = nonfinite_row(case, dtype)
+    result = ppo_fast.gae(rewards, values, gamma=1.0, lam=lam, backend=compiled_backend)
+    oracle = nonfinite_oracle(case, lam, dtype)
+    for name in ("advantages", "returns"):
+        got, want = getattr(result, name), getattr(oracle, name)
+        what = f"{name}, {case}, lam={lam}, {compiled_backend}"
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
+        np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=what)
+        np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=what)
+        finite = np.isfinite(want)
+        assert_matches_oracle(got[finite], want[finite], dtype, what)
+    if case == "inf" and lam > 0.0:  # what makes this case: an inf carried across chunks
+        assert np.isposinf(oracle.advantages[0, : INF_AT + 1]).all()
+
+
+def kernel_arguments(rewards, values, kwargs) -> list:
+    """The gae kernel's arguments (without n_threads) for a batch in any layout."""
+    layout = {k: kwargs[k] for k in ("mask", "lengths", "cu_seqlens") if k in kwargs}
+    (token_rewards, token_values), rows = _validate.batch(
+        {"rewards": rewards, "values": values}, **layout
+    )
+    n = rows.n_rows
+    per_row = [
+        np.broadcast_to(np.asarray(kwargs[k], np.float64), (n,)).copy() for k in ("gamma", "lam")
+    ]
+    bootstrap = np.asarray(kwargs.get("bootstrap", np.zeros(n)), np.float64)
+    return [
+        token_rewards.ravel(),
+        token_values.ravel(),
+        *rows.arguments.values(),
+        *per_row,
+        bootstrap,
+        np.full(token_rewards.size, np.nan, token_rewards.dtype),
+        np.full(token_rewards.size, np.nan, token_rewards.dtype),
+    ]
+
+
+def run_kernel(backend: str, arguments: list, n_threads: int) -> tuple[np.ndarray, np.ndarray]:
+    arguments = [a.copy() if isinstance(a, np.ndarray) else a for a in arguments]
+    _backend.resolve(backend).gae(*arguments, n_threads)
+    return arguments[-2], arguments[-1]
+
+
+@pytest.mark.parametrize("layout", ["mask", "lengths", "packed"])
+def test_long_rows_give_the_same_bits_on_any_threads_and_compiled_backend(layout, dtype):
+    rewards, values, kwargs = long_batch(layout, dtype)
+    arguments = kernel_arguments(rewards, values, kwargs)
+    reference = run_kernel(COMPILED[0], arguments, 1)
+    for backend in COMPILED:  # numba and Cython: the same operations in the same order
+        for n_threads in (1, 2, 3):
+            outputs = run_kernel(backend, arguments, n_threads)
+            for name, got, want in zip(("advantages", "returns"), outputs, reference, strict=True):
+                bits = f"u{want.itemsize}"
+                np.testing.assert_array_equal(
+                    got.view(bits), want.view(bits), err_msg=f"{name} {backend} {n_threads}"
+                )
+
+
+def test_a_rows_results_depend_on_that_row_only(compiled_backend):
+    """Short and long rows packed together give each row the bits it gets alone: chunks are
+    fixed by their row, and a short row runs the plain recursion as it always has."""
+    rng = np.random.default_rng(8)
+    lengths = [100, LONG + 3 * CHUNK + 7, 4096, LONG, 0, LONG + 1]
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rewards = rng.uniform(-2.0, 2.0, int(cu[-1]))
+    values = rng.uniform(-2.0, 2.0, int(cu[-1]))
+    kwargs = {"gamma": 0.99999, "lam": 1.0}
+    together = run_kernel(
+        compiled_backend, kernel_arguments(rewards, values, {"cu_seqlens": cu, **kwargs}), 2
+    )
+    for b, length in enumerate(lengths):
+        row = slice(cu[b], cu[b + 1])
+        alone = run_kernel(
+            compiled_backend,
+            kernel_arguments(rewards[row], values[row], {"cu_seqlens": [0, length], **kwargs}),
+            1,
+        )
+        for got, want in zip(together, alone, strict=True):
+            np.testing.assert_array_equal(got[row].view("u8"), want.view("u8"), err_msg=f"row {b}")
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_one_long_row_takes_two_threads(monkeypatch):
+    """The thread policy counts a long row's chunks as units: one row of 2^18 positions runs
+    numba's parallel build on two threads, by the fast path and by the general one."""
+    import numba
+
+    from ppo_fast import _numba_kernels
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread here")
+
+    def refuse(*args):
+        raise AssertionError("the serial build ran")
+
+    for build in _numba_kernels.gae.kernels:
+        monkeypatch.setattr(build, "serial", refuse)
+    rewards = np.random.default_rng(2).normal(size=(1, 1 << 18)).astype(np.float32)
+    try:
+        ppo_fast.set_num_threads(2)
+        fast = ppo_fast.gae(rewards, rewards, backend="numba")
+        general = ppo_fast.gae(rewards, rewards, lengths=[1 << 18], backend="numba")
+    finally:
+        ppo_fast.set_num_threads(None)
+    np.testing.assert_array_equal(fast.advantages, general.advantages)

@@ -419,12 +419,12 @@ def test_a_read_only_input_reaches_the_kernel_as_the_same_memory_and_compiles_no
     rewards, values = rng.normal(size=(2, 3, 40)).astype(np.float32)
     mask = rng.random((3, 40)) < 0.7
     writeable = ppo_fast.gae(rewards, values, mask=mask, backend="numba")
-    compiled = len(_numba_kernels.gae.serial.signatures)
+    compiled = len(_numba_kernels.gae.whole_rows.serial.signatures)
     frozen = [a.copy() for a in (rewards, values, mask)]
     for array in frozen:
         array.flags.writeable = False
     frozen_result = ppo_fast.gae(*frozen[:2], mask=frozen[2], backend="numba")
-    assert len(_numba_kernels.gae.serial.signatures) == compiled
+    assert len(_numba_kernels.gae.whole_rows.serial.signatures) == compiled
     np.testing.assert_array_equal(frozen_result.advantages, writeable.advantages)
     np.testing.assert_array_equal(frozen_result.returns, writeable.returns)
     for array, original in zip(frozen, (rewards, values, mask), strict=True):

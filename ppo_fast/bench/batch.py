@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 DEFAULT_SHAPES = ((8, 128), (256, 1024), (1024, 4096))
-ALL_SHAPES = ((8, 128), (256, 1024), (1024, 4096), (64, 32768), (4, 131072))
+# The last two: a few long rows, which GAE cuts into chunks to share among threads.
+ALL_SHAPES = ((8, 128), (256, 1024), (1024, 4096), (64, 32768), (4, 131072), (1, 262144))
 SCALING_WIDTH = 1000  # scaling batches are (tokens / 1000, 1000)
 GROUP_SIZE = 8  # responses per prompt, adjacent rows, for the estimators over groups
 
