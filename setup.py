@@ -71,6 +71,7 @@ HEADERS = [
     "src/lanes.h",
     "src/exp.h",
     "src/log.h",
+    "src/totals.h",
     "src/rows.h",
     *sorted(glob.glob("src/rows_*.h")),
 ]

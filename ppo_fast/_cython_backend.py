@@ -52,9 +52,12 @@ _kernels = _widest_build()
 OPENMP: bool = _kernels.OPENMP
 ISA: str = _kernels.BUILD
 
-# The backend interface: one function per kernel of the table (the module is generated from it).
-for _name in KERNELS:
+# The backend interface: one function per kernel of the table (the module is generated from it),
+# and the common-case entry of each kernel that has one (_backend.common).
+for _name, _kernel in KERNELS.items():
     globals()[_name] = getattr(_kernels, _name)
+    if _kernel.common:
+        globals()[f"{_name}_common"] = getattr(_kernels, f"{_name}_common")
 
 if not OPENMP:
     warnings.warn(

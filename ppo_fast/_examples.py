@@ -2,7 +2,8 @@
 
 Warmup, the first-call probe of the benchmarks and the generic differential test
 (tests/test_kernels.py) call every kernel of ``_spec.KERNELS`` through this module, so a kernel
-added to the table is compiled, probed and tested without further edits.
+added to the table is compiled, probed and tested without further edits; warmup and
+tests/test_fast_path.py call the common-case entries (``_backend.common``) through it too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import _groups
-from ._spec import CODE, ELEMENTWISE, FLOAT64, GROUPS, TOKEN, Kernel
+from ._spec import CODE, ELEMENTWISE, FLOAT64, GROUPS, SCALES, TOKEN, Kernel
 from ._validate import Rows
 
 
@@ -72,6 +73,35 @@ def arguments(
         named[array.name] = np.empty(n_positions, token_dtype)
     for array in kernel.row_outputs:
         named[array.name] = np.empty(rows.n_rows)
+    return named
+
+
+def common_arguments(
+    kernel: Kernel,
+    shape: tuple[int, int],
+    dtype: Any,
+    rng: np.random.Generator,
+    *,
+    optional: bool = False,
+) -> dict[str, Any]:
+    """Every argument of ``kernel``'s common-case entry (``Kernel.common_arguments``) but
+    n_threads, by name, over (B, T) = ``shape`` with no mask: (B, T) inputs drawn as in
+    ``arguments``, one value of each row input (a float), the table's first example of each
+    scalar, fresh (B, T) outputs; optional inputs present when ``optional``, else empty."""
+    token_dtype = np.dtype(dtype)
+    named: dict[str, Any] = {}
+    for array in kernel.inputs:
+        size = shape if optional or not array.optional else (0,)
+        named[array.name] = rng.uniform(array.low, array.high, size).astype(token_dtype)
+    named["mask"] = None
+    for array in kernel.row_inputs:
+        if array.name != SCALES:
+            named[array.name] = float(rng.uniform(array.low, array.high))
+    for scalar in kernel.scalars:
+        default = 0 if scalar.dtype == CODE else scalar.examples[0]
+        named[scalar.name] = scalar_value(kernel, scalar.name, default, token_dtype)
+    for array in kernel.outputs:
+        named[array.name] = np.empty(shape, token_dtype)
     return named
 
 

@@ -93,6 +93,20 @@ def broadcast_by_lengths(per_row: np.ndarray, lengths: np.ndarray, out: np.ndarr
             out[b, t] = 0.0
 
 
+def mask_bytes(mask: np.ndarray, out: np.ndarray) -> bool:
+    """out[i] = 1 where mask[i] == 1 and 0 elsewhere, for a flat mask of numbers; whether every
+    value was 0 or 1 (NaN is neither). One pass that LLVM vectorizes (no early exit: the caller
+    finds the first bad value when there is one), where NumPy's check and conversion take four:
+    an int64 (1024, 4096) mask, 1.5 ms instead of 6."""
+    ok = True
+    for i in range(mask.shape[0]):
+        value = mask[i]
+        is_one = value == 1
+        ok &= is_one | (value == 0)
+        out[i] = is_one
+    return ok
+
+
 @functools.cache
 def compiled(name: str) -> Any:
     """The loop ``name`` of this module compiled by numba, or None where numba does not import."""

@@ -522,3 +522,47 @@ class _Specialised:
 
     def __call__(self, *args):
         self.kernels[args[self.position]](*args)
+
+
+@numba.njit(nogil=True, cache=_CACHE)
+def _pairwise_sum(values, first, n):
+    """NumPy's pairwise sum of values[first : first + n]. Twin: src/totals.h ppo_pairwise_sum."""
+    if n < 8:
+        total = 0.0
+        for i in range(first, first + n):
+            total += values[i]
+        return total
+    if n <= 128:
+        r0, r1, r2, r3 = values[first], values[first + 1], values[first + 2], values[first + 3]
+        r4, r5, r6, r7 = values[first + 4], values[first + 5], values[first + 6], values[first + 7]
+        i = first + 8
+        whole_end = first + n - n % 8
+        while i < whole_end:
+            r0 += values[i]
+            r1 += values[i + 1]
+            r2 += values[i + 2]
+            r3 += values[i + 3]
+            r4 += values[i + 4]
+            r5 += values[i + 5]
+            r6 += values[i + 6]
+            r7 += values[i + 7]
+            i += 8
+        total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < first + n:
+            total += values[i]
+            i += 1
+        return total
+    half = n // 2
+    half -= half % 8
+    return _pairwise_sum(values, first, half) + _pairwise_sum(values, first + half, n - half)
+
+
+@numba.njit(nogil=True, cache=_CACHE)
+def _row_totals(row_outputs, weight):
+    n_rows = row_outputs.shape[1]
+    for b in range(n_rows):
+        row_outputs[0, b] = row_outputs[0, b] * weight
+    totals = np.empty(row_outputs.shape[0])
+    for k in range(row_outputs.shape[0]):
+        totals[k] = 0.0 + _pairwise_sum(row_outputs[k], 0, n_rows)
+    return totals

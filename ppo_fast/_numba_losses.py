@@ -751,10 +751,22 @@ def _lane_total(lanes):
 
 @_jit
 def _add_lanes(lanes, terms, n):
-    """lanes[k] += terms[j] for the n terms of a chunk, term j in lane j % 8 (n a multiple of 8)."""
+    """lanes[k] += terms[j] for the n terms of a chunk, term j in lane j % 8 (n a multiple of 8).
+    The lanes are held in locals through the chunk: in the array, each step's additions waited
+    on the last step's stores (the loss ran 1.8x slower than its C twin)."""
+    l0, l1, l2, l3 = lanes[0], lanes[1], lanes[2], lanes[3]
+    l4, l5, l6, l7 = lanes[4], lanes[5], lanes[6], lanes[7]
     for j in range(0, n, 8):
-        for k in range(8):
-            lanes[k] += terms[j + k]
+        l0 += terms[j]
+        l1 += terms[j + 1]
+        l2 += terms[j + 2]
+        l3 += terms[j + 3]
+        l4 += terms[j + 4]
+        l5 += terms[j + 5]
+        l6 += terms[j + 6]
+        l7 += terms[j + 7]
+    lanes[0], lanes[1], lanes[2], lanes[3] = l0, l1, l2, l3
+    lanes[4], lanes[5], lanes[6], lanes[7] = l4, l5, l6, l7
 
 
 def geo_mean(

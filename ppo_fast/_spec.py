@@ -25,7 +25,8 @@ This module is plain Python with no import beyond the standard library: setup.py
 to generate the Cython wrappers, so the C side is written from the same table. The stages bind
 their arguments by name (``Kernel.bind``); warmup, the generic differential test
 (tests/test_kernels.py), the first-call probe and the benchmark registry iterate over the table.
-Adding a kernel: CONTRIBUTING.md.
+A kernel marked ``common`` also has, on every backend, an entry for the stages' common case, with
+the arguments ``Kernel.common_arguments``. Adding a kernel: CONTRIBUTING.md.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any
 ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
 
 FLOAT64, TOKEN, CODE = "float64", "token", "code"
+SCALES = "scales"  # a loss's row input: each row's aggregation weight, in the token dtype
 ROWS, ELEMENTWISE, GROUPS = "rows", "elementwise", "groups"
 ROW_LAYOUT = ("starts", "spans", "lengths", "mask")
 GROUP_LAYOUT = (*ROW_LAYOUT, "group_rows", "group_starts")
@@ -101,6 +103,9 @@ class Kernel:
     # A CODE scalar the compiled backends build one kernel for each value of (a run-time switch
     # in the token loop keeps it from vectorizing).
     specialise: str | None = None
+    # Whether the stages have a fast path for this kernel: every backend then has an entry for its
+    # common case (``common_arguments``).
+    common: bool = False
     # A recursion whose long rows run in chunks (``Chunks``): the Cython backend calls its C
     # function once for the whole batch (ppo_<name>_rows_<dtype>), which runs its own threads.
     chunks: Chunks | None = None
@@ -128,6 +133,37 @@ class Kernel:
             *(s.name for s in self.scalars),
             *(a.name for a in self.outputs),
             *(a.name for a in self.row_outputs),
+            "n_threads",
+        )
+
+    @property
+    def token_mean(self) -> bool:
+        """Whether the kernel weights its rows by row scales (``SCALES``: a loss), which its
+        common case takes as token-mean's: 1 / (the valid positions) for every row."""
+        return any(a.name == SCALES for a in self.row_inputs)
+
+    @property
+    def common_arguments(self) -> tuple[str, ...]:
+        """The arguments of a backend's entry for the stages' common case (a kernel with
+        ``common``, layout "rows"; ``_backend.common``, the Cython kernels' ``<name>_common``).
+
+        They are: the token arrays, (B, T), C-contiguous, of one float dtype (an optional one
+        empty, (0,), when absent); the mask, None or a bool or uint8 (B, T) array; one value of
+        each row input, the same for every row, but for a loss's row scales (``token_mean``),
+        which are not passed: every row's is 1 / (the valid positions), or 0 with none; the
+        scalars; the (B, T) outputs; n_threads. The entry returns None when the kernel has no
+        row outputs, else the totals of its row outputs over the rows, each summed as
+        ``row_output.sum()`` sums (NumPy's order), the first weighted row by row by a
+        ``token_mean`` kernel's scale, and before them, for a ``token_mean`` kernel, the valid
+        positions (a float). Those are the general way's numbers (``loss._totals``), bit for bit
+        but for the payload of a NaN (tests/test_fast_path.py).
+        """
+        return (
+            *(a.name for a in self.inputs),
+            "mask",
+            *(a.name for a in self.row_inputs if a.name != SCALES),
+            *(s.name for s in self.scalars),
+            *(a.name for a in self.outputs),
             "n_threads",
         )
 
@@ -205,6 +241,7 @@ KERNELS: dict[str, Kernel] = {
             inputs=(Array("rewards"), Array("values")),
             row_inputs=(_GAMMAS, Array("lams", FLOAT64, low=0.0, high=1.0), _BOOTSTRAP),
             outputs=(Array("advantages"), Array("returns")),
+            common=True,
             chunks=GAE_CHUNKS,
         ),
         Kernel(
@@ -284,6 +321,7 @@ KERNELS: dict[str, Kernel] = {
                 Array("row_kl", FLOAT64),
             ),
             gradients={"grad": "logprobs"},
+            common=True,
         ),
         Kernel(
             "reinforce",

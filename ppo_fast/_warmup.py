@@ -18,7 +18,8 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
 
     Runs each kernel on a small batch and, when more than one thread is in use, on one large
     enough to take the parallel build; every build of a specialised kernel (each KL estimator);
-    for a kernel whose long rows run in chunks (GAE), on a row that long too.
+    the common-case entry of each kernel that has one (``_backend.common``); and, for a kernel
+    whose long rows run in chunks (GAE), a row that long too.
     For cython and python this only loads the backend. Whatever the backend, it also compiles
     the hash table that numbers many integer group ids (``_groups``) and the loops of the group
     estimators (``_loops``), for ``dtypes``, onto a mask and onto lengths.
@@ -42,6 +43,11 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
                 for scalars in _examples.codes(kernel):
                     arguments = _examples.arguments(kernel, rows, dtype, rng, scalars=scalars)
                     _backend.run(kernel.name, name, **arguments)
+        for kernel in KERNELS.values():
+            if kernel.common:  # numba's entries also compile the totals of the row outputs
+                named = _examples.common_arguments(kernel, sizes[0], dtype, rng)
+                entry = _backend.common(kernel.name, name)
+                entry(*(named[argument] for argument in kernel.common_arguments[:-1]), 1)
 
 
 def _warm_group_estimators(dtypes: tuple[str, ...]) -> None:

@@ -93,6 +93,38 @@ PPO_INLINE ppo_vec PPO_ROW(ppo_clip)(ppo_vec x, ppo_vec low, ppo_vec high) {
     return PPO_V(min)(high, PPO_V(max)(low, x));
 }
 
+/* Prefetches the cache lines PPO_CHUNK tokens ahead of position i of up to four token arrays and
+ * the mask, once a line (the loss rows' pre-passes). */
+PPO_INLINE void PPO_ROW(ppo_prefetch_ahead)(
+    const ppo_real* a, const ppo_real* b, const ppo_real* c, const ppo_real* d,
+    const uint8_t* mask, ptrdiff_t first, ptrdiff_t i) {
+    ptrdiff_t ahead = (i + PPO_CHUNK) * (ptrdiff_t)sizeof(ppo_real);
+    if ((i - first) % (64 / sizeof(ppo_real)) == 0) {
+        ppo_prefetch(a, ahead);
+        ppo_prefetch(b, ahead);
+        if (c) ppo_prefetch(c, ahead);
+        if (d) ppo_prefetch(d, ahead);
+        if (mask && (i - first) % 64 == 0) ppo_prefetch(mask, i + PPO_CHUNK);
+    }
+}
+
+/* The ratios exp(clip(logprobs - old_logprobs, -clamp, clamp)) of the 16 tokens from position i,
+ * two blocks of 8 at once (lanes.h's _pair operations: on AVX-512 one register holds both blocks
+ * of float32), stored at ratios[at .. at + 16): the losses' ratio pre-pass, each block's bits
+ * those of its own exp. */
+PPO_INLINE void PPO_ROW(ppo_clipped_ratios_pair)(
+    const ppo_real* logprobs, const ppo_real* old_logprobs, ptrdiff_t i, ppo_vec negative_clamp,
+    ppo_vec clamp, ppo_real* ratios, ptrdiff_t at) {
+    ppo_vec first = PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
+    ppo_vec second = PPO_V(sub)(PPO_V(load)(logprobs + i + 8), PPO_V(load)(old_logprobs + i + 8));
+    ppo_vec first_ratio, second_ratio;
+    PPO_V(exp_pair)(
+        PPO_ROW(ppo_clip)(first, negative_clamp, clamp),
+        PPO_ROW(ppo_clip)(second, negative_clamp, clamp), &first_ratio, &second_ratio);
+    PPO_V(store)(ratios + at, first_ratio);
+    PPO_V(store)(ratios + at + 8, second_ratio);
+}
+
 /* A row's last partial block: `count` < 8 tokens from position i of up to PPO_TAIL_ARRAYS token
  * arrays (NULL or left out of the initializer: absent), and their mask (all valid without one),
  * in zero-padded lanes. */

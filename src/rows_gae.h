@@ -251,6 +251,18 @@ PPO_INLINE void PPO_ROW(ppo_gae_unit_run)(
         x->advantages, x->returns);
 }
 
+/* One row by the plain recursion, as the batch function below runs every row that is not long:
+ * the common-case entry's row (the stages take the common case only for rows no longer than
+ * PPO_GAE_LONG_ROW, so its results are the batch function's). */
+static void PPO_ROW(ppo_gae_row)(
+    const ppo_real* rewards, const ppo_real* values, ptrdiff_t start, ptrdiff_t span,
+    ptrdiff_t length, const uint8_t* mask, int has_mask, double gamma, double lam,
+    double bootstrap, ppo_real* advantages, ppo_real* returns) {
+    PPO_ROW(ppo_gae_span)(
+        rewards, values, start, 0, span, length, mask, has_mask, gamma, gamma * lam, bootstrap,
+        0.0, advantages, returns);
+}
+
 /* The whole batch on n_threads threads: 0, or 1 when the units' scratch cannot be allocated.
  * With long rows the three passes run in one OpenMP region (its barriers between them): a
  * region's start wakes the idle threads, which OMP_WAIT_POLICY=PASSIVE puts to sleep after

@@ -40,12 +40,30 @@ PPO_INLINE ppo_vec PPO_ROW(ppo_family_ratio)(
 
 /* SAPO's sigmoid(tau * (ratio - 1)) = 1 / (1 + exp(-(tau * (ratio - 1)))), its -(tau * x) as
  * (-tau) * x: the same product, a sign flip being exact. */
-PPO_INLINE ppo_vec PPO_ROW(ppo_sapo_sigmoid)(
+PPO_INLINE ppo_vec PPO_ROW(ppo_sapo_exponent)(
     ppo_vec advantage, ppo_vec ratio, const PPO_ROW(ppo_family_params) * p) {
     ppo_vec negative_tau = PPO_V(select)(
         PPO_V(gt)(advantage, p->zero), p->negative_tau_pos, p->negative_tau_neg);
-    ppo_vec e = PPO_V(exp)(PPO_V(mul)(negative_tau, PPO_V(sub)(ratio, p->one)));
+    return PPO_V(mul)(negative_tau, PPO_V(sub)(ratio, p->one));
+}
+PPO_INLINE ppo_vec PPO_ROW(ppo_sapo_sigmoid)(
+    ppo_vec advantage, ppo_vec ratio, const PPO_ROW(ppo_family_params) * p) {
+    ppo_vec e = PPO_V(exp)(PPO_ROW(ppo_sapo_exponent)(advantage, ratio, p));
     return PPO_V(div)(p->one, PPO_V(add)(p->one, e));
+}
+/* The sigmoids of the 16 tokens from position i (ratios from `at`), two blocks at once, as the
+ * ratios (rows.h ppo_clipped_ratios_pair). */
+PPO_INLINE void PPO_ROW(ppo_sapo_sigmoids_pair)(
+    const ppo_real* advantages, ptrdiff_t i, const ppo_real* ratios, ptrdiff_t at,
+    const PPO_ROW(ppo_family_params) * p, ppo_real* sigmoids) {
+    ppo_vec first = PPO_ROW(ppo_sapo_exponent)(
+        PPO_V(load)(advantages + i), PPO_V(load)(ratios + at), p);
+    ppo_vec second = PPO_ROW(ppo_sapo_exponent)(
+        PPO_V(load)(advantages + i + 8), PPO_V(load)(ratios + at + 8), p);
+    ppo_vec first_exp, second_exp;
+    PPO_V(exp_pair)(first, second, &first_exp, &second_exp);
+    PPO_V(store)(sigmoids + at, PPO_V(div)(p->one, PPO_V(add)(p->one, first_exp)));
+    PPO_V(store)(sigmoids + at + 8, PPO_V(div)(p->one, PPO_V(add)(p->one, second_exp)));
 }
 
 /* The twin's loop body for the 8 tokens from position i, their ratios and sigmoids given (for the
@@ -125,20 +143,28 @@ PPO_INLINE void PPO_ROW(ppo_family_cases)(
         ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
         ptrdiff_t whole_end = end - (end - first) % 8, i;
         PPO_ROW(ppo_family_sums) sums = {loss, kl, PPO_C(zero)(), PPO_C(zero)()};
-        for (i = first; kind != PPO_REINFORCE && i < whole_end; i += 8) {
-            ptrdiff_t ahead = (i + PPO_CHUNK) * (ptrdiff_t)sizeof(ppo_real);
-            if ((i - first) % (64 / sizeof(ppo_real)) == 0) { /* a cache line of each */
-                ppo_prefetch(logprobs, ahead);
-                ppo_prefetch(old_logprobs, ahead);
-                ppo_prefetch(advantages, ahead);
-                if (has_weights) ppo_prefetch(weights, ahead);
-                if (has_mask && (i - first) % 64 == 0) ppo_prefetch(mask, i + PPO_CHUNK);
+        /* the ratios two blocks a step, then the odd block left */
+        for (i = first; kind != PPO_REINFORCE && i + 16 <= whole_end; i += 16) {
+            for (ptrdiff_t block = i; block < i + 16; block += 8) {
+                PPO_ROW(ppo_prefetch_ahead)(
+                    logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
+                    has_mask ? mask : NULL, first, block);
             }
+            PPO_ROW(ppo_clipped_ratios_pair)(
+                logprobs, old_logprobs, i, p->negative_clamp, p->clamp, ratios, i - first);
+        }
+        for (; kind != PPO_REINFORCE && i < whole_end; i += 8) {
+            PPO_ROW(ppo_prefetch_ahead)(
+                logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
+                has_mask ? mask : NULL, first, i);
             ppo_vec ratio = PPO_ROW(ppo_family_ratio)(logprobs, old_logprobs, i, p);
             PPO_V(store)(ratios + (i - first), ratio);
         }
         /* the sigmoids' exps in a pass of their own: each a short chain, as the ratios' */
-        for (i = first; kind == PPO_SAPO && i < whole_end; i += 8) {
+        for (i = first; kind == PPO_SAPO && i + 16 <= whole_end; i += 16) {
+            PPO_ROW(ppo_sapo_sigmoids_pair)(advantages, i, ratios, i - first, p, sigmoids);
+        }
+        for (; kind == PPO_SAPO && i < whole_end; i += 8) {
             ppo_vec ratio = PPO_V(load)(ratios + (i - first));
             ppo_vec sigmoid = PPO_ROW(ppo_sapo_sigmoid)(PPO_V(load)(advantages + i), ratio, p);
             PPO_V(store)(sigmoids + (i - first), sigmoid);

@@ -10,21 +10,6 @@
  * gradient and adds a zero term to each sum, as the twins' selects: whatever is stored there
  * (NaN, inf) reaches nothing. */
 
-/* Prefetches the cache lines PPO_CHUNK tokens ahead of position i of up to four token arrays and
- * the mask, once a line (as ppo_family_cases, rows_policy.h). */
-PPO_INLINE void PPO_ROW(ppo_prefetch_ahead)(
-    const ppo_real* a, const ppo_real* b, const ppo_real* c, const ppo_real* d,
-    const uint8_t* mask, ptrdiff_t first, ptrdiff_t i) {
-    ptrdiff_t ahead = (i + PPO_CHUNK) * (ptrdiff_t)sizeof(ppo_real);
-    if ((i - first) % (64 / sizeof(ppo_real)) == 0) {
-        ppo_prefetch(a, ahead);
-        ppo_prefetch(b, ahead);
-        if (c) ppo_prefetch(c, ahead);
-        if (d) ppo_prefetch(d, ahead);
-        if (mask && (i - first) % 64 == 0) ppo_prefetch(mask, i + PPO_CHUNK);
-    }
-}
-
 /* -- DPPO (binary TV or binary KL) ------------------------------------------------------------- */
 
 typedef struct {
@@ -50,13 +35,43 @@ PPO_INLINE void PPO_ROW(ppo_dppo_exps)(
     *old_prob = PPO_V(exp)(old);
 }
 
+/* ppo_dppo_exps for the 16 tokens from position i, two blocks at once (lanes.h's _pair
+ * operations: one AVX-512 register holds both blocks of float32), stored at the chunk's
+ * scratch rows from `at`. */
+PPO_INLINE void PPO_ROW(ppo_dppo_exps_pair)(
+    const ppo_real* logprobs, const ppo_real* old_logprobs, ptrdiff_t i,
+    const PPO_ROW(ppo_dppo_params) * p, ppo_real* ratios, ppo_real* probs, ppo_real* old_probs,
+    ptrdiff_t at) {
+    ppo_vec logprob0 = PPO_V(load)(logprobs + i), logprob1 = PPO_V(load)(logprobs + i + 8);
+    ppo_vec old0 = PPO_V(load)(old_logprobs + i), old1 = PPO_V(load)(old_logprobs + i + 8);
+    ppo_vec log_ratio0 =
+        PPO_ROW(ppo_clip)(PPO_V(sub)(logprob0, old0), p->negative_clamp, p->clamp);
+    ppo_vec log_ratio1 =
+        PPO_ROW(ppo_clip)(PPO_V(sub)(logprob1, old1), p->negative_clamp, p->clamp);
+    ppo_vec first, second;
+    PPO_V(exp_pair)(log_ratio0, log_ratio1, &first, &second);
+    PPO_V(store)(ratios + at, first);
+    PPO_V(store)(ratios + at + 8, second);
+    PPO_V(exp_pair)(logprob0, logprob1, &first, &second);
+    PPO_V(store)(probs + at, first);
+    PPO_V(store)(probs + at + 8, second);
+    PPO_V(exp_pair)(old0, old1, &first, &second);
+    PPO_V(store)(old_probs + at, first);
+    PPO_V(store)(old_probs + at + 8, second);
+}
+
+/* The binary KL's quotient (1 - old_prob + eps) / ((1 - prob) + eps), whose log it takes. */
+PPO_INLINE ppo_vec PPO_ROW(ppo_dppo_quotient)(
+    ppo_vec prob, ppo_vec old_prob, const PPO_ROW(ppo_dppo_params) * p) {
+    ppo_vec complement = PPO_V(sub)(p->one, old_prob);
+    return PPO_V(div)(PPO_V(add)(complement, p->eps),
+                      PPO_V(add)(PPO_V(sub)(p->one, prob), p->eps));
+}
+
 /* The binary KL's log((1 - old_prob + eps) / ((1 - prob) + eps)). */
 PPO_INLINE ppo_vec PPO_ROW(ppo_dppo_log)(
     ppo_vec prob, ppo_vec old_prob, const PPO_ROW(ppo_dppo_params) * p) {
-    ppo_vec complement = PPO_V(sub)(p->one, old_prob);
-    ppo_vec quotient = PPO_V(div)(PPO_V(add)(complement, p->eps),
-                                  PPO_V(add)(PPO_V(sub)(p->one, prob), p->eps));
-    return PPO_V(log)(quotient);
+    return PPO_V(log)(PPO_ROW(ppo_dppo_quotient)(prob, old_prob, p));
 }
 
 /* The twin's loop body for the 8 tokens from position i, their exps and logs given. */
@@ -120,7 +135,18 @@ PPO_INLINE void PPO_ROW(ppo_dppo_cases)(
         ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
         ptrdiff_t whole_end = end - (end - first) % 8, i;
         PPO_ROW(ppo_dppo_sums) sums = {loss, kl, PPO_C(zero)(), PPO_C(zero)()};
-        for (i = first; i < whole_end; i += 8) {
+        /* the exps and logs two blocks a step, then the odd block left */
+        for (i = first; i + 16 <= whole_end; i += 16) {
+            PPO_ROW(ppo_prefetch_ahead)(
+                logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
+                has_mask ? mask : NULL, first, i);
+            PPO_ROW(ppo_prefetch_ahead)(
+                logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
+                has_mask ? mask : NULL, first, i + 8);
+            PPO_ROW(ppo_dppo_exps_pair)(
+                logprobs, old_logprobs, i, p, ratios, probs, old_probs, i - first);
+        }
+        for (; i < whole_end; i += 8) {
             PPO_ROW(ppo_prefetch_ahead)(
                 logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
                 has_mask ? mask : NULL, first, i);
@@ -130,7 +156,18 @@ PPO_INLINE void PPO_ROW(ppo_dppo_cases)(
             PPO_V(store)(probs + (i - first), prob);
             PPO_V(store)(old_probs + (i - first), old_prob);
         }
-        for (i = first; p->binary_kl && i < whole_end; i += 8) {
+        for (i = first; p->binary_kl && i + 16 <= whole_end; i += 16) {
+            ppo_vec quotient0 = PPO_ROW(ppo_dppo_quotient)(
+                PPO_V(load)(probs + (i - first)), PPO_V(load)(old_probs + (i - first)), p);
+            ppo_vec quotient1 = PPO_ROW(ppo_dppo_quotient)(
+                PPO_V(load)(probs + (i - first) + 8), PPO_V(load)(old_probs + (i - first) + 8),
+                p);
+            ppo_vec log0, log1;
+            PPO_V(log_pair)(quotient0, quotient1, &log0, &log1);
+            PPO_V(store)(logs + (i - first), log0);
+            PPO_V(store)(logs + (i - first) + 8, log1);
+        }
+        for (; p->binary_kl && i < whole_end; i += 8) {
             ppo_vec prob = PPO_V(load)(probs + (i - first));
             ppo_vec old_prob = PPO_V(load)(old_probs + (i - first));
             PPO_V(store)(logs + (i - first), PPO_ROW(ppo_dppo_log)(prob, old_prob, p));

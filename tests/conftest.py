@@ -27,6 +27,14 @@ collect_ignore = ["mutation"]
 COMPILED = [name for name in ppo_fast.available_backends() if name != "python"]  # auto's order
 ALL_BACKENDS = [*COMPILED, "python"]
 
+# The tests that compile numba's parallel builds of every kernel (and the tiny bench run, which
+# runs them on two threads) share one xdist group: one worker compiles those builds once
+# (numba compiles each build per process, 1-5 s a kernel and dtype), not each worker its own.
+NUMBA_PARALLEL = pytest.mark.xdist_group("numba_parallel")
+COMPILED_NUMBA_PARALLEL = [
+    pytest.param(name, marks=NUMBA_PARALLEL) if name == "numba" else name for name in COMPILED
+]
+
 # Relative tolerance of a backend against the oracle (DESIGN.md section 5).
 RTOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import NUMBA_PARALLEL
 
 import ppo_fast
 from ppo_fast import bench as engine
@@ -226,8 +227,9 @@ def test_importing_the_benchmark_loads_no_peer():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """``ppo-fast bench`` on a tiny workload, every kernel, both dtypes and thread counts, run
-    once for the tests that read it (they share an xdist group, so one worker runs it once):
-    the JSON document's path and what the command printed."""
+    once for the tests that read it: the JSON document's path and what the command printed.
+    Those tests share an xdist group, so one worker runs it once: the worker that compiles
+    numba's parallel builds for the other tests of that group."""
     path = tmp_path_factory.mktemp("bench") / "bench.json"
     argv = ["bench", "--shapes", "4x16,8x128", "--threads", "1,2", "--dtype", "float32,float64"]
     argv += ["--budget", "0.001", "--repeats", "1", "--scaling", "1e4", "--no-progress"]
@@ -238,7 +240,7 @@ def tiny_run(tmp_path_factory):
     return path, printed.getvalue()
 
 
-@pytest.mark.xdist_group("tiny_bench")
+@NUMBA_PARALLEL
 def test_cli_bench_writes_every_row(tiny_run):
     path, out = tiny_run
     document = json.loads(path.read_text())
@@ -284,7 +286,7 @@ def test_cli_bench_writes_every_row(tiny_run):
         assert f"\n{kernel}  4x16 float32, 1 thread" in out
 
 
-@pytest.mark.xdist_group("tiny_bench")
+@NUMBA_PARALLEL
 def test_cli_bench_plot(tiny_run, tmp_path):
     path, _ = tiny_run
     rows = json.loads(path.read_text())["rows"]

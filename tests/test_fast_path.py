@@ -1,49 +1,61 @@
 """The stages' fast paths against the general way: the same bits, the same errors.
 
-``gae`` and ``clipped_surrogate`` recognise the common case (``_validate.common_layout``:
+``gae`` and ``clipped_surrogate`` recognise the common case (``_validate.common_case``:
 C-contiguous (B, T) NumPy arrays of one float dtype, no mask or a bool one, plain float
-hyperparameters) and call the kernel straight away. Turning ``common_layout`` off sends every
-call the general way (``batch`` starts from it too), so each test runs a call both ways and
-compares: results bit for bit, errors by type and message. That the fast path was taken is
-checked, so that no comparison is of the general way with itself.
+hyperparameters) and call the backend's common-case entry (``_backend.common``: the Cython
+kernels' own ``<kernel>_common``, which counts the valid positions and totals the row outputs in
+C; for numba and the oracle, one written from the table kernel). Turning ``common_case`` off
+sends every call the general way (``batch`` starts from it too), so each test runs a call both
+ways and compares: results bit for bit, errors by type and message. That the fast path was taken
+is checked, so that no comparison is of the general way with itself. The entries themselves are
+compared with their table kernel and NumPy's sums, kernel by kernel.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+
 import hostile
 import numpy as np
 import pytest
-from conftest import COMPILED
+from conftest import ALL_BACKENDS, COMPILED
 
 import ppo_fast
-from ppo_fast import _backend, _validate
+from ppo_fast import _backend, _examples, _validate
+from ppo_fast._spec import KERNELS, SCALES, TOKEN
 
 DTYPES = [np.float32, np.float64]
+COMMON = [name for name, kernel in KERNELS.items() if kernel.common]
+# B = 0, T = 0, rows under NumPy's 8 accumulators, over them, and over its pairwise block of 128
+# (the totals' order of addition), and the 8 x 128 of the per-call figures.
+SHAPES = [(8, 128), (3, 5), (0, 4), (2, 0), (1, 1), (9, 3), (17, 2), (130, 3), (300, 2)]
 
 
 @pytest.fixture
 def fast_calls(monkeypatch):
-    """The kernels called by a fast path since the fixture started, by name."""
+    """The kernels whose common-case entry a fast path took since the fixture started."""
     calls: list[str] = []
-    call = _backend.call
+    common = _backend.common
 
-    def counted(name, *arguments):
+    def counted(name, backend):
         calls.append(name)
-        return call(name, *arguments)
+        return common(name, backend)
 
-    monkeypatch.setattr(_backend, "call", counted)
+    monkeypatch.setattr(_backend, "common", counted)
     return calls
 
 
 def general_way(function, **kwargs):
     """``function(**kwargs)`` with the common case turned off."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_validate, "common_layout", lambda arrays, mask: None)
+        patch.setattr(_validate, "common_case", lambda arrays, mask: False)
         return function(**kwargs)
 
 
 def masks(rng, shape):
-    """No mask, right padding with a fully masked row, holes, and bool bytes other than 0/1."""
+    """No mask, right padding with a fully masked row, holes, bool bytes other than 0/1, and no
+    valid position at all."""
     n_rows, width = shape
     lengths = rng.integers(0, width + 1, n_rows)
     if n_rows:
@@ -51,26 +63,43 @@ def masks(rng, shape):
     padded = np.arange(width)[None, :] < lengths[:, None]
     holes = rng.random(shape) < 0.7
     odd_bytes = (rng.integers(0, 3, shape).astype(np.uint8) * 127).view(bool)
-    return [None, padded, holes, odd_bytes]
+    return [None, padded, holes, odd_bytes, np.zeros(shape, dtype=bool)]
 
 
-def same_bits(fast, general):
+def same_bits(fast, general, what=""):
+    """Equal bit for bit (the sign of a zero included), but for the sign and payload of a NaN: an
+    operation on two NaNs returns one of them (x86: the first operand), and which is first is the
+    compiler's choice, which may differ between two inlinings of one row kernel; a NaN where the
+    other has a NaN."""
     for a, b in zip(fast, general, strict=True):
         if isinstance(a, np.ndarray):
-            assert a.dtype == b.dtype and a.shape == b.shape
-            assert a.tobytes() == b.tobytes()
+            assert a.dtype == b.dtype and a.shape == b.shape, what
+            nan = np.isnan(a)
+            np.testing.assert_array_equal(nan, np.isnan(b), err_msg=what)
+            assert a[~nan].tobytes() == b[~nan].tobytes(), what
         else:
-            assert np.array_equal(np.float64(a), np.float64(b), equal_nan=True), (a, b)
-            assert np.signbit(a) == np.signbit(b)
+            assert type(a) is type(b) is float, (a, b, what)
+            assert np.isnan(a) == np.isnan(b), (a, b, what)
+            assert np.isnan(a) or np.float64(a).tobytes() == np.float64(b).tobytes(), (a, b, what)
 
 
-@pytest.mark.parametrize("backend", COMPILED)
+def token_arrays(rng, shape, dtype):
+    """The stages' arrays, with NaN, inf and a huge value at a few positions (valid or not)."""
+    arrays = {name: rng.normal(size=shape).astype(dtype) for name in ("r", "v", "lp", "a")}
+    arrays["old"] = arrays["lp"] + rng.normal(scale=0.3, size=shape).astype(dtype)
+    if shape[0] * shape[1] > 6:
+        for name, value in (("r", np.nan), ("v", np.inf), ("lp", 50.0), ("a", -np.inf)):
+            arrays[name].flat[rng.integers(0, arrays[name].size)] = value
+    return arrays
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
 def test_the_fast_path_gives_the_general_ways_bits(backend, dtype, fast_calls):
     rng = np.random.default_rng(12)
-    for shape in [(8, 128), (3, 5), (0, 4), (2, 0)]:
-        arrays = {name: rng.normal(size=shape).astype(dtype) for name in ("r", "v", "lp", "a")}
-        arrays["old"] = arrays["lp"] + rng.normal(scale=0.3, size=shape).astype(dtype)
+    shapes = SHAPES if backend != "python" else SHAPES[1:]  # the oracle's loops: small batches
+    for shape in shapes:
+        arrays = token_arrays(rng, shape, dtype)
         for mask in masks(rng, shape):
             for gamma, lam in [(0.99, 0.95), (1.0, 1.0), (-0.0, 0.0)]:
                 kwargs = dict(gamma=gamma, lam=lam, mask=mask, backend=backend)
@@ -84,8 +113,173 @@ def test_the_fast_path_gives_the_general_ways_bits(backend, dtype, fast_calls):
                     ppo_fast.clipped_surrogate(**kwargs),
                     general_way(ppo_fast.clipped_surrogate, **kwargs),
                 )
-    assert fast_calls.count("gae") == 4 * 4 * 3
-    assert fast_calls.count("clipped_surrogate") == 4 * 4 * 3
+    assert fast_calls.count("gae") == len(shapes) * 5 * 3
+    assert fast_calls.count("clipped_surrogate") == len(shapes) * 5 * 3
+
+
+@pytest.mark.parametrize("backend", COMPILED)
+def test_gae_rows_long_enough_to_run_in_chunks_go_the_general_way(backend, fast_calls):
+    """The common entries run each row whole: a row longer than GAE_CHUNKS.long_row runs in
+    chunks (other bits), so those batches take the general way, and one position shorter the
+    fast path, with the general way's bits."""
+    from ppo_fast._spec import GAE_CHUNKS
+
+    rng = np.random.default_rng(5)
+    for width in (GAE_CHUNKS.long_row, GAE_CHUNKS.long_row + 1):
+        arrays = token_arrays(rng, (2, width), np.float32)
+        mask = rng.random((2, width)) < 0.9
+        kwargs = dict(rewards=arrays["r"], values=arrays["v"], gamma=0.99, mask=mask)
+        calls = len(fast_calls)
+        fast = ppo_fast.gae(backend=backend, **kwargs)
+        assert len(fast_calls) - calls == (width == GAE_CHUNKS.long_row)
+        same_bits(fast, general_way(ppo_fast.gae, backend=backend, **kwargs))
+
+
+def _both_stages(arrays, mask, backend):
+    gae = ppo_fast.gae(arrays["r"], arrays["v"], gamma=0.99, mask=mask, backend=backend)
+    loss = ppo_fast.clipped_surrogate(
+        arrays["lp"], arrays["old"], arrays["a"], mask=mask, backend=backend
+    )
+    return [*gae, *loss]
+
+
+@pytest.mark.parametrize("backend", COMPILED)
+def test_the_fast_path_gives_the_same_bits_on_one_and_two_threads(backend, fast_calls):
+    rng = np.random.default_rng(5)
+    shape = (16, 1 << 14)  # 4 x MIN_POSITIONS_PER_THREAD: parallel on 2 threads
+    arrays = token_arrays(rng, shape, np.float32)
+    mask = rng.random(shape) < 0.9
+    results = []
+    try:
+        for n_threads in (1, 2):
+            ppo_fast.set_num_threads(n_threads)
+            results.append(_both_stages(arrays, mask, backend))
+    finally:
+        ppo_fast.set_num_threads(None)
+    assert fast_calls == ["gae", "clipped_surrogate"] * 2
+    same_bits(*results)
+    same_bits(results[0], general_way(_both_stages, arrays=arrays, mask=mask, backend=backend))
+    assert len(fast_calls) == 4
+
+
+def _kernel_way(kernel, backend, named, n_threads):
+    """What a common-case entry must give, from the table kernel itself: the flat arrays, the
+    padded layout, each row input repeated for every row (a loss's scales 1 / valid), then the
+    row outputs summed by NumPy as the general way sums them."""
+    first = named[kernel.inputs[0].name]
+    n_rows, width = first.shape
+    mask = named["mask"]
+    flat_mask = np.zeros(0, np.uint8) if mask is None else mask.reshape(-1).view(np.uint8)
+    valid = float(np.count_nonzero(flat_mask) if mask is not None else n_rows * width)
+    scale = 1.0 / valid if valid else 0.0
+    arguments = {name: named[name].reshape(-1) for name in (a.name for a in kernel.inputs)}
+    starts = np.arange(n_rows, dtype=np.int64) * width
+    spans = np.full(n_rows, width, dtype=np.int64)
+    arguments.update(starts=starts, spans=spans, lengths=spans, mask=flat_mask)
+    for array in kernel.row_inputs:
+        value = scale if array.name == SCALES else named[array.name]
+        dtype = first.dtype if array.dtype == TOKEN else np.float64
+        arguments[array.name] = np.full(n_rows, value, dtype=dtype)
+    arguments.update({s.name: named[s.name] for s in kernel.scalars})
+    outputs = {a.name: np.empty_like(first) for a in kernel.outputs}
+    arguments.update({name: output.reshape(-1) for name, output in outputs.items()})
+    row_outputs = np.empty((len(kernel.row_outputs), n_rows))
+    arguments.update(zip((a.name for a in kernel.row_outputs), row_outputs, strict=True))
+    arguments["n_threads"] = n_threads
+    getattr(_backend.resolve(backend), kernel.name)(*kernel.bind(arguments))
+    if not kernel.row_outputs:
+        return outputs, None
+    if kernel.token_mean:
+        row_outputs[0] *= scale
+    totals = row_outputs.sum(axis=1).tolist()
+    return outputs, (valid, *totals) if kernel.token_mean else tuple(totals)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+@pytest.mark.parametrize("name", COMMON)
+def test_every_common_entry_equals_its_table_kernel_and_numpys_sums(name, dtype, backend):
+    kernel = KERNELS[name]
+    entry = _backend.common(name, backend)
+    rng = np.random.default_rng(7)
+    for shape in SHAPES if backend != "python" else SHAPES[1:]:
+        for mask in masks(rng, shape):
+            for optional in (False, True):
+                named = _examples.common_arguments(kernel, shape, dtype, rng, optional=optional)
+                named["mask"] = mask
+                for array in kernel.inputs:  # non-finite values, at valid positions or not
+                    if named[array.name].size > 4:
+                        named[array.name].flat[rng.integers(0, 4, 2)] = [np.nan, np.inf]
+                n_threads = 2 if shape[0] > 2 else 1
+                expected, expected_totals = _kernel_way(kernel, backend, named, n_threads)
+                arguments = [named[argument] for argument in kernel.common_arguments[:-1]]
+                totals = entry(*arguments, n_threads)
+                what = f"{name} {backend} {np.dtype(dtype)} {shape} optional={optional}"
+                same_bits([named[output] for output in expected], list(expected.values()), what)
+                if expected_totals is None:
+                    assert totals is None, what
+                else:
+                    same_bits(totals, expected_totals, what)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("name", COMMON)
+def test_every_common_entry_takes_the_tables_common_arguments(name, backend):
+    entry = _backend.common(name, backend)
+    assert list(inspect.signature(entry).parameters) == list(KERNELS[name].common_arguments)
+    if backend == "cython":
+        assert entry is getattr(_backend.resolve("cython"), f"{name}_common")
+
+
+@pytest.mark.skipif("cython" not in COMPILED, reason="the Cython backend is not built here")
+@pytest.mark.parametrize("name", COMMON)
+def test_every_cython_build_gives_the_common_entries_the_same_bits(name):
+    from ppo_fast import _cython_backend, _cython_kernels
+
+    builds = []
+    for build in _cython_kernels.CPU_BUILDS:  # the builds this CPU runs, widest first
+        try:
+            builds.append(importlib.import_module(f"ppo_fast.{_cython_backend.MODULES[build]}"))
+        except ModuleNotFoundError:
+            continue  # not built here (setup.py's x86-64 builds are optional)
+    kernel = KERNELS[name]
+    rng = np.random.default_rng(9)
+    for dtype in DTYPES:
+        for shape in [(8, 128), (9, 263), (130, 3)]:
+            for mask in masks(rng, shape)[:4]:
+                named = _examples.common_arguments(kernel, shape, dtype, rng, optional=True)
+                named["mask"] = mask
+                results = []
+                for module in builds:
+                    outputs = {a.name: np.empty(shape, dtype) for a in kernel.outputs}
+                    arguments = [{**named, **outputs}[a] for a in kernel.common_arguments[:-1]]
+                    totals = getattr(module, f"{name}_common")(*arguments, 1)
+                    results.append([*outputs.values(), *(totals or ())])
+                for result, module in zip(results[1:], builds[1:], strict=True):
+                    same_bits(result, results[0], f"{module.BUILD} {shape} {np.dtype(dtype)}")
+
+
+@pytest.mark.skipif("cython" not in COMPILED, reason="the Cython backend is not built here")
+def test_the_cython_common_entries_refuse_what_they_cannot_read():
+    """The stages check the common case first; called on anything else, an entry raises (never
+    reads past an array)."""
+    entry = _backend.resolve("cython").clipped_surrogate_common
+    logp = np.zeros((2, 3))
+    grad = np.empty((2, 3))
+    bounds = (0.8, 1.2, np.inf, np.inf)
+    no_weights = np.zeros(0)
+    with pytest.raises(ValueError, match="logprobs must be 2-D"):
+        entry(logp.ravel(), logp.ravel(), logp.ravel(), no_weights, None, *bounds, grad.ravel(), 1)
+    with pytest.raises(ValueError, match="old_logprobs must have the shape of the first token"):
+        entry(logp, logp[:1], logp, no_weights, None, *bounds, grad, 1)
+    with pytest.raises(ValueError, match="mask must have the"):
+        entry(logp, logp, logp, no_weights, np.ones(5, bool), *bounds, grad, 1)
+    with pytest.raises(TypeError, match="mask must be a C-contiguous array of bool or uint8"):
+        entry(logp, logp, logp, no_weights, np.ones((2, 3)), *bounds, grad, 1)
+    with pytest.raises(TypeError, match="old_logprobs must be a C-contiguous array of float32"):
+        entry(logp, logp.astype(np.float32), logp, no_weights, None, *bounds, grad, 1)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        entry(logp, logp, logp, no_weights, None, *bounds, np.empty((2, 6))[:, ::2], 1)
 
 
 def _fast_targets():

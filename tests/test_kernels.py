@@ -12,13 +12,13 @@ import inspect
 import numpy as np
 import pytest
 from batches import ragged_batches
-from conftest import COMPILED, RTOL
+from conftest import COMPILED, COMPILED_NUMBA_PARALLEL, NUMBA_PARALLEL, RTOL
 from hypothesis import given, settings
 from kernel_cases import cases
 
 import ppo_fast
 from ppo_fast import _backend, _reference
-from ppo_fast._spec import KERNELS
+from ppo_fast._spec import KERNELS, ROWS
 
 
 def _parameters(function) -> list[str]:
@@ -48,6 +48,8 @@ def test_the_table_and_the_stage_modules_agree():
             assert source in {a.name for a in kernel.inputs}, (kernel.name, source)
         if kernel.specialise is not None:
             assert kernel.scalar(kernel.specialise).choices, kernel.name
+        if kernel.common:  # a common case is padded rows, one value of each row input
+            assert kernel.layout == ROWS and kernel.specialise is None, kernel.name
 
 
 def test_binding_a_kernel_without_an_argument_names_it():
@@ -94,7 +96,7 @@ def test_every_kernel_keeps_the_oracles_nan_and_inf_at_valid_positions(backend, 
         _assert_outputs_equal_oracle(case.run(kernels), expected, case, batch.dtype, backend)
 
 
-@pytest.mark.parametrize("backend", COMPILED)
+@pytest.mark.parametrize("backend", COMPILED_NUMBA_PARALLEL)
 @settings(max_examples=15)
 @given(batch=ragged_batches(max_rows=6, max_len=300, long_rows=False))
 def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch):
@@ -108,6 +110,7 @@ def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch)
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+@NUMBA_PARALLEL
 def test_numba_runs_its_parallel_build_on_two_threads_and_its_serial_build_on_one(monkeypatch):
     """Every kernel: the build that must not run is replaced by one that fails."""
     from batches import Batch

@@ -128,3 +128,44 @@ def test_rows_layout_is_what_broadcast_reads():
         2, mask=np.ones((2, 3), bool), lengths=None, cu_seqlens=None, padded_length=None
     )
     assert layout.mask.dtype == np.uint8 and layout.mask.shape == (6,)
+
+
+MASK_DTYPES = ["int8", "uint8", "int32", "int64", "uint64", "float16", "float32", "float64"]
+
+
+def _converted_mask(mask):
+    """_validate's flat uint8 mask of ``mask``, or the message of its ValueError."""
+    try:
+        return _validate._mask_array(mask, mask.shape)
+    except ValueError as error:
+        return str(error)
+
+
+@pytest.mark.parametrize("dtype", MASK_DTYPES)
+def test_masks_of_numbers_convert_as_numpy_does(dtype, monkeypatch):
+    """A 0/1 mask of numbers becomes the same bytes by the compiled loop as by NumPy's way, and
+    a value other than 0 or 1 (2, -1, 0.5, NaN, inf; the first of several) is the same error
+    naming it; the mask given is never modified."""
+    rng = np.random.default_rng(11)
+    masks = [(rng.random((5, 37)) < 0.6).astype(dtype) for _ in range(3)]
+    masks.append(np.ones((3, 0), dtype))
+    masks.append(np.ones((4, 33), dtype)[:, ::2])  # not contiguous
+    bad_values = [2, 255] if np.dtype(dtype).kind == "u" else [2, -1]
+    if np.dtype(dtype).kind == "f":
+        bad_values += [0.5, np.nan, np.inf]
+    for value in bad_values:
+        mask = (rng.random((5, 37)) < 0.6).astype(dtype)
+        mask[2, 5], mask[4, 30] = value, 3
+        masks.append(mask)
+    for mask in masks:
+        given = mask.copy()
+        compiled = _converted_mask(mask)
+        with monkeypatch.context() as patch:
+            patch.setattr(_loops, "compiled", lambda name: None)
+            expected = _converted_mask(mask)
+        if isinstance(expected, str):
+            assert compiled == expected and "mask must hold only 0 and 1" in expected
+        else:
+            _same_bits(compiled, expected)
+            np.testing.assert_array_equal(compiled, mask.reshape(-1) == 1)
+        np.testing.assert_array_equal(mask, given)

@@ -108,17 +108,58 @@ def test_contiguous_cpu_tensors_are_not_copied(monkeypatch):
     assert np.shares_memory(written[0], out.numpy())
     # gae's common case goes to the kernel without batch(): what the kernel reads is checked.
     kernel_inputs = []
-    call = _backend.call
+    common = _backend.common
 
-    def spy_call(name, backend, n_rows, n_positions, *arguments):
-        kernel_inputs.extend(arguments[:2])
-        return call(name, backend, n_rows, n_positions, *arguments)
+    def spy_common(name, backend):
+        entry = common(name, backend)
 
-    monkeypatch.setattr(_backend, "call", spy_call)
+        def spy_entry(*arguments):
+            kernel_inputs.extend(arguments[:2])
+            return entry(*arguments)
+
+        return spy_entry
+
+    monkeypatch.setattr(_backend, "common", spy_common)
     rewards, values = torch.randn(4, 32), torch.randn(4, 32)
     pt.gae(rewards, values)
     assert np.shares_memory(kernel_inputs[0], rewards.numpy())
     assert np.shares_memory(kernel_inputs[1], values.numpy())
+
+
+def _tensor_array_the_long_way(tensor):
+    tensor = tensor.detach().resolve_conj().resolve_neg()
+    if tensor.dtype in (torch.bfloat16, torch.float16):
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+def test_tensor_arrays_of_every_kind_of_cpu_tensor_are_what_the_long_way_gives():
+    """_validate.tensor_array takes .numpy() straight when it can; where it cannot (conjugate
+    and negative views, bf16) or must not (float16: computed in float32), the long way."""
+    x = torch.randn(3, 4, dtype=torch.float64)
+    tensors = [x, x.float(), x > 0, x.to(torch.int64), x.half(), x.bfloat16(), x.T, x[:, ::2]]
+    tensors += [x.clone().requires_grad_(), torch.randn(3, dtype=torch.complex64).conj()]
+    tensors += [torch._neg_view(x), torch.empty(0, 5)]
+    for tensor in tensors:
+        array = _validate.tensor_array("x", tensor)
+        expected = _tensor_array_the_long_way(tensor)
+        assert array.dtype == expected.dtype and array.shape == expected.shape, tensor.dtype
+        assert array.tobytes() == expected.tobytes(), tensor.dtype
+        if tensor.dtype in (torch.float32, torch.float64, torch.bool, torch.int64):
+            viewed = tensor.detach().numpy() if not tensor.is_neg() else None
+            assert viewed is None or np.shares_memory(array, viewed) or not array.size
+
+
+def test_statistics_tensors_hold_the_floats_rounded_as_torch_tensor_rounds_them():
+    rng = np.random.default_rng(4)
+    values = [*rng.normal(size=50) * 10.0 ** rng.integers(-45, 39, 50)]
+    values += [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-46, 3.4028235e38, 3.5e38, 1 / 3]
+    for dtype in (torch.float32, torch.float64):
+        like = torch.zeros((), dtype=dtype)
+        for value, tensor in zip(values, pt._scalars(like, *values), strict=True):
+            expected = torch.tensor(value, dtype=dtype)
+            assert tensor.dtype == dtype and tensor.shape == ()
+            assert tensor.numpy().tobytes() == expected.numpy().tobytes(), value
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
