@@ -203,8 +203,8 @@ DIVERGENCES = ("tv", "kl")
 # second-longest row's length.
 ZERO_TAIL = ("off", "on")
 
-# GAE's rows longer than 65,536 valid-extent positions run in chunks of 16,384 (measured:
-# src/rows_gae.h).
+# GAE's rows longer than 65,536 positions of valid extent run in chunks of 16,384 (the sizes'
+# measurements: src/rows_gae.h).
 GAE_CHUNKS = Chunks(long_row=1 << 16, size=1 << 14)
 
 KERNELS: dict[str, Kernel] = {

@@ -19,8 +19,8 @@ into chunks of 16,384 (``_spec.GAE_CHUNKS``), so that a few long rows (4 x 13107
 number of threads, and a row gets the same bits in any batch. A chunk's recursion starts from
 the advantage and value after it, which a first pass computes from each later chunk's own sum
 (in eight float64 lanes, a few ulp from the recursion: within the backends' tolerances of the
-oracle, NaN and inf as the recursion gives them). That pass costs a long row about an eighth of
-its time on one thread; shorter rows run the plain recursion, as before.
+oracle, NaN and inf as the recursion gives them). That pass costs a long row 10-15% of its time
+on one thread; shorter rows run the plain recursion, as before.
 """
 
 from __future__ import annotations

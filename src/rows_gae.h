@@ -10,21 +10,26 @@
  * _spec.GAE_CHUNKS), cut at multiples of PPO_GAE_CHUNK from its start: fixed by the row, never by
  * the threads, so that the results are the same on any number of threads. The work units are
  * the other rows and these chunks, in row order:
- *   pass 1 (parallel over chunks, each row's first chunk but none) reads a chunk and summarises
- *          it with a zero carry (ppo_gae_summary);
+ *   pass 1 (parallel over every chunk but each row's first) reads a chunk and summarises it
+ *          with a zero carry (ppo_gae_summary);
  *   a short serial pass per row combines the summaries right to left into each chunk's seed:
  *          the value after it and the running advantage there (ppo_gae_seed);
  *   pass 2 (parallel over units) runs the plain recursion over each unit from its seed,
  *          writing the advantages and returns (ppo_gae_span).
  * A row that runs whole, and a row's last chunk, are seeded with the row's bootstrap and 0, as
  * the recursion is: a short row gets the bits it always had. The other chunks' seeds are the
- * combined summaries, within a few ulp of the recursion's own values (within the oracle's
- * tolerances; a sum beyond float64's range may overflow in one order and not in the other).
+ * combined summaries, reassociated float64 sums (within the oracle's tolerances; a sum beyond
+ * float64's range may overflow in one order and not in the other).
  *
- * Why the chunks are summarised by lanes, and why the sizes: the recursion's chain of fma costs
- * 4 cycles a position (about 1.1 ns), while pass 1, in 8 lanes, reads at about 0.15 ns a
- * position: the extra pass costs a long row about 13% on one thread, and one row on two threads
- * runs about 1.7 times as fast. */
+ * The sizes, measured on a 2-core AMD EPYC (float32): pass 2 costs about 1.1 ns a position (the
+ * recursion's chain of fma, 4 cycles each), pass 1 about 0.14 ns (eight lanes, at the speed of
+ * reading), so that the extra pass costs a long row 10-15% on one thread. A row is cut when it
+ * is longer than the least work the thread policy gives a thread (65,536 positions,
+ * _threads.MIN_POSITIONS_PER_THREAD): a shorter one cannot fill a thread on its own. A chunk of
+ * 16,384 positions is about 18 us of pass 2, far above its fixed cost (its search for its last
+ * valid position, pass 1's folds and powers, its step of the serial pass: about a microsecond),
+ * and gives a row of 131,072 positions eight units; chunks of 8,192 to 65,536 measured the same
+ * on two threads, within the noise of a shared machine. */
 
 #ifndef PPO_FAST_ROWS_GAE_ONCE
 #define PPO_FAST_ROWS_GAE_ONCE
