@@ -125,6 +125,30 @@ PPO_INLINE void PPO_ROW(ppo_clipped_ratios_pair)(
     PPO_V(store)(ratios + at + 8, second_ratio);
 }
 
+/* A chunk's ratios exp(clip(logprobs - old_logprobs, -clamp, clamp)) at its whole blocks (positions
+ * first .. whole_end) into ratios[0 ..): two blocks a step, then the odd one, prefetching
+ * PPO_CHUNK tokens ahead of each block (the inputs the chunk's main pass reads; NULL: absent).
+ * The pre-pass of the policy losses (rows_loss.h, rows_policy.h). */
+PPO_INLINE void PPO_ROW(ppo_chunk_ratios)(
+    const ppo_real* logprobs, const ppo_real* old_logprobs, const ppo_real* advantages,
+    const ppo_real* weights, const uint8_t* mask, ptrdiff_t first, ptrdiff_t whole_end,
+    ppo_vec negative_clamp, ppo_vec clamp, ppo_real* ratios) {
+    ptrdiff_t i;
+    for (i = first; i + 16 <= whole_end; i += 16) {
+        for (ptrdiff_t block = i; block < i + 16; block += 8) {
+            PPO_ROW(ppo_prefetch_ahead)(
+                logprobs, old_logprobs, advantages, weights, mask, first, block);
+        }
+        PPO_ROW(ppo_clipped_ratios_pair)(
+            logprobs, old_logprobs, i, negative_clamp, clamp, ratios, i - first);
+    }
+    for (; i < whole_end; i += 8) {
+        PPO_ROW(ppo_prefetch_ahead)(logprobs, old_logprobs, advantages, weights, mask, first, i);
+        ppo_vec log_ratio = PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
+        PPO_V(store)(ratios + (i - first), PPO_V(exp)(PPO_ROW(ppo_clip)(log_ratio, negative_clamp, clamp)));
+    }
+}
+
 /* A row's last partial block: `count` < 8 tokens from position i of up to PPO_TAIL_ARRAYS token
  * arrays (NULL or left out of the initializer: absent), and their mask (all valid without one),
  * in zero-padded lanes. */

@@ -81,23 +81,9 @@ PPO_INLINE void PPO_ROW(ppo_clipped_surrogate_cases)(
         ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
         ptrdiff_t whole_end = end - (end - first) % 8, i;
         PPO_ROW(ppo_policy_sums) sums = {loss, kl, PPO_C(zero)(), PPO_C(zero)()};
-        /* the ratios two blocks a step, then the odd block left */
-        for (i = first; i + 16 <= whole_end; i += 16) {
-            for (ptrdiff_t block = i; block < i + 16; block += 8) {
-                PPO_ROW(ppo_prefetch_ahead)(
-                    logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
-                    has_mask ? mask : NULL, first, block);
-            }
-            PPO_ROW(ppo_clipped_ratios_pair)(
-                logprobs, old_logprobs, i, p->negative_clamp, p->clamp, ratios, i - first);
-        }
-        for (; i < whole_end; i += 8) {
-            PPO_ROW(ppo_prefetch_ahead)(
-                logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
-                has_mask ? mask : NULL, first, i);
-            ppo_vec ratio = PPO_ROW(ppo_policy_ratio)(logprobs, old_logprobs, i, p);
-            PPO_V(store)(ratios + (i - first), ratio);
-        }
+        PPO_ROW(ppo_chunk_ratios)(
+            logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
+            has_mask ? mask : NULL, first, whole_end, p->negative_clamp, p->clamp, ratios);
         for (i = first; i < whole_end; i += 8) {
             PPO_ROW(ppo_policy_block)(
                 has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask, i,
