@@ -23,7 +23,9 @@ advantages whitened over the whole dataset (unbiased variance, verl's ``masked_w
 - ``floor, fsync'd and renamed``: the floor written as ppo_fast writes (a temporary file in the
   folder, fsync, rename: the output is whole or absent, also after a crash);
 - ``floor + the 2 output columns``: the floor writing two more float32 list columns (the bytes
-  ``ppo_fast`` writes);
+  ``ppo_fast`` writes, uncompressed as it writes a token estimator's);
+- ``floor + the 2 output columns, fsync'd``: both (what a run reading the file once must do at
+  least);
 - ``ppo_fast``: ``ppo_fast.data.advantages_file`` (what ``ppo-fast advantages`` runs), warm, in
   this process (so with this process's allocator: the command sets its own, see its cold run);
   it reads the file twice (the statistics, then the advantages);
@@ -65,6 +67,7 @@ CHILD_ENV = {
 }
 
 from ppo_fast import data  # noqa: E402
+from ppo_fast.data import _stream  # noqa: E402
 
 OPTIONS = {"estimator": "gae", "kl_coef": 0.05, "gamma": 1.0, "lam": 0.95, "unbiased": True}
 COLUMNS = data.resolve_columns("verl", mask="")  # the rows hold only response tokens
@@ -138,12 +141,35 @@ def floor_durable(source: str, output: str, batch_rows: int) -> None:
         pq.write_table(table, file, row_group_size=batch_rows, **_writer_options(table.schema))
 
 
-def floor_with_outputs(source: str, output: str, batch_rows: int) -> None:
-    """The floor writing two more float32 list columns (the size of ppo_fast's output)."""
+def _write_with_outputs(source: str, where, batch_rows: int) -> None:
     table = pq.read_table(source)
     values = table["values"]
     table = table.append_column("advantages", values).append_column("returns", values)
-    pq.write_table(table, output, row_group_size=batch_rows, **_writer_options(table.schema))
+    compression = {
+        leaf: "none" if leaf.split(".")[0] in ("advantages", "returns") else "snappy"
+        for leaf in _stream._leaf_paths(table.schema)
+    }
+    pq.write_table(
+        table,
+        where,
+        row_group_size=batch_rows,
+        compression=compression,
+        **_writer_options(table.schema),
+    )
+
+
+def floor_with_outputs(source: str, output: str, batch_rows: int) -> None:
+    """The floor writing two more float32 list columns (the size of ppo_fast's output), with
+    ppo_fast's settings for them (uncompressed, as for a token estimator's results)."""
+    _write_with_outputs(source, output, batch_rows)
+
+
+def floor_of_the_output(source: str, output: str, batch_rows: int) -> None:
+    """Both: the two more columns, fsync'd and renamed (the least a one-pass run must do)."""
+    from ppo_fast._atomic import atomic_path
+
+    with atomic_path(output) as temporary:
+        _write_with_outputs(source, temporary, batch_rows)
 
 
 def ours(source: str, output: str, batch_rows: int) -> None:
@@ -277,6 +303,7 @@ def main() -> None:
             "floor, streamed in batches": floor_streamed,
             "floor, fsync'd and renamed": floor_durable,
             "floor + the 2 output columns": floor_with_outputs,
+            "floor + the 2 output columns, fsync'd": floor_of_the_output,
             "ppo_fast (warm)": ours,
             "ppo_fast, no whitening (1 pass)": one_pass,
             "ppo-fast advantages (cold)": cold,

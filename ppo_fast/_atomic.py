@@ -1,7 +1,8 @@
-"""Files written whole or not at all: ``atomic_write``, and ``output_problem`` to check a path
-before any work starts.
+"""Files written whole or not at all: ``atomic_write`` (a Python file) and ``atomic_path`` (a
+path, for writers that open it themselves), and ``output_problem`` to check a path before any
+work starts.
 
-Every file the command line writes goes through ``atomic_write``: the content goes to a
+Every file the command line writes goes through ``atomic_path``: the content goes to a
 temporary file in the target's folder, which is renamed onto the target (``os.replace``, atomic
 on POSIX) once it is complete; on any exception, KeyboardInterrupt included, the temporary file
 is removed and the target is left as it was.
@@ -34,24 +35,37 @@ def _mode_for(path: str) -> int:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args: Any) -> Iterator[IO]:
-    """Open a temporary file next to ``path`` for writing (``mode`` "w" or "wb"), and rename it
-    onto ``path`` when the block ends normally; on any exception it is removed."""
-    if mode not in ("w", "wb"):
-        raise ValueError(f"atomic_write writes a whole file: mode 'w' or 'wb', got {mode!r}")
+def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+    """The path of a new, empty temporary file next to ``path``, for a writer that opens files
+    itself (pyarrow's native ones: no Python file object, so no GIL, between it and the disk).
+    When the block ends normally the file is flushed to the disk (fsync) and renamed onto
+    ``path``; on any exception it is removed."""
     path = os.fspath(path)
     descriptor, temporary = _temporary(path)
+    os.close(descriptor)
     try:
-        with os.fdopen(descriptor, mode, **open_args) as file:
-            yield file
-            file.flush()
-            os.fsync(file.fileno())
+        yield temporary
+        descriptor = os.open(temporary, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
         os.chmod(temporary, _mode_for(path))
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args: Any) -> Iterator[IO]:
+    """Open a temporary file next to ``path`` for writing (``mode`` "w" or "wb"), and rename it
+    onto ``path`` when the block ends normally; on any exception it is removed."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write writes a whole file: mode 'w' or 'wb', got {mode!r}")
+    with atomic_path(path) as temporary, open(temporary, mode, **open_args) as file:
+        yield file
 
 
 def output_problem(path: str | os.PathLike) -> str | None:

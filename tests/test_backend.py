@@ -200,6 +200,32 @@ def everything(backend, rewards, values, mask):
     ]
 
 
+def test_leaving_one_core_caps_this_thread_only():
+    import threading
+
+    big = 64 * 32768
+    try:
+        ppo_fast.set_num_threads(4)
+        seen = {}
+        with _threads.leaving_one_core():
+            seen["inside"] = _threads.threads_for(64, big)
+            other = threading.Thread(
+                target=lambda: seen.update(other=_threads.threads_for(64, big))
+            )
+            other.start()
+            other.join()
+            with _threads.leaving_one_core():  # nested: one fewer again, restored after
+                seen["nested"] = _threads.threads_for(64, big)
+            seen["after nested"] = _threads.threads_for(64, big)
+        seen["outside"] = _threads.threads_for(64, big)
+        assert seen == {"inside": 3, "other": 4, "nested": 2, "after nested": 3, "outside": 4}
+        ppo_fast.set_num_threads(1)
+        with _threads.leaving_one_core():
+            assert _threads.threads_for(64, big) == 1  # never fewer than one
+    finally:
+        ppo_fast.set_num_threads(None)
+
+
 def test_results_do_not_depend_on_threads_bit_for_bit(compiled_backend):
     rewards, values, mask = big_batch()
     outputs = {}

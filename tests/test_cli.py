@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ppo_fast import cli
-from ppo_fast._atomic import atomic_write
+from ppo_fast._atomic import atomic_path, atomic_write
 
 
 def rows_of(output: str) -> list[list[str]]:
@@ -354,6 +354,21 @@ def test_atomic_write_leaves_the_target_as_it_was_on_any_exception(exception, tm
         file.write("half of the new")
         raise exception
     assert target.read_text() == "the old results" and os.listdir(tmp_path) == ["out.json"]
+
+
+def test_atomic_path_gives_a_writer_a_path_and_renames_it_into_place(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    with atomic_path(target) as temporary:
+        assert os.path.dirname(temporary) == str(tmp_path) and os.path.getsize(temporary) == 0
+        with open(temporary, "wb") as file:  # opened by the writer itself (pyarrow does)
+            file.write(b"new")
+    assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["out.bin"]
+    with pytest.raises(KeyboardInterrupt), atomic_path(target) as temporary:
+        with open(temporary, "wb") as file:
+            file.write(b"half")
+        raise KeyboardInterrupt
+    assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["out.bin"]
 
 
 def test_an_interrupted_json_write_leaves_no_file(tmp_path, capsys, monkeypatch):

@@ -344,7 +344,12 @@ def test_parquet_output_keeps_the_input_codecs_unless_told(tmp_path):
 
     assert written(source)["values"] == "UNCOMPRESSED" and written(source)["logprobs"] == "ZSTD"
     output = tmp_path / "out.parquet"
+    # The new columns: uncompressed for a token estimator (float noise), snappy for a group
+    # estimator (one value a row).
     data.advantages_file(source, output, batch_rows=8)
+    fresh = {"advantages": "UNCOMPRESSED", "returns": "UNCOMPRESSED"}
+    assert written(output) == written(source) | fresh
+    data.advantages_file(source, output, batch_rows=8, estimator="grpo")
     assert written(output) == written(source) | {"advantages": "SNAPPY", "returns": "SNAPPY"}
     data.advantages_file(source, output, batch_rows=8, compression="none")
     assert set(written(output).values()) == {"UNCOMPRESSED"}
@@ -366,6 +371,68 @@ def test_an_interrupted_run_leaves_no_output(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         data.advantages_file(source, output, batch_rows=10, progress=interrupt)
     assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_a_failed_write_in_the_writer_thread_is_raised_and_leaves_no_output(
+    tmp_path, monkeypatch, suffix
+):
+    # The writing runs in a thread of its own; its error reaches the caller (by the next batch
+    # handed over or by the close), and the temporary file goes.
+    from ppo_fast.data import _stream
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(rollouts(n_rows=40, seed=9), source, row_group_size=10)
+    calls = []
+    real = _stream.Writer._write
+
+    def failing(self, batch):
+        calls.append(batch.num_rows)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(self, batch)
+
+    monkeypatch.setattr(_stream.Writer, "_write", failing)
+    with pytest.raises(OSError, match="No space left on device"):
+        data.advantages_file(source, tmp_path / f"out{suffix}", batch_rows=10)
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
+    assert len(calls) == 2  # nothing more was handed over after the failure was seen
+
+
+def test_the_writer_overlaps_the_reading_and_keeps_one_write_in_flight(tmp_path, monkeypatch):
+    # While a row group is written, the next batches are read and computed (in the caller's
+    # thread); a second row group is not handed over before the first is written.
+    import threading
+    import time
+
+    from ppo_fast.data import _stream
+
+    source = tmp_path / "in.parquet"
+    table = rollouts(n_rows=40, seed=9)
+    pq.write_table(table, source, row_group_size=10)
+    events = []
+    real = _stream.Writer._write
+
+    def slow(self, batch):
+        events.append(("write starts", threading.current_thread() is threading.main_thread()))
+        time.sleep(0.05)
+        real(self, batch)
+        events.append(("write ends", None))
+
+    def progress(phase, rows, tokens):
+        events.append((phase, rows))
+
+    monkeypatch.setattr(_stream.Writer, "_write", slow)
+    output = tmp_path / "out.parquet"
+    data.advantages_file(source, output, batch_rows=10, progress=progress, whiten=False)
+    starts = [i for i, e in enumerate(events) if e[0] == "write starts"]
+    ends = [i for i, e in enumerate(events) if e[0] == "write ends"]
+    assert all(not on_main for _, on_main in (events[i] for i in starts))
+    assert all(end < start for end, start in zip(ends, starts[1:], strict=False))  # one in flight
+    # some batch was computed while a write was in flight
+    assert any(e[0] == "advantages" for e in events[starts[0] + 1 : ends[0]])
+    expected = data.advantages(table, whiten=False)
+    assert pq.read_table(output).equals(expected)
 
 
 def test_merged_moments_equal_the_moments_of_the_whole():

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._atomic import atomic_write, output_problem
+from .. import _threads
+from .._atomic import atomic_path, output_problem
 from . import _columns
 from ._arrow import pa
 from ._compute import Statistics, fields_used, first_pass, first_pass_fields
@@ -229,42 +230,70 @@ def check_paths(source_path: str, output: str) -> str:
 
 
 class Writer:
-    """Record batches into an open binary file, as Parquet or an Arrow IPC file. In Parquet, the
-    flat columns (uids, scores) keep pyarrow's default dictionary encoding and the list columns
-    (token data: floats that rarely repeat) are written without one: pyarrow would try a dictionary
-    and drop it once it outgrows its page, which took more than half of the writing time on the
-    rollouts of bench/data_advantages.py. ``compression``: a codec for every column, or column ->
-    codec (``advantages_file`` passes the input's codecs: its columns are written compressed as they
-    were, the new ones with snappy). The rest is pyarrow's defaults (snappy, statistics). On those
-    rollouts (5.2 M float32 tokens, seven columns, KL-shaped GAE: noise to a compressor; a loaded
-    2-core AMD EPYC, best of 3): the two new columns uncompressed wrote in 0.99 s against 1.12 s,
-    for a file of the same size (snappy finds nothing in float noise), BYTE_STREAM_SPLIT on them
-    1.11 s for a file 4% smaller, on every float column 1.19 s and 12% smaller, with zstd (level 1)
-    1.41 s and 18% smaller. Snappy stays: a group estimator's advantages are one value a row, which
-    it compresses well; ``compression="none"`` (``--compression none``: every column) writes
-    faster."""
+    """Record batches into a file (a path: pyarrow opens it natively; or an open binary file), as
+    Parquet or an Arrow IPC file, the writing done in a thread of its own while the caller reads
+    and computes the next batch.
+
+    The writer thread: pyarrow encodes and compresses with the GIL released, and writing takes
+    most of an ``advantages_file`` run (the output is the input and two more columns), so on two
+    cores the reading and the kernels run beside it instead of before it. At most one write is
+    in flight, and the caller gathers at most half of the next row group meanwhile (then waits):
+    the output held is one and a half batches at most, not two, and little is lost, since
+    reading and computing a batch takes less than half the time of writing it (``ppo-fast
+    advantages`` on bench/data_advantages.py's rollouts: 0.12-0.17 s against 0.3 s a batch of
+    4,096 rows). An error of the thread is raised by the next ``write`` or by ``close``.
+
+    In Parquet, the flat columns (uids, scores) keep pyarrow's default dictionary encoding and the
+    list columns (token data: floats that rarely repeat) are written without one: pyarrow would
+    try a dictionary and drop it once it outgrows its page, which took more than half of the
+    writing time on the rollouts of bench/data_advantages.py. ``compression``: a codec for every
+    column, or column -> codec (``advantages_file`` passes the input's codecs: its columns are
+    written compressed as they were, the new ones with snappy). The rest is pyarrow's defaults
+    (snappy, statistics). On those rollouts (5.2 M float32 tokens, seven columns, KL-shaped GAE:
+    noise to a compressor; a loaded 2-core AMD EPYC, best of 3): the two new columns uncompressed
+    wrote in 0.99 s against 1.12 s, for a file of the same size (snappy finds nothing in float
+    noise), BYTE_STREAM_SPLIT on them 1.11 s for a file 4% smaller, on every float column 1.19 s
+    and 12% smaller, with zstd (level 1) 1.41 s and 18% smaller. Snappy stays: a group
+    estimator's advantages are one value a row, which it compresses well;
+    ``compression="none"`` (``--compression none``: every column) writes faster."""
 
     def __init__(
         self, file: Any, kind: str, batch_rows: int = 1, compression: str | dict = "snappy"
     ) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         self.file, self.kind, self.writer = file, kind, None
         self.batch_rows, self.pending, self.pending_rows = batch_rows, [], 0
         self.compression = compression
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="ppo_fast-writer")
+        self.in_flight: Any = None  # the Future of the write being done
 
     def write(self, batch: Any) -> None:
         """Parquet: ``batch`` joins the pending ones, written as one row group once they hold
         ``batch_rows`` rows (a row group per piece of ``ParquetSource`` would be small)."""
         if self.kind != "parquet":
-            return self._write(batch)
+            return self._hand_over(batch)
         self.pending.append(batch)
         self.pending_rows += batch.num_rows
         if self.pending_rows >= self.batch_rows:
             self._flush()
+        elif 2 * self.pending_rows >= self.batch_rows:
+            self._wait()  # half a row group gathered: no further ahead of the writer
 
     def _flush(self) -> None:
         if self.pending:
-            self._write(pa.Table.from_batches(self.pending))
+            self._hand_over(pa.Table.from_batches(self.pending))
             self.pending, self.pending_rows = [], 0
+
+    def _hand_over(self, batch: Any) -> None:
+        self._wait()
+        self.in_flight = self.thread.submit(self._write, batch)
+
+    def _wait(self) -> None:
+        """Wait for the write in flight; raise its error."""
+        in_flight, self.in_flight = self.in_flight, None
+        if in_flight is not None:
+            in_flight.result()
 
     def _write(self, batch: Any) -> None:
         if self.writer is None:
@@ -289,9 +318,17 @@ class Writer:
             self.writer.write_table(batch, row_group_size=max(batch.num_rows, 1))
 
     def close(self, flush: bool = True) -> None:
-        """Write what is pending (unless ``flush`` is False: after an error) and the footer."""
-        if flush:
-            self._flush()
+        """Write what is pending (unless ``flush`` is False: after an error, when the write in
+        flight is waited for and its error dropped) and the footer."""
+        try:
+            if flush:
+                self._flush()
+                self._wait()
+            else:
+                with contextlib.suppress(Exception):
+                    self._wait()
+        finally:
+            self.thread.shutdown(wait=True)
         if self.writer is not None:
             self.writer.close()
 
@@ -371,7 +408,9 @@ def advantages_file(
     no partial output). Returns the summary, with the time and tokens/s.
 
     ``compression`` (Parquet output): None keeps each input column's codec (from a Parquet
-    input's metadata; snappy, pyarrow's default, for the new columns and other inputs), or a
+    input's metadata; snappy, pyarrow's default, for other inputs) and writes the two new
+    columns uncompressed for a token estimator (gae, reinforce++...: float noise), with snappy
+    for a group estimator (one value a row), or a
     codec of ``pyarrow.parquet.ParquetWriter`` for every column ("none", "snappy", "zstd",
     "lz4", "gzip", "brotli")."""
     input, output = os.fspath(input), os.fspath(output)
@@ -386,11 +425,18 @@ def advantages_file(
     source = open_source(input, batch_rows)
     start = time.perf_counter()
     try:
-        with atomic_write(output, "wb") as file:
-            codecs = source.compression if compression is None else compression
+        with atomic_path(output) as file:
+            codecs = compression
+            if compression is None:
+                # Token estimators' outputs are float noise to a compressor: snappy would find
+                # nothing in them (the same file size) and cost about an eighth of the writing
+                # time; a group estimator's are one value a row, which it compresses well.
+                fresh = "snappy" if options.grouped else "none"
+                codecs = {**source.compression, names[0]: fresh, names[1]: fresh}
             writer = Writer(file, kind, batch_rows, compression=codecs)
             try:
-                summary = run(source, writer.write, options, columns, names, progress)
+                with _threads.leaving_one_core():  # to the writer's thread
+                    summary = run(source, writer.write, options, columns, names, progress)
             except BaseException:
                 # Closed now, while its file is open (the temporary file is removed next),
                 # rather than by the garbage collector after it is closed.

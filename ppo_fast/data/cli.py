@@ -204,7 +204,7 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             kind = _stream.check_paths("", args.example)
             table = example_table()
-            with _stream.atomic_write(args.example, "wb") as file:
+            with _stream.atomic_path(args.example) as file:
                 writer = _stream.Writer(file, kind)
                 for batch in table.to_batches():
                     writer.write(batch)
