@@ -125,8 +125,8 @@ def advantages_file(
     to ``output`` (``.parquet`` or ``.arrow``) with the advantages and returns, ``batch_rows``
     rows at a time; ``output`` appears whole at the end or not at all. ``progress(pass, rows,
     tokens)`` is called after each batch. ``compression`` (a Parquet output): None writes each
-    column of a Parquet input with its codec and the new ones with snappy; or one codec for
-    every column ("none", "snappy", "zstd", "lz4", "gzip", "brotli"). Returns the summary
+    column of a Parquet input with its codec and the new ones uncompressed for a token
+    estimator (float noise), with snappy for a group estimator; or one codec for every column ("none", "snappy", "zstd", "lz4", "gzip", "brotli"). Returns the summary
     (rows, tokens, tokens_per_s...)."""
     from ._stream import advantages_file as stream
 
