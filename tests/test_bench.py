@@ -380,3 +380,27 @@ def test_bench_suites_run_once_as_tests():
     summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert " passed" in summary and "failed" not in summary and "error" not in summary
+
+
+@pytest.mark.slow  # fresh processes: the fast lane (-m "not slow") skips it
+def test_the_dataset_benchmark_runs_and_checks_against_verl(tmp_path):
+    """bench/data_advantages.py (the README's dataset figures) on a tiny file: every row runs,
+    ppo_fast's advantages equal verl's, and the peak-memory rows come out."""
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("torch")
+    out = subprocess.run(
+        [sys.executable, "bench/data_advantages.py", "--rows", "64", "--repeats", "1"]
+        + ["--batch-rows", "16", "--memory-batch-rows", "16"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "BENCH_DIR": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line.split("  ")[0] for line in out.stdout.splitlines() if "tokens/s" in line]
+    for name in ("floor (pyarrow read + write)", "ppo_fast's first pass alone", "lists + verl"):
+        assert name in rows, out.stdout
+    difference = float(out.stdout.split("largest |ppo_fast - verl| advantage: ")[1].split()[0])
+    assert difference < 1e-5  # float32
+    assert out.stdout.count("ppo_fast, whole file") == 1, out.stdout
