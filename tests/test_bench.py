@@ -389,8 +389,10 @@ def test_the_dataset_benchmark_runs_and_checks_against_verl(tmp_path):
     pytest.importorskip("pyarrow")
     pytest.importorskip("torch")
     out = subprocess.run(
-        [sys.executable, "bench/data_advantages.py", "--rows", "64", "--repeats", "1"]
-        + ["--batch-rows", "16", "--memory-batch-rows", "16"],
+        [
+            *(sys.executable, "bench/data_advantages.py", "--rows", "64", "--repeats", "1"),
+            *("--batch-rows", "16", "--memory-batch-rows", "16"),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -126,8 +126,9 @@ def advantages_file(
     rows at a time; ``output`` appears whole at the end or not at all. ``progress(pass, rows,
     tokens)`` is called after each batch. ``compression`` (a Parquet output): None writes each
     column of a Parquet input with its codec and the new ones uncompressed for a token
-    estimator (float noise), with snappy for a group estimator; or one codec for every column ("none", "snappy", "zstd", "lz4", "gzip", "brotli"). Returns the summary
-    (rows, tokens, tokens_per_s...)."""
+    estimator (float noise), with snappy for a group estimator; or one codec for every column
+    ("none", "snappy", "zstd", "lz4", "gzip", "brotli"). Returns the summary (rows, tokens,
+    tokens_per_s...)."""
     from ._stream import advantages_file as stream
 
     config = Options(**options)
