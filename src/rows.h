@@ -108,6 +108,15 @@ PPO_INLINE void PPO_ROW(ppo_prefetch_ahead)(
     }
 }
 
+/* The ratios exp(clip(logprobs - old_logprobs, -clamp, clamp)) of the 8 tokens from position i:
+ * the policy losses' ratio, for the odd block of a chunk and a row's tail. */
+PPO_INLINE ppo_vec PPO_ROW(ppo_clipped_ratio)(
+    const ppo_real* logprobs, const ppo_real* old_logprobs, ptrdiff_t i, ppo_vec negative_clamp,
+    ppo_vec clamp) {
+    ppo_vec log_ratio = PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
+    return PPO_V(exp)(PPO_ROW(ppo_clip)(log_ratio, negative_clamp, clamp));
+}
+
 /* The ratios exp(clip(logprobs - old_logprobs, -clamp, clamp)) of the 16 tokens from position i,
  * two blocks of 8 at once (lanes.h's _pair operations: on AVX-512 one register holds both blocks
  * of float32), stored at ratios[at .. at + 16): the losses' ratio pre-pass, each block's bits
@@ -144,8 +153,9 @@ PPO_INLINE void PPO_ROW(ppo_chunk_ratios)(
     }
     for (; i < whole_end; i += 8) {
         PPO_ROW(ppo_prefetch_ahead)(logprobs, old_logprobs, advantages, weights, mask, first, i);
-        ppo_vec log_ratio = PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
-        PPO_V(store)(ratios + (i - first), PPO_V(exp)(PPO_ROW(ppo_clip)(log_ratio, negative_clamp, clamp)));
+        PPO_V(store)(
+            ratios + (i - first),
+            PPO_ROW(ppo_clipped_ratio)(logprobs, old_logprobs, i, negative_clamp, clamp));
     }
 }
 

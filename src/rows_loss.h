@@ -13,13 +13,6 @@ typedef struct {
     ppo_count clipped, dual;
 } PPO_ROW(ppo_policy_sums);
 
-PPO_INLINE ppo_vec PPO_ROW(ppo_policy_ratio)(
-    const ppo_real* logprobs, const ppo_real* old_logprobs, ptrdiff_t i,
-    const PPO_ROW(ppo_policy_params) * p) {
-    ppo_vec log_ratio = PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
-    return PPO_V(exp)(PPO_ROW(ppo_clip)(log_ratio, p->negative_clamp, p->clamp));
-}
-
 /* The twin's loop body for the 8 tokens from position i, their ratios given. */
 PPO_INLINE void PPO_ROW(ppo_policy_block)(
     int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
@@ -94,7 +87,8 @@ PPO_INLINE void PPO_ROW(ppo_clipped_surrogate_cases)(
                 logprobs, old_logprobs, advantages, has_weights ? weights : NULL};
             PPO_ROW(ppo_tail) tail;
             PPO_ROW(ppo_tail_fill)(&tail, arrays, has_mask, mask, i, end - i);
-            ppo_vec ratio = PPO_ROW(ppo_policy_ratio)(tail.tokens[0], tail.tokens[1], 0, p);
+            ppo_vec ratio = PPO_ROW(ppo_clipped_ratio)(
+                tail.tokens[0], tail.tokens[1], 0, p->negative_clamp, p->clamp);
             PPO_ROW(ppo_policy_block)(
                 1, has_weights, tail.tokens[0], tail.tokens[1], tail.tokens[2], tail.tokens[3],
                 tail.mask, 0, ratio, p, tail.grad, &sums);

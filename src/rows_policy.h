@@ -30,14 +30,6 @@ typedef struct {
     ppo_count clipped, lower;
 } PPO_ROW(ppo_family_sums);
 
-/* exp of the clamped log-ratio of the 8 tokens from position i. */
-PPO_INLINE ppo_vec PPO_ROW(ppo_family_ratio)(
-    const ppo_real* logprobs, const ppo_real* old_logprobs, ptrdiff_t i,
-    const PPO_ROW(ppo_family_params) * p) {
-    ppo_vec log_ratio = PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
-    return PPO_V(exp)(PPO_ROW(ppo_clip)(log_ratio, p->negative_clamp, p->clamp));
-}
-
 /* SAPO's sigmoid(tau * (ratio - 1)) = 1 / (1 + exp(-(tau * (ratio - 1)))), its -(tau * x) as
  * (-tau) * x: the same product, a sign flip being exact. */
 PPO_INLINE ppo_vec PPO_ROW(ppo_sapo_exponent)(
@@ -172,7 +164,8 @@ PPO_INLINE void PPO_ROW(ppo_family_cases)(
             PPO_ROW(ppo_tail_fill)(&tail, arrays, has_mask, mask, i, end - i);
             ppo_vec ratio = p->zero, sigmoid = p->zero;
             if (kind != PPO_REINFORCE)
-                ratio = PPO_ROW(ppo_family_ratio)(tail.tokens[0], tail.tokens[1], 0, p);
+                ratio = PPO_ROW(ppo_clipped_ratio)(
+                    tail.tokens[0], tail.tokens[1], 0, p->negative_clamp, p->clamp);
             if (kind == PPO_SAPO)
                 sigmoid = PPO_ROW(ppo_sapo_sigmoid)(PPO_V(load)(tail.tokens[2]), ratio, p);
             PPO_ROW(ppo_family_block)(
