@@ -734,6 +734,23 @@ def test_trace_dataset_shows_the_example_through_ppo_fast_data(tmp_path, capsys)
     assert rows_of(capsys.readouterr().out) == rows
 
 
+def test_advantages_names_the_output_when_writing_fails(tmp_path, capsys, monkeypatch):
+    from ppo_fast.data import _stream
+
+    source = tmp_path / "in.parquet"
+    write_rollouts(source)
+
+    def full(self, batch):  # the writer thread meets a full disk
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_stream.Writer, "_write", full)
+    output = tmp_path / "out.parquet"
+    status = cli.main(["advantages", str(source), "-o", str(output)])
+    error = one_error_line(capsys, status, f"ppo-fast advantages: -o {output}: ")
+    assert error == "cannot write it (No space left on device)"
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
+
+
 def test_advantages_refuses_a_folder_it_cannot_write(tmp_path, capsys, monkeypatch):
     source = tmp_path / "in.parquet"
     write_rollouts(source)

@@ -393,10 +393,29 @@ def test_a_failed_write_in_the_writer_thread_is_raised_and_leaves_no_output(
         real(self, batch)
 
     monkeypatch.setattr(_stream.Writer, "_write", failing)
-    with pytest.raises(OSError, match="No space left on device"):
-        data.advantages_file(source, tmp_path / f"out{suffix}", batch_rows=10)
+    output = tmp_path / f"out{suffix}"
+    with pytest.raises(data.WriteError, match="No space left on device") as raised:
+        data.advantages_file(source, output, batch_rows=10)
+    assert raised.value.errno == 28 and raised.value.filename == str(output)
     assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
     assert len(calls) == 2  # nothing more was handed over after the failure was seen
+
+
+def test_a_write_error_of_pyarrow_is_a_write_error_not_a_read_error(tmp_path, monkeypatch):
+    # pyarrow's errors while writing (ArrowIOError is an ArrowException too) must not come out
+    # as the input's "cannot read it" (the command line's: tests/test_cli.py).
+    from ppo_fast.data import _stream
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(rollouts(n_rows=40, seed=9), source, row_group_size=10)
+
+    def failing(self, batch):
+        raise pa.ArrowIOError("IOError: a lost mount")
+
+    monkeypatch.setattr(_stream.Writer, "_write", failing)
+    with pytest.raises(data.WriteError, match="a lost mount"):
+        data.advantages_file(source, tmp_path / "out.parquet", batch_rows=10)
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
 
 
 def test_the_writer_overlaps_the_reading_and_keeps_one_write_in_flight(tmp_path, monkeypatch):

@@ -39,6 +39,7 @@ from ._names import (
     Columns,
     DataError,
     Options,
+    WriteError,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "Columns",
     "DataError",
     "Options",
+    "WriteError",
     "advantages",
     "advantages_file",
     "resolve_columns",

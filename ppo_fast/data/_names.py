@@ -19,6 +19,17 @@ class DataError(ValueError):
     """Input ``ppo_fast.data`` refuses: the message names the column, the row and the fix."""
 
 
+class WriteError(OSError):
+    """Writing the output failed (a full disk, a lost mount): raised by ``_stream.Writer`` in the
+    caller's thread, an OSError naming the output, whatever pyarrow raised in the writer's."""
+
+    @classmethod
+    def of(cls, error: BaseException, name: str | None) -> WriteError:
+        if isinstance(error, OSError) and error.errno is not None:
+            return cls(error.errno, error.strerror or str(error), name)
+        return cls(f"{error} (writing {name})" if name else str(error))
+
+
 @dataclasses.dataclass(frozen=True)
 class Columns:
     """The names of the columns a rollout dataset holds; None: the dataset has no such column.

@@ -23,7 +23,7 @@ from . import _columns
 from ._arrow import pa
 from ._compute import Statistics, fields_used, first_pass, first_pass_fields
 from ._compute import second_pass_batch as _second_pass_batch
-from ._names import DEFAULT_BATCH_ROWS, Columns, DataError, Options
+from ._names import DEFAULT_BATCH_ROWS, Columns, DataError, Options, WriteError
 
 FORMATS = ("parquet", "arrow", "arrow-stream", "jsonl")
 COMPRESSIONS = ("none", "snappy", "zstd", "lz4", "gzip", "brotli")  # of ParquetWriter
@@ -247,22 +247,28 @@ class Writer:
     list columns (token data: floats that rarely repeat) are written without one: pyarrow would
     try a dictionary and drop it once it outgrows its page, which took more than half of the
     writing time on the rollouts of bench/data_advantages.py. ``compression``: a codec for every
-    column, or column -> codec (``advantages_file`` passes the input's codecs: its columns are
-    written compressed as they were, the new ones with snappy). The rest is pyarrow's defaults
-    (snappy, statistics). On those rollouts (5.2 M float32 tokens, seven columns, KL-shaped GAE:
-    noise to a compressor; a loaded 2-core AMD EPYC, best of 3): the two new columns uncompressed
-    wrote in 0.99 s against 1.12 s, for a file of the same size (snappy finds nothing in float
-    noise), BYTE_STREAM_SPLIT on them 1.11 s for a file 4% smaller, on every float column 1.19 s
-    and 12% smaller, with zstd (level 1) 1.41 s and 18% smaller. Snappy stays: a group
-    estimator's advantages are one value a row, which it compresses well;
-    ``compression="none"`` (``--compression none``: every column) writes faster."""
+    column, or column -> codec (``advantages_file`` passes the input's codecs, so its columns
+    are written compressed as they were, and a codec for the new ones: none for a token
+    estimator, snappy for a group estimator). The rest is pyarrow's defaults (snappy,
+    statistics). On those rollouts (5.2 M float32 tokens, seven columns, KL-shaped GAE: noise to
+    a compressor; a loaded 2-core AMD EPYC, best of 3): the two new columns uncompressed wrote
+    in 0.99 s against 1.12 s with snappy, for a file of the same size (snappy finds nothing in
+    float noise), BYTE_STREAM_SPLIT on them 1.11 s for a file 4% smaller, on every float column
+    1.19 s and 12% smaller, with zstd (level 1) 1.41 s and 18% smaller. A group estimator's
+    advantages are one value a row, which snappy compresses well; ``compression="none"``
+    (``--compression none``: every column) writes faster."""
 
     def __init__(
-        self, file: Any, kind: str, batch_rows: int = 1, compression: str | dict = "snappy"
+        self,
+        file: Any,
+        kind: str,
+        batch_rows: int = 1,
+        compression: str | dict = "snappy",
+        name: str | None = None,
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        self.file, self.kind, self.writer = file, kind, None
+        self.file, self.kind, self.writer, self.name = file, kind, None, name
         self.batch_rows, self.pending, self.pending_rows = batch_rows, [], 0
         self.compression = compression
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="ppo_fast-writer")
@@ -292,8 +298,12 @@ class Writer:
     def _wait(self) -> None:
         """Wait for the write in flight; raise its error."""
         in_flight, self.in_flight = self.in_flight, None
-        if in_flight is not None:
+        if in_flight is None:
+            return
+        try:
             in_flight.result()
+        except Exception as error:  # pyarrow's, or the disk's: not "cannot read it"
+            raise WriteError.of(error, self.name) from error
 
     def _write(self, batch: Any) -> None:
         if self.writer is None:
@@ -330,7 +340,10 @@ class Writer:
         finally:
             self.thread.shutdown(wait=True)
         if self.writer is not None:
-            self.writer.close()
+            try:
+                self.writer.close()  # the footer
+            except Exception as error:
+                raise WriteError.of(error, self.name) from error
 
 
 def run(
@@ -433,7 +446,7 @@ def advantages_file(
                 # time; a group estimator's are one value a row, which it compresses well.
                 fresh = "snappy" if options.grouped else "none"
                 codecs = {**source.compression, names[0]: fresh, names[1]: fresh}
-            writer = Writer(file, kind, batch_rows, compression=codecs)
+            writer = Writer(file, kind, batch_rows, compression=codecs, name=output)
             try:
                 with _threads.leaving_one_core():  # to the writer's thread
                     summary = run(source, writer.write, options, columns, names, progress)
