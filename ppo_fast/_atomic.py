@@ -45,7 +45,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     os.close(descriptor)
     try:
         yield temporary
-        descriptor = os.open(temporary, os.O_RDONLY)
+        descriptor = os.open(temporary, os.O_WRONLY)  # writable: fsync needs it on Windows
         try:
             os.fsync(descriptor)
         finally:

@@ -4,7 +4,8 @@ Kernels parallelise over rows (GAE over its rows and the chunks of its long rows
 is ``PPO_FAST_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the cores this process may use (its
 affinity mask, capped by a cgroup CPU quota); batches too small to gain run on one thread whatever
 the setting. Results never depend on the number of threads (each row, or chunk, is reduced on its
-own, and a chunk's bounds depend on its row only).
+own, and a chunk's bounds depend on its row only). ``leaving_one_core()`` lowers the count by
+one for the calls of one Python thread (the dataset path, whose Parquet writer runs beside it).
 
 The two variables are read differently, because they belong to different owners:
 
