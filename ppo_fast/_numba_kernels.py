@@ -21,7 +21,17 @@ from ._numba_core import (
     _jit,
     _Kernel,
     _lane,
+    _lanes_add,
+    _lanes_bounded,
+    _lanes_down1_fill,
+    _lanes_down2,
+    _lanes_down4,
     _lanes_fma,
+    _lanes_fma_by,
+    _lanes_load,
+    _lanes_splat,
+    _lanes_store,
+    _lanes_sub,
     _mask_word,
     _prefer_wide_vectors,
     _row_totals,
@@ -137,25 +147,140 @@ def _shape_rewards_rows(code):
 
 
 @_jit
+def _gae_run(rewards, values, i, gamma, gamma_lam, next_value, running, advantages, returns):
+    """One valid position by the plain recursion: (the value there, the running advantage)."""
+    value = np.float64(values[i])
+    delta = fma(gamma, next_value, np.float64(rewards[i])) - value
+    running = fma(gamma_lam, running, delta)
+    advantages[i] = running
+    returns[i] = running + value
+    return value, running
+
+
+_RUNNING_BOUND = 2.0**1020
+_ERROR_BOUND = 2.0**1000
+
+
+@_jit
+def _gae_scan(block_rewards, block_values, next_value, running, gamma, scan):
+    """Twin: src/rows_gae.h ppo_gae_block, whose comment has the algebra and the bounds. The
+    advantages of a block of 8 valid positions (lane 7 the last) by the log-step scan: (whether
+    the block is within the bounds, the advantages, the running advantage at lane 0)."""
+    gamma_lam, gl_2, gl_4, gl_8, powers = scan
+    errors = _lanes_sub(
+        _lanes_fma(gamma, _lanes_down1_fill(block_values, next_value), block_rewards),
+        block_values,
+    )
+    if not abs(running) <= _RUNNING_BOUND or not _lanes_bounded(errors, _ERROR_BOUND):
+        return False, errors, running
+    sums = _lanes_fma(gamma_lam, _lanes_down1_fill(errors, 0.0), errors)
+    sums = _lanes_fma(gl_2, _lanes_down2(sums), sums)
+    sums = _lanes_fma(gl_4, _lanes_down4(sums), sums)
+    block = _lanes_fma_by(powers, running, sums)
+    return True, block, fma(gl_8, running, _lane(sums, 0))
+
+
+@_jit
 def _gae_span(
     rewards, values, start, low, high, length, mask, has_mask, gamma, gamma_lam, next_value,
     running, advantages, returns,
 ):  # fmt: skip
-    """Twin: src/rows_gae.h ppo_gae_span. Positions low .. high-1 of the row at start by the
-    plain recursion, backwards, from the value after them and the running advantage there."""
-    for k in range(high - low):
-        t = high - _U1 - k
-        i = start + t
-        if t < length and (not has_mask or mask[i] != 0):
-            value = np.float64(values[i])
-            delta = fma(gamma, next_value, np.float64(rewards[i])) - value
-            running = fma(gamma_lam, running, delta)
-            advantages[i] = running
-            returns[i] = running + value
-            next_value = value
+    """Twin: src/rows_gae.h ppo_gae_span. Positions low .. high-1 of the row at start, backwards,
+    from the value after them and the running advantage there: the valid positions in blocks
+    of 8 by the scan (_gae_scan), counted from the last valid one (8 adjacent positions straight
+    from the arrays, a block with masked positions among them gathered into lanes), the first
+    valid positions that fill no block, and a block outside the scan's bounds, by the plain
+    recursion."""
+    end = max(min(high, length), low)
+    for k in range(high - end):
+        i = start + high - _U1 - k
+        advantages[i] = 0.0
+        returns[i] = 0.0
+    c = gamma_lam
+    c2 = c * c
+    c3 = c2 * c
+    c4 = c2 * c2
+    c8 = c4 * c4
+    powers = _with_lane(_lanes_splat(c), 0, c8)
+    powers = _with_lane(powers, 1, c4 * c3)
+    powers = _with_lane(powers, 2, c4 * c2)
+    powers = _with_lane(powers, 3, c4 * c)
+    powers = _with_lane(powers, 4, c4)
+    powers = _with_lane(powers, 5, c3)
+    powers = _with_lane(powers, 6, c2)
+    scan = (c, c2, c4, c8, powers)
+    blocks = c == 0.0 or c8 != 0.0
+    t = end
+    while t > low:
+        if blocks and t - low >= _U8 and (not has_mask or _all_valid(mask, start + t - _U8)):
+            i = start + t - _U8
+            block_values = _lanes_load(values, i)
+            scanned, block, block_running = _gae_scan(
+                _lanes_load(rewards, i), block_values, next_value, running, gamma, scan
+            )
+            if scanned:
+                _lanes_store(advantages, i, block)
+                _lanes_store(returns, i, _lanes_add(block, block_values))
+                next_value = _lane(block_values, 0)
+                running = block_running
+            else:
+                for j in range(_U8):
+                    next_value, running = _gae_run(
+                        rewards, values, i + _U7 - j, gamma, gamma_lam, next_value, running,
+                        advantages, returns,
+                    )  # fmt: skip
+            t -= _U8
+        elif blocks and has_mask:
+            # The next 8 valid positions (fewer at the row's start), masked ones zeroed.
+            top = t
+            n = 0
+            block_rewards = _lanes_splat(0.0)
+            block_values = _lanes_splat(0.0)
+            while n < 8 and t > low:
+                t -= _U1
+                i = start + t
+                if mask[i] != 0:
+                    n += 1
+                    block_rewards = _with_lane(block_rewards, 8 - n, np.float64(rewards[i]))
+                    block_values = _with_lane(block_values, 8 - n, np.float64(values[i]))
+                else:
+                    advantages[i] = 0.0
+                    returns[i] = 0.0
+            scanned = False
+            if n == 8:
+                scanned, block, block_running = _gae_scan(
+                    block_rewards, block_values, next_value, running, gamma, scan
+                )
+                if scanned:
+                    lane = 0
+                    for k in range(top - t):
+                        i = start + t + k
+                        if mask[i] != 0:
+                            advantage = _lane(block, lane)
+                            advantages[i] = advantage
+                            returns[i] = advantage + _lane(block_values, lane)
+                            lane += 1
+                    next_value = _lane(block_values, 0)
+                    running = block_running
+            if not scanned:
+                for k in range(top - t):
+                    i = start + top - _U1 - k
+                    if mask[i] != 0:
+                        next_value, running = _gae_run(
+                            rewards, values, i, gamma, gamma_lam, next_value, running,
+                            advantages, returns,
+                        )  # fmt: skip
         else:
-            advantages[i] = 0.0
-            returns[i] = 0.0
+            t -= _U1
+            i = start + t
+            if not has_mask or mask[i] != 0:
+                next_value, running = _gae_run(
+                    rewards, values, i, gamma, gamma_lam, next_value, running, advantages,
+                    returns,
+                )  # fmt: skip
+            else:
+                advantages[i] = 0.0
+                returns[i] = 0.0
 
 
 @_jit
@@ -342,7 +467,7 @@ def gae(
 ):
     """Twin: src/rows_gae.h ppo_gae_rows. The running state is float64 whatever the input dtype.
 
-    A row runs whole, by the plain recursion, unless its valid extent is longer than
+    A row runs whole (_gae_span), unless its valid extent is longer than
     GAE_LONG_ROW positions. A batch without such a row runs here; one with them is left to
     _gae_chunked (this returns its number of chunks, 0 when it has run): compiled apart, on
     first use, so that the common kernel compiles as fast as before."""
@@ -371,7 +496,7 @@ def _gae_chunked(
     by the row, never by the threads), and the work units are the other rows and these chunks,
     in row order. Pass 1 summarises every chunk but each row's first (_gae_summary), a serial
     pass combines the summaries of each row right to left into each chunk's seed (_gae_seeds),
-    and pass 2 runs the plain recursion over each unit from its seed (_gae_span). A row that runs
+    and pass 2 runs the recursion over each unit from its seed (_gae_span). A row that runs
     whole, and a row's last chunk, are seeded with the row's bootstrap and 0, as the recursion
     is; the seeds of the other chunks are the combined summaries, within a few ulp of the
     recursion's own values. The helpers outside the prange bodies are compiled on their own

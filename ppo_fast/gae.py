@@ -19,8 +19,18 @@ into chunks of 16,384 (``_spec.GAE_CHUNKS``), so that a few long rows (4 x 13107
 number of threads, and a row gets the same bits in any batch. A chunk's recursion starts from
 the advantage and value after it, which a first pass computes from each later chunk's own sum
 (in eight float64 lanes, a few ulp from the recursion: within the backends' tolerances of the
-oracle, NaN and inf as the recursion gives them). That pass costs a long row 10-15% of its time
-on one thread; shorter rows run the plain recursion, as before.
+oracle, NaN and inf as the recursion gives them). That pass costs a long row about a quarter
+of its time on one thread.
+
+The compiled backends run the recursion 8 valid positions at a time: within a block the TD
+errors' discounted sums by a log-step scan (three steps of lanes moved down by 1, 2 and 4), then
+the advantage after the block times (gamma lam)^(8 - j), so that the chain from one block to
+the next is one multiply-add, not eight. The sums are thus reassociated within a block: within
+the backends' tolerances of the oracle's recursion, bit for bit the same on every compiled
+backend, build and thread count, and the same for a row padded with holes or packed without
+them (blocks are counted in valid positions from the row's last). A block with a non-finite or
+huge TD error (beyond 2^1000), a running advantage beyond 2^1020, or a gamma lam whose 8th
+power underflows takes the plain recursion, so NaN and inf come out exactly as the oracle's.
 """
 
 from __future__ import annotations

@@ -300,6 +300,22 @@ PPO_INLINE ppo_c64x8 ppo_c64x8_add(ppo_c64x8 counts, ppo_m64x8 m) {
 }
 PPO_INLINE int64_t ppo_c64x8_total(ppo_c64x8 counts) { return counts; }
 
+/* Lanes moved down (lane j takes lane j + k; GAE's scan, rows_gae.h): one valignq each. */
+#define PPO_F64X8_SHIFTS 1
+PPO_INLINE ppo_f64x8 ppo_f64x8_down1_fill(ppo_f64x8 x, double last) { /* lane 7: last */
+    return _mm512_castsi512_pd(
+        _mm512_alignr_epi64(_mm512_castpd_si512(_mm512_set1_pd(last)), _mm512_castpd_si512(x), 1));
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_down2(ppo_f64x8 x) { /* lanes 6 and 7: 0 */
+    return _mm512_castsi512_pd(
+        _mm512_alignr_epi64(_mm512_setzero_si512(), _mm512_castpd_si512(x), 2));
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_down4(ppo_f64x8 x) { /* lanes 4 to 7: 0 */
+    return _mm512_castsi512_pd(
+        _mm512_alignr_epi64(_mm512_setzero_si512(), _mm512_castpd_si512(x), 4));
+}
+PPO_INLINE double ppo_f64x8_lane0(ppo_f64x8 x) { return _mm512_cvtsd_f64(x); }
+
 PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 argument) {
     ppo_f64x8 x = argument;
     const __m512d shift = _mm512_set1_pd(PPO_EXP64_SHIFT);
@@ -550,6 +566,25 @@ PPO_INLINE int64_t ppo_c64x8_total(ppo_c64x8 counts) {
     memcpy(lanes, &counts, sizeof lanes);
     return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
+
+/* Lanes moved down (lane j takes lane j + k; GAE's scan, rows_gae.h), across the halves. */
+#define PPO_F64X8_SHIFTS 1
+PPO_INLINE ppo_f64x8 ppo_f64x8_down1_fill(ppo_f64x8 x, double last) { /* lane 7: last */
+    __m256d middle = _mm256_permute2f128_pd(x.low, x.high, 0x21);             /* 2 3 4 5 */
+    __m256d top = _mm256_permute2f128_pd(x.high, _mm256_set1_pd(last), 0x21); /* 6 7 l l */
+    ppo_f64x8 r = {_mm256_shuffle_pd(x.low, middle, 0x5), _mm256_shuffle_pd(x.high, top, 0x5)};
+    return r;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_down2(ppo_f64x8 x) { /* lanes 6 and 7: 0 */
+    ppo_f64x8 r = {_mm256_permute2f128_pd(x.low, x.high, 0x21),
+                   _mm256_permute2f128_pd(x.high, _mm256_setzero_pd(), 0x21)};
+    return r;
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_down4(ppo_f64x8 x) { /* lanes 4 to 7: 0 */
+    ppo_f64x8 r = {x.high, _mm256_setzero_pd()};
+    return r;
+}
+PPO_INLINE double ppo_f64x8_lane0(ppo_f64x8 x) { return _mm256_cvtsd_f64(x.low); }
 
 /* The two halves step by step, so that their dependency chains interleave. */
 PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 x) {
@@ -1024,6 +1059,34 @@ PPO_INLINE void ppo_f64x8_log_pair(ppo_f64x8 a, ppo_f64x8 b, ppo_f64x8* log_a, p
     *log_a = ppo_f64x8_log(a);
     *log_b = ppo_f64x8_log(b);
 }
+
+/* Lanes moved down (lane j takes lane j + k; GAE's scan, rows_gae.h), through memory where
+ * the block above has no shuffle for it. */
+#ifndef PPO_F64X8_SHIFTS
+PPO_INLINE ppo_f64x8 ppo_f64x8_down1_fill(ppo_f64x8 x, double last) { /* lane 7: last */
+    double lanes[9];
+    ppo_f64x8_store(lanes, x);
+    lanes[8] = last;
+    return ppo_f64x8_load(lanes + 1);
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_down2(ppo_f64x8 x) { /* lanes 6 and 7: 0 */
+    double lanes[10];
+    ppo_f64x8_store(lanes, x);
+    lanes[8] = lanes[9] = 0.0;
+    return ppo_f64x8_load(lanes + 2);
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_down4(ppo_f64x8 x) { /* lanes 4 to 7: 0 */
+    double lanes[12];
+    ppo_f64x8_store(lanes, x);
+    lanes[8] = lanes[9] = lanes[10] = lanes[11] = 0.0;
+    return ppo_f64x8_load(lanes + 4);
+}
+PPO_INLINE double ppo_f64x8_lane0(ppo_f64x8 x) {
+    double lanes[8];
+    ppo_f64x8_store(lanes, x);
+    return lanes[0];
+}
+#endif
 
 /* float64 rows need no conversion. */
 PPO_INLINE ppo_f64x8 ppo_f64x8_to_f64(ppo_f64x8 x) { return x; }

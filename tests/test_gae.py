@@ -215,6 +215,125 @@ def test_empty_batches(backend, shape, dtype):
     assert packed.returns.shape == (0,)
 
 
+# -- blocks of 8 valid positions: the scan ------------------------------------------------------
+#
+# The compiled backends run the recursion 8 valid positions at a time (src/rows_gae.h
+# ppo_gae_block, _numba_kernels._gae_scan): sums reassociated within the tolerances, counted from
+# a row's last valid position, with the plain recursion for the positions before the first
+# block and for a block outside the scan's bounds (a TD error beyond 2^1000, NaN or inf, a
+# running advantage beyond 2^1020, (gamma lam)^8 underflowing). The oracle is the recursion.
+
+
+def block_batch(dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of 1 to 60 positions: whole, with holes (blocks gathered across them), with a run of
+    masked positions longer than a block, and left-padded; NaN and inf where not valid."""
+    rng = np.random.default_rng(21)
+    lengths = np.array([1, 7, 8, 9, 16, 17, 60, 60, 60, 33])
+    valid = np.arange(60)[None, :] < lengths[:, None]
+    valid[6] &= rng.random(60) > 0.3
+    valid[7, 20:45] = False
+    valid[8, :23] = False
+    rewards = rng.uniform(-2.0, 2.0, valid.shape).astype(dtype)
+    values = rng.uniform(-2.0, 2.0, valid.shape).astype(dtype)
+    junk = np.array([np.nan, np.inf, -np.inf], dtype=dtype)
+    for array in (rewards, values):
+        array[~valid] = junk[rng.integers(0, 3, int((~valid).sum()))]
+    return rewards, values, valid
+
+
+@pytest.mark.parametrize("lam", [0.95, 1.0, 0.0, 1e-60])  # 1e-60: (gamma lam)^8 underflows
+def test_blocks_equal_the_oracle_and_give_the_same_bits_everywhere(lam, dtype):
+    """Every compiled backend equals the oracle, and they give the same bits as one another, on
+    1 to 3 threads, and for the same rows packed without their holes."""
+    rewards, values, valid = block_batch(dtype)
+    kwargs = {"gamma": 0.99, "lam": lam, "bootstrap": np.linspace(-1.0, 1.0, len(valid))}
+    oracle = ppo_fast.gae(rewards, values, mask=valid, **kwargs, backend="python")
+    arguments = kernel_arguments(rewards, values, {"mask": valid, **kwargs})
+    reference = run_kernel(COMPILED[0], arguments, 1)
+    for name, got, want in zip(("advantages", "returns"), reference, oracle, strict=True):
+        assert_matches_oracle(got.reshape(valid.shape), want, dtype, name)
+    lengths = valid.sum(axis=1)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    packed = {"cu_seqlens": cu, **kwargs}
+    packed_arguments = kernel_arguments(rewards[valid], values[valid], packed)
+    for backend in COMPILED:
+        for n_threads in (1, 2, 3):
+            outputs = run_kernel(backend, arguments, n_threads)
+            for name, got, want in zip(("advantages", "returns"), outputs, reference, strict=True):
+                bits = f"u{want.itemsize}"
+                what = f"{name} {backend} {n_threads}"
+                np.testing.assert_array_equal(got.view(bits), want.view(bits), err_msg=what)
+        for got, want in zip(run_kernel(backend, packed_arguments, 1), reference, strict=True):
+            np.testing.assert_array_equal(got, want.reshape(valid.shape)[valid], err_msg=backend)
+
+
+@pytest.mark.parametrize("case", ["inf", "nan", "both infinities"])
+@pytest.mark.parametrize("lam", [0.5, 0.0, 1.0, 1e-60])
+@pytest.mark.parametrize("holes", [False, True], ids=["whole", "holes"])
+def test_blocks_keep_the_oracles_nan_and_inf(compiled_backend, case, lam, holes, dtype):
+    """A non-finite value at a valid position sends its block, and every block before it that
+    carries it, to the plain recursion: NaN and inf exactly where the oracle has them."""
+    rng = np.random.default_rng(9)
+    rewards = rng.uniform(-1.0, 1.0, (2, 50)).astype(dtype)
+    values = rng.uniform(-1.0, 1.0, (2, 50)).astype(dtype)
+    mask = rng.random((2, 50)) > (0.3 if holes else -1.0)
+    if case == "inf":
+        rewards[:, 37] = np.inf
+    elif case == "nan":
+        values[:, 21] = np.nan
+    else:
+        rewards[:, 40] = np.inf
+        rewards[:, 12] = -np.inf
+    mask[:, [12, 21, 37, 40]] = True
+    kwargs = {"mask": mask, "gamma": 1.0, "lam": lam}
+    result = ppo_fast.gae(rewards, values, **kwargs, backend=compiled_backend)
+    oracle = ppo_fast.gae(rewards, values, **kwargs, backend="python")
+    for name in ("advantages", "returns"):
+        got, want = getattr(result, name), getattr(oracle, name)
+        what = f"{name}, {case}, lam={lam}, {compiled_backend}"
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
+        np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=what)
+        np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=what)
+        finite = np.isfinite(want)
+        assert_matches_oracle(got[finite], want[finite], dtype, what)
+    if case == "inf" and lam > 0.0:  # the inf is carried through every block before it
+        assert np.isposinf(oracle.advantages[:, :38][mask[:, :38]]).all()
+
+
+@pytest.mark.parametrize("holes", [False, True], ids=["whole", "holes"])
+def test_blocks_where_a_sum_would_overflow_take_the_recursion(compiled_backend, holes):
+    """TD errors near float64's largest number: summed in the scan's order, 1e308 + 1e308
+    overflows where the recursion's (1e308 + (1e308 - 1e308)) does not. Such a block takes the
+    recursion, whose finite results the backends must give exactly."""
+    rewards = np.zeros((1, 24))
+    rewards[0, -3:] = [1e308, 1e308, -1e308]
+    values = np.zeros((1, 24))
+    mask = np.ones((1, 24), dtype=bool)
+    if holes:
+        mask[0, [5, 17, 19]] = False
+        rewards[0, [5, 17, 19]] = np.inf
+    kwargs = {"mask": mask, "gamma": 1.0, "lam": 1.0}
+    result = ppo_fast.gae(rewards, values, **kwargs, backend=compiled_backend)
+    oracle = ppo_fast.gae(rewards, values, **kwargs, backend="python")
+    assert np.isfinite(oracle.advantages).all()
+    np.testing.assert_array_equal(result.advantages, oracle.advantages)
+    np.testing.assert_array_equal(result.returns, oracle.returns)
+
+
+def test_blocks_where_a_power_would_underflow_take_the_recursion(compiled_backend):
+    """gamma lam = 1e-60: (gamma lam)^8 underflows to 0, while the recursion's repeated products
+    carry a running advantage of 1e301 into an advantage of 1e-179 eight positions before it.
+    Such rows take the recursion: each advantage to float64's precision, tiny ones included."""
+    rewards = np.zeros((1, 24))
+    rewards[0, 8] = 2.0**1000  # lane 0 of the last block: the running advantage it leaves
+    values = np.zeros((1, 24))
+    kwargs = {"gamma": 1.0, "lam": 1e-60}
+    result = ppo_fast.gae(rewards, values, **kwargs, backend=compiled_backend)
+    oracle = ppo_fast.gae(rewards, values, **kwargs, backend="python")
+    assert 0.0 < oracle.advantages[0, 0] < 1e-170
+    np.testing.assert_allclose(result.advantages, oracle.advantages, rtol=1e-12, atol=0.0)
+
+
 # -- long rows: chunks ------------------------------------------------------------------------
 #
 # A row whose valid extent is longer than GAE_CHUNKS.long_row positions runs in chunks of
