@@ -186,11 +186,10 @@ def _gae_span(
     running, advantages, returns,
 ):  # fmt: skip
     """Twin: src/rows_gae.h ppo_gae_span. Positions low .. high-1 of the row at start, backwards,
-    from the value after them and the running advantage there: the valid positions in blocks
-    of 8 by the scan (_gae_scan), counted from the last valid one (8 adjacent positions straight
-    from the arrays, a block with masked positions among them gathered into lanes), the first
-    valid positions that fill no block, and a block outside the scan's bounds, by the plain
-    recursion."""
+    from the value after them and the running advantage there: each run of adjacent valid
+    positions in blocks of 8 by the scan (_gae_scan), counted from the run's last position; the
+    run's first positions that fill no block, and a block outside the scan's bounds, by the
+    plain recursion."""
     end = max(min(high, length), low)
     for k in range(high - end):
         i = start + high - _U1 - k
@@ -230,57 +229,26 @@ def _gae_span(
                         advantages, returns,
                     )  # fmt: skip
             t -= _U8
-        elif blocks and has_mask:
-            # The next 8 valid positions (fewer at the row's start), masked ones zeroed.
-            top = t
-            n = 0
-            block_rewards = _lanes_splat(0.0)
-            block_values = _lanes_splat(0.0)
-            while n < 8 and t > low:
+        elif has_mask:
+            # A hole among the 8 positions below t, or fewer than 8 left: the valid positions
+            # down to the highest hole by the recursion, then the hole (ppo_gae_span's comment).
+            while t > low:
                 t -= _U1
                 i = start + t
-                if mask[i] != 0:
-                    n += 1
-                    block_rewards = _with_lane(block_rewards, 8 - n, np.float64(rewards[i]))
-                    block_values = _with_lane(block_values, 8 - n, np.float64(values[i]))
-                else:
+                if mask[i] == 0:
                     advantages[i] = 0.0
                     returns[i] = 0.0
-            scanned = False
-            if n == 8:
-                scanned, block, block_running = _gae_scan(
-                    block_rewards, block_values, next_value, running, gamma, scan
-                )
-                if scanned:
-                    lane = 0
-                    for k in range(top - t):
-                        i = start + t + k
-                        if mask[i] != 0:
-                            advantage = _lane(block, lane)
-                            advantages[i] = advantage
-                            returns[i] = advantage + _lane(block_values, lane)
-                            lane += 1
-                    next_value = _lane(block_values, 0)
-                    running = block_running
-            if not scanned:
-                for k in range(top - t):
-                    i = start + top - _U1 - k
-                    if mask[i] != 0:
-                        next_value, running = _gae_run(
-                            rewards, values, i, gamma, gamma_lam, next_value, running,
-                            advantages, returns,
-                        )  # fmt: skip
-        else:
-            t -= _U1
-            i = start + t
-            if not has_mask or mask[i] != 0:
+                    break
                 next_value, running = _gae_run(
                     rewards, values, i, gamma, gamma_lam, next_value, running, advantages,
                     returns,
                 )  # fmt: skip
-            else:
-                advantages[i] = 0.0
-                returns[i] = 0.0
+        else:
+            t -= _U1
+            next_value, running = _gae_run(
+                rewards, values, start + t, gamma, gamma_lam, next_value, running, advantages,
+                returns,
+            )  # fmt: skip
 
 
 @_jit

@@ -27,10 +27,13 @@ errors' discounted sums by a log-step scan (three steps of lanes moved down by 1
 the advantage after the block times (gamma lam)^(8 - j), so that the chain from one block to
 the next is one multiply-add, not eight. The sums are thus reassociated within a block: within
 the backends' tolerances of the oracle's recursion, bit for bit the same on every compiled
-backend, build and thread count, and the same for a row padded with holes or packed without
-them (blocks are counted in valid positions from the row's last). A block with a non-finite or
-huge TD error (beyond 2^1000), a running advantage beyond 2^1020, or a gamma lam whose 8th
-power underflows takes the plain recursion, so NaN and inf come out exactly as the oracle's.
+backend, build and thread count. Blocks are 8 adjacent valid positions counted from the last
+of each run of valid positions (a run's first positions that fill no block take the plain
+recursion), so a row whose valid positions are adjacent gives the same bits padded or packed;
+holes move the blocks (gathering blocks across them was slower on scattered holes). A block
+with a non-finite or huge TD error (beyond 2^1000), a running advantage beyond 2^1020, or a
+gamma lam whose 8th power underflows takes the plain recursion, so NaN and inf come out
+exactly as the oracle's.
 """
 
 from __future__ import annotations

@@ -150,12 +150,12 @@ typedef struct {
     } while (0)
 
 /* Positions low .. high-1 of the row at start, backwards, from the value after them and the
- * running advantage there (the twin's _gae_span). The valid positions go in blocks of 8 by the
- * scan (ppo_gae_block), counted from the last valid one: 8 adjacent positions straight from
- * the arrays, a block with masked positions among them gathered first, so that a row's blocks,
- * and so its bits, are the same padded with holes or packed without them. The first valid
- * positions that fill no block, and a block outside the scan's bounds, take the plain
- * recursion. */
+ * running advantage there (the twin's _gae_span). Each run of adjacent valid positions goes in
+ * blocks of 8 by the scan (ppo_gae_block), counted from the run's last position; the run's
+ * first positions that fill no block, and a block outside the scan's bounds, take the plain
+ * recursion. So a row's bits depend only on its runs: the same with lengths, with a mask
+ * without holes, or packed. (Blocks gathered across holes were slower on scattered holes than
+ * the recursion: a branch a position to gather, one to scatter.) */
 PPO_INLINE void PPO_ROW(ppo_gae_span)(
     const ppo_real* rewards, const ppo_real* values, ptrdiff_t start, ptrdiff_t low,
     ptrdiff_t high, ptrdiff_t length, const uint8_t* mask, int has_mask, double gamma,
@@ -186,51 +186,23 @@ PPO_INLINE void PPO_ROW(ppo_gae_span)(
                 for (j = 7; j >= 0; j--) PPO_GAE_RUN(i + j);
             }
             t -= 8;
-        } else if (scan.blocks && has_mask) {
-            /* The next 8 valid positions (fewer at the row's start), masked ones zeroed. */
-            ptrdiff_t at[8];
-            ppo_real block_rewards[8], block_values[8];
-            int n = 0;
-            while (n < 8 && t > low) {
+        } else if (has_mask) {
+            /* A hole among the 8 positions below t, or fewer than 8 left: the valid positions
+             * down to the highest hole by the recursion (fewer than 8: no block), then the
+             * hole, and the blocks start again at the valid position below it. One branch that
+             * exits at the hole, where a check of 8 bytes a position would mispredict too. */
+            do {
                 i = start + --t;
-                if (mask[i] != 0) {
-                    n++;
-                    at[8 - n] = i;
-                    block_rewards[8 - n] = rewards[i];
-                    block_values[8 - n] = values[i];
-                } else {
+                if (mask[i] == 0) {
                     advantages[i] = 0;
                     returns[i] = 0;
+                    break;
                 }
-            }
-            int scanned = 0;
-            if (n == 8) {
-                ppo_f64x8 wide_values = PPO_V(to_f64)(PPO_V(load)(block_values));
-                scanned = ppo_gae_block(
-                    &scan, PPO_V(to_f64)(PPO_V(load)(block_rewards)), wide_values, next_value,
-                    &running, &block);
-                if (scanned) {
-                    ppo_real block_advantages[8], block_returns[8];
-                    PPO_V(store)(block_advantages, PPO_V(from_f64)(block));
-                    PPO_V(store)(
-                        block_returns, PPO_V(from_f64)(ppo_f64x8_add(block, wide_values)));
-                    for (j = 0; j < 8; j++) {
-                        advantages[at[j]] = block_advantages[j];
-                        returns[at[j]] = block_returns[j];
-                    }
-                    next_value = (double)block_values[0];
-                }
-            }
-            if (!scanned)
-                for (j = 7; j >= 8 - n; j--) PPO_GAE_RUN(at[j]);
+                PPO_GAE_RUN(i);
+            } while (t > low);
         } else {
             i = start + --t;
-            if (!has_mask || mask[i] != 0) {
-                PPO_GAE_RUN(i);
-            } else {
-                advantages[i] = 0;
-                returns[i] = 0;
-            }
+            PPO_GAE_RUN(i);
         }
     }
 }
@@ -376,8 +348,8 @@ PPO_INLINE void PPO_ROW(ppo_gae_combine)(
     }
 }
 
-/* Pass 2 of unit u: the plain recursion over it from its seed (a row's last unit to the end of
- * its span, past its valid extent). */
+/* Pass 2 of unit u: the recursion over it from its seed, by blocks (ppo_gae_span; a row's last
+ * unit to the end of its span, past its valid extent). */
 PPO_INLINE void PPO_ROW(ppo_gae_unit_run)(
     const PPO_ROW(ppo_gae_batch) * x, const ppo_gae_unit* units, ptrdiff_t n_units,
     ptrdiff_t u) {

@@ -160,9 +160,21 @@ def test_gamma_lam_one_gives_reward_to_go_minus_values(backend, batch):
     assert_matches_oracle(result.returns, scatter_rows(batch, returns, batch.dtype), batch.dtype)
 
 
+def rows_of_one_run(valid: np.ndarray) -> np.ndarray:
+    """Whether each row's valid positions are adjacent (no hole between them; none is one run)."""
+    rows = []
+    for row in valid:
+        at = np.flatnonzero(row)
+        rows.append(at.size == 0 or at[-1] - at[0] == at.size - 1)
+    return np.array(rows, dtype=bool)
+
+
 @given(batch=ragged_batches(layouts=("mask", "lengths", "none")))
 def test_padded_and_packed_layouts_agree(backend, batch):
-    """The same rows, padded (holes and all) or packed without the holes, give equal numbers."""
+    """The same rows, padded (holes and all) or packed without the holes, give the same
+    numbers: bit for bit where a row's valid positions are one run, within the oracle's
+    tolerances where it has holes (the blocks of 8 are counted from the end of each run, so
+    packing the holes away moves them)."""
     rewards, values = batch.tokens(), batch.tokens()
     padded = ppo_fast.gae(
         rewards, values, gamma=0.97, lam=0.9, **batch.layout_kwargs, backend=backend
@@ -177,8 +189,13 @@ def test_padded_and_packed_layouts_agree(backend, batch):
         cu_seqlens=cu,
         backend=backend,
     )
-    np.testing.assert_array_equal(padded.advantages[batch.valid], packed.advantages)
-    np.testing.assert_array_equal(padded.returns[batch.valid], packed.returns)
+    one_run = rows_of_one_run(batch.valid)
+    for name in ("advantages", "returns"):
+        unpacked = np.zeros_like(getattr(padded, name))
+        unpacked[batch.valid] = getattr(packed, name)
+        got = getattr(padded, name)
+        np.testing.assert_array_equal(got[one_run], unpacked[one_run], err_msg=name)
+        assert_matches_oracle(got[~one_run], unpacked[~one_run], batch.dtype, name)
     assert not padded.advantages[~batch.valid].any() and not padded.returns[~batch.valid].any()
 
 
@@ -219,14 +236,15 @@ def test_empty_batches(backend, shape, dtype):
 #
 # The compiled backends run the recursion 8 valid positions at a time (src/rows_gae.h
 # ppo_gae_block, _numba_kernels._gae_scan): sums reassociated within the tolerances, counted from
-# a row's last valid position, with the plain recursion for the positions before the first
-# block and for a block outside the scan's bounds (a TD error beyond 2^1000, NaN or inf, a
-# running advantage beyond 2^1020, (gamma lam)^8 underflowing). The oracle is the recursion.
+# the last position of each run of adjacent valid positions, with the plain recursion for a
+# run's first positions that fill no block and for a block outside the scan's bounds (a TD
+# error beyond 2^1000, NaN or inf, a running advantage beyond 2^1020, (gamma lam)^8
+# underflowing). The oracle is the recursion.
 
 
 def block_batch(dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows of 1 to 60 positions: whole, with holes (blocks gathered across them), with a run of
-    masked positions longer than a block, and left-padded; NaN and inf where not valid."""
+    """Rows of 1 to 60 positions: whole, with scattered holes, with a run of masked positions
+    longer than a block, and left-padded; NaN and inf where not valid."""
     rng = np.random.default_rng(21)
     lengths = np.array([1, 7, 8, 9, 16, 17, 60, 60, 60, 33])
     valid = np.arange(60)[None, :] < lengths[:, None]
@@ -244,7 +262,8 @@ def block_batch(dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("lam", [0.95, 1.0, 0.0, 1e-60])  # 1e-60: (gamma lam)^8 underflows
 def test_blocks_equal_the_oracle_and_give_the_same_bits_everywhere(lam, dtype):
     """Every compiled backend equals the oracle, and they give the same bits as one another, on
-    1 to 3 threads, and for the same rows packed without their holes."""
+    1 to 3 threads; a row whose valid positions are one run (right- or left-padded) gives the
+    same bits packed (a row's blocks are counted from the end of its runs, not of its padding)."""
     rewards, values, valid = block_batch(dtype)
     kwargs = {"gamma": 0.99, "lam": lam, "bootstrap": np.linspace(-1.0, 1.0, len(valid))}
     oracle = ppo_fast.gae(rewards, values, mask=valid, **kwargs, backend="python")
@@ -252,10 +271,13 @@ def test_blocks_equal_the_oracle_and_give_the_same_bits_everywhere(lam, dtype):
     reference = run_kernel(COMPILED[0], arguments, 1)
     for name, got, want in zip(("advantages", "returns"), reference, oracle, strict=True):
         assert_matches_oracle(got.reshape(valid.shape), want, dtype, name)
-    lengths = valid.sum(axis=1)
+    one_run = rows_of_one_run(valid)
+    assert one_run.sum() == len(valid) - 2  # all but the rows with holes
+    runs = valid & one_run[:, None]
+    lengths = runs.sum(axis=1)[one_run]
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    packed = {"cu_seqlens": cu, **kwargs}
-    packed_arguments = kernel_arguments(rewards[valid], values[valid], packed)
+    packed = {**kwargs, "cu_seqlens": cu, "bootstrap": kwargs["bootstrap"][one_run]}
+    packed_arguments = kernel_arguments(rewards[runs], values[runs], packed)
     for backend in COMPILED:
         for n_threads in (1, 2, 3):
             outputs = run_kernel(backend, arguments, n_threads)
@@ -264,7 +286,7 @@ def test_blocks_equal_the_oracle_and_give_the_same_bits_everywhere(lam, dtype):
                 what = f"{name} {backend} {n_threads}"
                 np.testing.assert_array_equal(got.view(bits), want.view(bits), err_msg=what)
         for got, want in zip(run_kernel(backend, packed_arguments, 1), reference, strict=True):
-            np.testing.assert_array_equal(got, want.reshape(valid.shape)[valid], err_msg=backend)
+            np.testing.assert_array_equal(got, want.reshape(valid.shape)[runs], err_msg=backend)
 
 
 @pytest.mark.parametrize("case", ["inf", "nan", "both infinities"])
