@@ -16,5 +16,5 @@ run() { PYTHONPATH=. python -m pytest -q -p no:cacheprovider --hypothesis-profil
   | grep -E "^FAILED|passed|failed" | cut -c1-120 | sort -u | head -n 12 || true; }
 echo "== the generic differential test and the numba agreement (kl_penalty: k3's exp - 1 -> exp + 1)"
 run tests/test_kernels.py tests/test_cython.py -k "cython and (equals_the_oracle or agrees_with_numba or edges_of_exp)"
-echo "== GAE (t < length -> t <= length) and the clipped surrogate (lt -> gt), stage tests"
+echo "== GAE (end = length -> length + 1 past a short row) and the clipped surrogate (lt -> gt), stage tests"
 run tests/test_gae.py tests/test_loss.py -k cython
