@@ -242,6 +242,15 @@ def test_empty_batches(backend, shape, dtype):
 # underflowing). The oracle is the recursion.
 
 
+def assert_same_non_finite(got: np.ndarray, want: np.ndarray, dtype, what: str) -> None:
+    """NaN, +inf and -inf exactly where the oracle has them; the finite rest to its tolerances."""
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=what)
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=what)
+    finite = np.isfinite(want)
+    assert_matches_oracle(got[finite], want[finite], dtype, what)
+
+
 def block_batch(dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows of 1 to 60 positions: whole, with scattered holes, with a run of masked positions
     longer than a block, and left-padded; NaN and inf where not valid."""
@@ -313,11 +322,7 @@ def test_blocks_keep_the_oracles_nan_and_inf(compiled_backend, case, lam, holes,
     for name in ("advantages", "returns"):
         got, want = getattr(result, name), getattr(oracle, name)
         what = f"{name}, {case}, lam={lam}, {compiled_backend}"
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
-        np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=what)
-        np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=what)
-        finite = np.isfinite(want)
-        assert_matches_oracle(got[finite], want[finite], dtype, what)
+        assert_same_non_finite(got, want, dtype, what)
     if case == "inf" and lam > 0.0:  # the inf is carried through every block before it
         assert np.isposinf(oracle.advantages[:, :38][mask[:, :38]]).all()
 
@@ -458,11 +463,7 @@ def test_long_rows_keep_the_oracles_nan_and_inf(compiled_backend, case, lam, dty
     for name in ("advantages", "returns"):
         got, want = getattr(result, name), getattr(oracle, name)
         what = f"{name}, {case}, lam={lam}, {compiled_backend}"
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
-        np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=what)
-        np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=what)
-        finite = np.isfinite(want)
-        assert_matches_oracle(got[finite], want[finite], dtype, what)
+        assert_same_non_finite(got, want, dtype, what)
     if case == "inf" and lam > 0.0:  # what makes this case: an inf carried across chunks
         assert np.isposinf(oracle.advantages[0, : INF_AT + 1]).all()
 
