@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
@@ -16,10 +14,13 @@ settings.register_profile(
     max_examples=60,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-settings.register_profile("ci", parent=settings.get_profile("default"), max_examples=120)
+# The long property runs, behind an option: `python -m pytest --hypothesis-profile=long` (ten
+# times the examples of every property that does not set its own count; tens of minutes). CI
+# runs the default profile, so that the whole suite stays within its ten minutes.
+settings.register_profile("long", parent=settings.get_profile("default"), max_examples=600)
 # Few examples per property: what tests/mutation/run.sh runs once per mutant.
 settings.register_profile("mutation", parent=settings.get_profile("default"), max_examples=10)
-settings.load_profile("ci" if os.environ.get("CI") else "default")
+settings.load_profile("default")
 
 # tests/mutation holds the mutation-testing configs and scripts, not tests.
 collect_ignore = ["mutation"]

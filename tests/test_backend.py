@@ -257,11 +257,14 @@ def test_calls_from_several_python_threads_at_once(compiled_backend):
 
 @pytest.mark.slow  # installs, or runs fresh processes: the fast lane (-m "not slow") skips it
 def test_warmup_compiles_ahead_of_time():
+    # One thread: the serial builds (the parallel ones, compiled for a second thread, cost as
+    # much again; test_warmup_runs_the_large_batches_when_threads_are_used covers that branch).
     out = run_python("""
         import ppo_fast
         from ppo_fast import _groups, _loops, _numba_kernels as k
         before = len(k.gae.whole_rows.serial.signatures)
-        ppo_fast.warmup("numba", dtypes=("float32",))  # one dtype: a compile per kernel and build
+        ppo_fast.set_num_threads(1)
+        ppo_fast.warmup("numba", dtypes=("float32",))  # one dtype: a compile per kernel
         hash_table = _groups._hash_factorizer()
         print(before, len(k.gae.whole_rows.serial.signatures),
               len(k.gae.chunked.serial.signatures), len(k.whiten.serial.signatures),
@@ -272,6 +275,32 @@ def test_warmup_compiles_ahead_of_time():
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "1", "1", "1", "1"] + ["True"] * 5
+
+
+@pytest.mark.skipif("cython" not in COMPILED, reason="the Cython backend is not built here")
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_warmup_runs_the_large_batches_when_threads_are_used(monkeypatch, n_threads):
+    """The batches warmup runs each kernel on: a small one, and with more than one thread one
+    large enough to take the parallel build (each thread a share of positions). Cython: what
+    is checked is warmup's choice of batches, without numba's minutes of compilation."""
+    calls: dict[str, list[int]] = {}
+    real_run = _backend.run
+
+    def spy(name, backend, **arguments):
+        n_positions = arguments[KERNELS[name].inputs[0].name].size
+        calls.setdefault(name, []).append(n_positions)
+        real_run(name, backend, **arguments)
+
+    monkeypatch.setattr(_backend, "run", spy)
+    try:
+        ppo_fast.set_num_threads(n_threads)
+        ppo_fast.warmup("cython", dtypes=("float32",))
+    finally:
+        ppo_fast.set_num_threads(None)
+    assert set(calls) == set(KERNELS)
+    for name, sizes in calls.items():
+        large = [n for n in sizes if n >= 2 * _threads.MIN_POSITIONS_PER_THREAD]
+        assert bool(large) == (n_threads > 1), (name, sizes)
 
 
 def test_settings_read_per_call_follow_the_environment(monkeypatch):
