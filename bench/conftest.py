@@ -2,8 +2,9 @@
 
     pytest bench/                                   the full matrix (minutes)
     pytest bench/ --shapes 256x1024 --threads 2     a slice of it
+    pytest bench/ --kernels gae,whiten              the rows of some kernels
     pytest bench/ --benchmark-disable --shapes 4x16 --max-tokens 1000 --memory-shape 4x16
-                                                    every row once, as a test (what CI runs)
+                                                    every row once, as a test
 
 Every row checks its output against ppo_fast's before it is timed. Rows are grouped by kernel,
 shape, dtype and threads, so pytest-benchmark's table shows each implementation relative to the
@@ -37,6 +38,11 @@ def pytest_addoption(parser):
         default=",".join(map(engine.shape_name, engine.ALL_SHAPES)),
         help="comma-separated BxT shapes (default: %(default)s)",
     )
+    group.addoption(
+        "--kernels",
+        default="",
+        help="comma-separated kernels of the timing and scaling rows (default: every kernel)",
+    )
     group.addoption("--dtypes", default="float32,float64", help="(default: %(default)s)")
     group.addoption("--threads", default="1,2", help="(default: %(default)s)")
     group.addoption(
@@ -61,8 +67,21 @@ def _csv(config, name: str) -> list[str]:
     return [part.strip() for part in config.getoption(name).split(",") if part.strip()]
 
 
+def _chosen_kernels(config, option: str) -> list:
+    """The kernels an option names (every kernel when it names none), in the table's order."""
+    chosen = set(_csv(config, option)) or set(engine.KERNELS)
+    unknown = chosen - set(engine.KERNELS)
+    if unknown:
+        raise pytest.UsageError(
+            f"{option}: unknown {', '.join(sorted(unknown))}; the kernels are "
+            f"{', '.join(engine.KERNELS)}"
+        )
+    return [kernel for kernel in engine.KERNELS.values() if kernel.name in chosen]
+
+
 def pytest_generate_tests(metafunc):
     config = metafunc.config
+    kernels = _chosen_kernels(config, "--kernels")
     shapes = [engine.parse_shape(s) for s in _csv(config, "--shapes")]
     dtypes = _csv(config, "--dtypes")
     threads = [int(t) for t in _csv(config, "--threads")]
@@ -71,7 +90,7 @@ def pytest_generate_tests(metafunc):
             (kernel, implementation, shape, dtype, n)
             for dtype in dtypes
             for shape in shapes
-            for kernel in engine.KERNELS.values()
+            for kernel in kernels
             for n in threads
             for implementation in kernel.implementations
         ]
@@ -91,7 +110,7 @@ def pytest_generate_tests(metafunc):
             (kernel, implementation, 10**power, n)
             for power in range(3, 9)
             if 10**power <= largest
-            for kernel in engine.KERNELS.values()
+            for kernel in kernels
             for n in threads
             for implementation in kernel.implementations
             if implementation.kind != engine.PEER and implementation.backend != "python"
@@ -102,17 +121,9 @@ def pytest_generate_tests(metafunc):
             ids=[f"{k.name}-{i.name}-{t:.0e}-{n}T".replace(" ", "_") for k, i, t, n in cases],
         )
     if "memory_case" in metafunc.fixturenames:
-        chosen = set(_csv(config, "--memory-kernels")) or set(engine.KERNELS)
-        unknown = chosen - set(engine.KERNELS)
-        if unknown:
-            raise pytest.UsageError(
-                f"--memory-kernels: unknown {', '.join(sorted(unknown))}; the kernels are "
-                f"{', '.join(engine.KERNELS)}"
-            )
         cases = [
             (kernel, implementation)
-            for kernel in engine.KERNELS.values()
-            if kernel.name in chosen
+            for kernel in _chosen_kernels(config, "--memory-kernels")
             for implementation in kernel.implementations
         ]
         metafunc.parametrize(

@@ -343,7 +343,8 @@ def test_memory_and_first_call_probes_run_in_fresh_processes():
 
 @pytest.mark.slow  # installs, or runs fresh processes: the fast lane (-m "not slow") skips it
 def test_bench_suites_run_once_as_tests():
-    """pytest-benchmark's suites in bench/, every row once with timing off, on tiny batches."""
+    """pytest-benchmark's suites in bench/, once with timing off, on tiny batches: every kind of
+    row, for three kernels (every row of every kernel runs, and is checked, in tiny_run)."""
     out = subprocess.run(
         [
             sys.executable,
@@ -356,6 +357,11 @@ def test_bench_suites_run_once_as_tests():
             "--benchmark-disable",
             "--shapes",
             "4x16",
+            # A recursion, a loss with torch.compile peers and a group estimator: the suites'
+            # code for every kind of implementation, without compiling every kernel again in
+            # this fresh process.
+            "--kernels",
+            "gae,clipped_surrogate,grpo",
             # float32 only: every implementation's float64 output is checked by
             # test_every_implementation_computes_what_ppo_fast_computes above.
             "--dtypes",
