@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ppo_fast
+from ppo_fast import _outcome_groups
 from ppo_fast._groups import factorize
 
 # ---- the oracle: plain Python, float64, one group at a time ------------------------------------
@@ -1273,7 +1274,7 @@ def test_options_are_keyword_only():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("width", [1, 7, ppo_fast.outcome.NARROW_ROWS - 1, 200])
+@pytest.mark.parametrize("width", [1, 7, _outcome_groups.NARROW_ROWS - 1, 200])
 def test_broadcast_paths_give_the_same_bits(dtype, width, monkeypatch):
     """Narrow rows take repeat-and-AND, wide ones a masked copy: both give +0.0 at every masked
     position whatever the row's value (NaN, inf, -0.0, negative), and the value at valid ones;
@@ -1289,7 +1290,7 @@ def test_broadcast_paths_give_the_same_bits(dtype, width, monkeypatch):
         "lengths": np.where(np.arange(width) < lengths[:, None], per_row[:, None], dtype(0)),
     }
     for narrow in (0, 10**9):
-        monkeypatch.setattr(ppo_fast.outcome, "NARROW_ROWS", narrow)
+        monkeypatch.setattr(_outcome_groups, "NARROW_ROWS", narrow)
         for name, layout in (("mask", {"mask": mask}), ("lengths", {"lengths": lengths})):
             extra = {"padded_length": width} if name == "lengths" else {}
             tokens = ppo_fast.broadcast_to_tokens(per_row, **layout, **extra)
