@@ -512,9 +512,9 @@ class _GAE:
     them (compiled on the first such batch). ``kernels`` lists both, whose builds the tests
     check."""
 
-    def __init__(self, whole_rows, chunked):
+    def __init__(self, whole_rows, chunked, kernel):
         self.function = whole_rows  # the Python source, for the interface test
-        self.whole_rows = _Kernel(whole_rows)
+        self.whole_rows = _Kernel(whole_rows, kernel, row_chunks=_gae_chunks)
         self.chunked = _Kernel(chunked)
         self.kernels = [self.whole_rows, self.chunked]
 
@@ -909,25 +909,25 @@ def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened):
 # reassociates.
 kl_penalty = _Specialised(_kl_penalty_rows, KERNELS["kl_penalty"])
 shape_rewards = _Specialised(_shape_rewards_rows, KERNELS["shape_rewards"])
-gae = _GAE(gae, _gae_chunked)
-discounted_returns = _Kernel(discounted_returns)
-remax = _Kernel(remax)
-optimal_token_baseline = _Kernel(optimal_token_baseline)
-moments = _Kernel(moments, fastmath={"reassoc"})
-whiten = _Kernel(whiten)
-clipped_surrogate = _Kernel(clipped_surrogate, fastmath={"reassoc"})
-value_loss = _Kernel(value_loss, fastmath={"reassoc"})
-reinforce = _Kernel(reinforce, fastmath={"reassoc"})
-cispo = _Kernel(cispo, fastmath={"reassoc"})
-sapo = _Kernel(sapo, fastmath={"reassoc"})
-gspo = _Kernel(gspo, fastmath={"reassoc"})
+gae = _GAE(gae, _gae_chunked, KERNELS["gae"])
+discounted_returns = _Kernel(discounted_returns, KERNELS["discounted_returns"])
+remax = _Kernel(remax, KERNELS["remax"])
+optimal_token_baseline = _Kernel(optimal_token_baseline, KERNELS["optimal_token_baseline"])
+moments = _Kernel(moments, KERNELS["moments"], fastmath={"reassoc"})
+whiten = _Kernel(whiten, KERNELS["whiten"])
+clipped_surrogate = _Kernel(clipped_surrogate, KERNELS["clipped_surrogate"], fastmath={"reassoc"})
+value_loss = _Kernel(value_loss, KERNELS["value_loss"], fastmath={"reassoc"})
+reinforce = _Kernel(reinforce, KERNELS["reinforce"], fastmath={"reassoc"})
+cispo = _Kernel(cispo, KERNELS["cispo"], fastmath={"reassoc"})
+sapo = _Kernel(sapo, KERNELS["sapo"], fastmath={"reassoc"})
+gspo = _Kernel(gspo, KERNELS["gspo"], fastmath={"reassoc"})
 # Not `reassoc`: with it LLVM regroups the row's -(sum A / n) * exp(...) * scale so that it
 # overflows to inf where the oracle's gradient is finite (the hostile-input test's 1e200
 # log-prob), and numba passes the flag on to any function the kernel calls.
-geo_mean = _Kernel(geo_mean)
-dppo = _Kernel(dppo, fastmath={"reassoc"})
-kl_cov = _Kernel(kl_cov, fastmath={"reassoc"})
-kl_cov_top_k = _Kernel(kl_cov_top_k)
+geo_mean = _Kernel(geo_mean, KERNELS["geo_mean"])
+dppo = _Kernel(dppo, KERNELS["dppo"], fastmath={"reassoc"})
+kl_cov = _Kernel(kl_cov, KERNELS["kl_cov"], fastmath={"reassoc"})
+kl_cov_top_k = _Kernel(kl_cov_top_k, KERNELS["kl_cov_top_k"])
 
 
 def row_totals(row_outputs, weight):

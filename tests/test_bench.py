@@ -338,6 +338,10 @@ def test_memory_and_first_call_probes_run_in_fresh_processes():
     assert "VmHWM" in memory["method"] or "ru_maxrss" in memory["method"]
     first = engine.run_probe("first_call_probe", ["python"])
     assert set(first["calls"]) == set(engine.FIRST_CALL_KERNELS)
+    # On two threads, the batch that takes the parallel builds (nothing to compile in Cython).
+    if engine.why_not(engine.KERNELS["gae"].implementation("ppo_fast[cython]")) is None:
+        threaded = engine.run_probe("first_call_probe", ["cython", 2])
+        assert set(threaded["calls"]) == set(engine.FIRST_CALL_KERNELS)
     assert engine.import_seconds("ppo_fast") > 0
 
 
@@ -378,10 +382,13 @@ def test_bench_suites_run_once_as_tests():
             # still run (and checked) by bench/test_kernels.py.
             "--memory-kernels",
             "gae",
-            # The first call with numba's cache off compiles what the cold-cache row compiles,
-            # in a fresh process too (half a minute): the cold and warm rows test the probe.
+            # The first calls with numba's cache off compile what the cold-cache row compiles
+            # (and the parallel builds, which the two-thread kernel tests compile), in a fresh
+            # process too (half a minute and more): the cold and warm rows test the probe.
             "--deselect",
             "bench/test_startup.py::test_first_call[numba]",
+            "--deselect",
+            "bench/test_startup.py::test_first_call[numba_2_threads]",
         ],
         cwd=ROOT,
         capture_output=True,

@@ -14,6 +14,7 @@ import pytest
 from batches import ragged_batches
 from conftest import COMPILED, COMPILED_NUMBA_PARALLEL, NUMBA_PARALLEL, RTOL
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_cases import cases
 
 import ppo_fast
@@ -107,6 +108,29 @@ def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch)
             np.testing.assert_array_equal(
                 parallel[name], output, err_msg=f"{backend} {name}\n{case.describe()}"
             )
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+@settings(max_examples=60)
+@given(
+    weights=st.lists(st.integers(0, 1000), max_size=40).map(lambda w: np.array(w, np.int64)),
+    n_parts=st.integers(1, 9),
+)
+def test_numba_parallel_builds_split_the_units_into_ranges_of_about_equal_weight(weights, n_parts):
+    """The ranges a parallel build shares among its threads (``_numba_core._parts``): every unit
+    once, in order, at most one range per thread and per unit, none heavier than its share of
+    the total (a unit's positions plus one) by more than one unit."""
+    from ppo_fast._numba_core import _parts
+
+    bounds = _parts(weights, n_parts)
+    n_units = len(weights)
+    assert bounds[0] == 0 and bounds[-1] == n_units
+    assert np.all(np.diff(bounds) >= 0)
+    assert len(bounds) - 1 == max(1, min(n_parts, n_units))
+    cost = np.concatenate([[0], np.cumsum(weights + 1)])
+    share = cost[-1] / (len(bounds) - 1)
+    heaviest = (weights + 1).max(initial=0)
+    assert np.all(np.diff(cost[bounds]) <= share + heaviest)
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")

@@ -15,6 +15,7 @@ import tempfile
 import time
 from typing import Any
 
+from .._threads import MIN_POSITIONS_PER_THREAD
 from .batch import Batch
 from .registry import KERNELS, PEER, TABLE_KERNELS, table_entry, unavailable, why_not
 from .timing import Plan, Progress, check, reference_outputs, set_threads
@@ -167,18 +168,21 @@ def measure_memory(plan: Plan, shape: tuple[int, int], progress: Progress | None
 FIRST_CALL_KERNELS = tuple(dict.fromkeys(table_entry(name).name for name in TABLE_KERNELS))
 
 
-def first_call_probe(backend: str, dtype: str = "float32") -> dict[str, Any]:
-    """Seconds of the first and the second call of each stage in this (fresh) process."""
+def first_call_probe(backend: str, n_threads: int = 1, dtype: str = "float32") -> dict[str, Any]:
+    """Seconds of the first and the second call of each stage in this (fresh) process: on 8x128
+    on one thread, or on ``n_threads`` rows of ``MIN_POSITIONS_PER_THREAD`` positions each
+    on that many threads (the smallest batch that takes the parallel build)."""
     start = time.perf_counter()
     import ppo_fast
 
     ppo_fast.get_backend(backend)
     load = time.perf_counter() - start
-    set_threads(1)
-    batch = Batch((8, 128), dtype)
+    set_threads(n_threads)
+    shape = (8, 128) if n_threads == 1 else (n_threads, MIN_POSITIONS_PER_THREAD)
+    batch = Batch(shape, dtype)
     calls = {}
     for kernel_name in FIRST_CALL_KERNELS:
-        call = KERNELS[kernel_name].implementation(f"ppo_fast[{backend}]").prepare(batch, 1)
+        call = KERNELS[kernel_name].implementation(f"ppo_fast[{backend}]").prepare(batch, n_threads)
         start = time.perf_counter()
         call()
         first = time.perf_counter() - start
@@ -210,15 +214,17 @@ def import_unavailable(what: str, backend: str | None, requires: tuple[str, ...]
     return unavailable(what, requires, None)
 
 
-def first_call_modes(cache_dir: str) -> list[tuple[str, str, dict[str, str]]]:
-    """(backend, mode, environment) of the first-call probes, in the order they must run: the
-    numba cache off, then cold (filling ``cache_dir``), then warm (reading it); then cython."""
+def first_call_modes(cache_dir: str) -> list[tuple[str, str, dict[str, str], int]]:
+    """(backend, mode, environment, threads) of the first-call probes, in the order they must
+    run: numba with its cache off, then cold (filling ``cache_dir``), then warm (reading it);
+    numba with its cache off on two threads (the serial build and the parallel one); cython."""
     cached = {"PPO_FAST_NUMBA_CACHE": "1", "NUMBA_CACHE_DIR": cache_dir}
     return [
-        ("numba", "cache off", {"PPO_FAST_NUMBA_CACHE": ""}),
-        ("numba", "cache cold", cached),
-        ("numba", "cache warm", cached),
-        ("cython", "", {}),
+        ("numba", "cache off", {"PPO_FAST_NUMBA_CACHE": ""}, 1),
+        ("numba", "cache cold", cached, 1),
+        ("numba", "cache warm", cached, 1),
+        ("numba", "cache off, 2 threads", {"PPO_FAST_NUMBA_CACHE": ""}, 2),
+        ("cython", "", {}, 1),
     ]
 
 
@@ -240,14 +246,15 @@ def measure_startup(progress: Progress | None = None) -> dict[str, Any]:
             progress.update(f"import {what}")
     first_calls = []
     with tempfile.TemporaryDirectory(prefix="ppo_fast-numba-cache-") as cache_dir:
-        for backend, mode, env in first_call_modes(cache_dir):
-            row = {"backend": backend, "mode": mode}
+        for backend, mode, env, n_threads in first_call_modes(cache_dir):
+            row = {"backend": backend, "mode": mode, "threads": n_threads}
             reason = why_not(KERNELS["gae"].implementation(f"ppo_fast[{backend}]"))
             if reason is not None:
                 row.update(status="skipped", reason=reason)
             else:
                 try:
-                    row.update(status="ok", **run_probe("first_call_probe", [backend], env))
+                    probe = run_probe("first_call_probe", [backend, n_threads], env)
+                    row.update(status="ok", **probe)
                 except RuntimeError as error:
                     row.update(status="error", reason=str(error))
             first_calls.append(row)

@@ -337,8 +337,9 @@ def _format_startup(startup: dict[str, Any]) -> list:
         for row in startup["imports"]
     ]
     lines += [_table(["import", "seconds"], table), ""]
-    lines.append("first and second call on 8x128 float32 (fresh process each; numba cache in a")
-    lines.append("temporary NUMBA_CACHE_DIR with PPO_FAST_NUMBA_CACHE=1)")
+    lines.append("first and second call, float32, on 8x128 on one thread and on 2x65,536 on two")
+    lines.append("(fresh process each; numba cache in a temporary NUMBA_CACHE_DIR with")
+    lines.append("PPO_FAST_NUMBA_CACHE=1)")
     header = ["backend", "load", *FIRST_CALL_KERNELS]
     table = []
     for row in startup["first_calls"]:
