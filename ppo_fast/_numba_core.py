@@ -708,13 +708,14 @@ def _parallel_build(serial, kernel: Kernel, row_chunks=None):
     """The parallel build of a row kernel, with the kernel's arguments and then the number of
     threads: a prange over that many ranges of rows (of groups, for the "groups" layout), each
     run by the serial build on its slice of the per-row arrays (the layout's, the row inputs and
-    the row outputs; the token arrays are indexed through ``starts``, so they pass whole). Every row is computed by the serial build's own code
-    (``_compiled_caller``), so the bits equal a serial call's by construction, and the build
-    compiles in about a second, where a ``parallel=True`` build of the kernel's source took
-    1.7-3x the serial build's compile time (numba's parfor passes run over the whole inlined
-    body). A kernel with ``chunks`` returns its number of chunks (``row_chunks(span, length)``,
-    a jitted function, counts a row's) without running when it has a long row, as its serial
-    build does (_numba_kernels._GAE)."""
+    the row outputs; the token arrays are indexed through ``starts``, so they pass whole).
+
+    Every row is computed by the serial build's own code (``_compiled_caller``), so the bits
+    equal a serial call's by construction, and the build compiles in about a second, where a
+    ``parallel=True`` build of the kernel's source took 1.7-3x the serial build's compile time
+    (numba's parfor passes run over the whole inlined body). A kernel with ``chunks`` returns
+    its number of chunks (``row_chunks(span, length)``, a jitted function, counts a row's)
+    without running when it has a long row, as its serial build does (_numba_kernels._GAE)."""
     arguments = kernel.arguments[:-1]  # the backend's signature without n_threads
     if kernel.layout == GROUPS:
         sliced = {"group_starts": "group_starts[first : end + 1]"}
