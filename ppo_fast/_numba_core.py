@@ -1,5 +1,6 @@
-"""Shared pieces of the numba backend: LLVM intrinsics, the vectorizable exp, mask words, and
-the serial/parallel kernel builders (``_Kernel``, ``_Specialised``).
+"""Shared pieces of the numba backend: LLVM intrinsics, the vectorizable exp, mask words and the
+row totals. The serial/parallel kernel builders (``_Kernel``, ``_Specialised``) are in
+``_numba_builds.py``.
 
 The kernels themselves live in ``_numba_kernels.py`` (rewards, GAE, returns, moments) and
 ``_numba_losses.py`` (the policy and value losses); ``_numba_kernels`` is the backend's interface
@@ -7,14 +8,15 @@ The kernels themselves live in ``_numba_kernels.py`` (rewards, GAE, returns, mom
 
 - Compiled lazily at first call (no eager signatures), ``nogil``. Each kernel is written over
   rows (a ``prange`` that the serial build runs as a plain loop) and reduces each row on its
-  own. Its parallel build (``_parallel_build``) is a ``parallel=True`` loop over a few ranges
-  of rows, each run by the serial build's compiled code, called by address: results are the
-  serial build's bit for bit on any number of threads, and the parallel build compiles in about
-  a second where numba's parfor passes over the kernel's own body took 1.7-3x the serial
-  build's time. Numba's default threading layer must not be entered from two Python threads at
-  once (it aborts the process), so the parallel build runs under a lock and a call that finds
-  the lock taken runs the serial build on its own thread instead. A kernel of the "groups"
-  layout runs over ranges of groups, each reduced on its own in row order: the same guarantee.
+  own. Its parallel build (``_numba_builds._parallel_build``) is a ``parallel=True`` loop over
+  a few ranges of rows, each run by the serial build's compiled code, called by address: results
+  are the serial build's bit for bit on any number of threads, and the parallel build compiles
+  in about a second where numba's parfor passes over the kernel's own body took 1.7-3x the
+  serial build's time. Numba's default threading layer must not be entered from two Python
+  threads at once (it aborts the process), so the parallel build runs under a lock and a call
+  that finds the lock taken runs the serial build on its own thread instead. A kernel of the
+  "groups" layout runs over ranges of groups, each reduced on its own in row order: the same
+  guarantee.
 - Validity is tested inline with `has_mask` hoisted: through a helper function the
   short-circuit control flow stops LLVM from vectorizing the loss kernels (9x slower).
 - Positions are indexed with unsigned integers, which removes numba's negative-index
@@ -28,19 +30,16 @@ The kernels themselves live in ``_numba_kernels.py`` (rewards, GAE, returns, mom
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
 import warnings
 
 import numba
 import numpy as np
-from llvmlite import binding as llvm
 from llvmlite import ir
-from numba.core import cgutils, types
+from numba.core import types
 from numba.extending import intrinsic, models, overload, register_model
 
-from ._spec import EXP32, EXP64, GROUPS, LOG32, LOG64, Kernel
+from ._spec import EXP32, EXP64, LOG32, LOG64
 
 _CACHE = os.environ.get("PPO_FAST_NUMBA_CACHE", "") == "1"
 if _CACHE:
@@ -617,195 +616,6 @@ def _lanes_bounded(typingctx, lanes, bound):
         return builder.icmp_unsigned("==", bits, ir.Constant(ir.IntType(8), 0xFF))
 
     return types.boolean(_LANES, types.float64), codegen
-
-
-_parallel_lock = threading.Lock()
-
-
-@numba.njit(nogil=True, cache=_CACHE)
-def _parts(weights, n_parts):
-    """Bounds of at most ``n_parts`` consecutive ranges of units (rows, or groups) of about equal
-    total weight (a unit's positions, plus one so that empty units count): ``bounds[p]`` to
-    ``bounds[p + 1]`` is part p. The split only shares work: each unit is computed on its own,
-    so results do not depend on it."""
-    n_units = weights.shape[0]
-    n_parts = max(1, min(n_parts, n_units))
-    total = 0.0
-    for u in range(n_units):
-        total += weights[u] + 1.0
-    bounds = np.empty(n_parts + 1, dtype=np.int64)
-    bounds[0] = 0
-    part = 1
-    so_far = 0.0
-    for u in range(n_units):
-        so_far += weights[u] + 1.0
-        while part < n_parts and so_far >= total * part / n_parts:
-            bounds[part] = u + 1
-            part += 1
-    while part <= n_parts:
-        bounds[part] = n_units
-        part += 1
-    return bounds
-
-
-@numba.njit(nogil=True, cache=_CACHE)
-def _group_weights(spans, group_rows, group_starts):
-    """Each group's positions (its rows' spans), the weights of its range (``_parts``)."""
-    weights = np.zeros(group_starts.shape[0] - 1, dtype=np.int64)
-    for g in range(weights.shape[0]):
-        for j in range(group_starts[g], group_starts[g + 1]):
-            weights[g] += spans[group_rows[j]]
-    return weights
-
-
-_symbols = itertools.count()
-
-
-def _compiled_caller(serial, arguments):
-    """An intrinsic ``call(*arguments)`` calling the build ``serial`` compiled for their types,
-    through its address.
-
-    A plain call of one jitted function from another links the callee's code into the caller's
-    module, and LLVM then optimizes and generates machine code for all of it again (for the
-    clipped surrogate, seconds: as long as the serial build itself). Called by address, the
-    serial build is compiled once, and its code, the one a serial call runs, is the code every
-    thread runs. The address is given to LLVM as a symbol of the process (``add_symbol``, as
-    numba does for its own helpers), under a name of its own."""
-
-    symbols = {}  # by argument types: the symbol of the serial build compiled for them
-
-    def typer(*types_):
-        serial.compile(types_)  # the overload is compiled and held by the dispatcher
-        result = serial.overloads[types_]
-        if types_ not in symbols:
-            address = result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
-            symbols[types_] = f"ppo_fast_serial_{next(_symbols)}"
-            llvm.add_symbol(symbols[types_], address)
-        symbol = symbols[types_]
-        signature = result.signature
-
-        def codegen(context, builder, sig, args):
-            function_type = context.call_conv.get_function_type(
-                signature.return_type, signature.args
-            )
-            function = cgutils.get_or_insert_function(builder.module, function_type, symbol)
-            status, value = context.call_conv.call_function(
-                builder, function, signature.return_type, signature.args, args
-            )
-            with cgutils.if_unlikely(builder, status.is_error):
-                context.call_conv.return_status_propagate(builder, status)
-            return value
-
-        return signature, codegen
-
-    names = ", ".join(arguments)
-    namespace = {"typer": typer}
-    exec(f"def call(typingctx, {names}):\n    return typer({names})", namespace)
-    return intrinsic(namespace["call"])
-
-
-def _parallel_build(serial, kernel: Kernel, row_chunks=None):
-    """The parallel build of a row kernel, with the kernel's arguments and then the number of
-    threads: a prange over that many ranges of rows (of groups, for the "groups" layout), each
-    run by the serial build on its slice of the per-row arrays (the layout's, the row inputs and
-    the row outputs; the token arrays are indexed through ``starts``, so they pass whole).
-
-    Every row is computed by the serial build's own code (``_compiled_caller``), so the bits
-    equal a serial call's by construction, and the build compiles in about a second, where a
-    ``parallel=True`` build of the kernel's source took 1.7-3x the serial build's compile time
-    (numba's parfor passes run over the whole inlined body). A kernel with ``chunks`` returns
-    its number of chunks (``row_chunks(span, length)``, a jitted function, counts a row's)
-    without running when it has a long row, as its serial build does (_numba_kernels._GAE)."""
-    arguments = kernel.arguments[:-1]  # the backend's signature without n_threads
-    if kernel.layout == GROUPS:
-        sliced = {"group_starts": "group_starts[first : end + 1]"}
-        weights = "_group_weights(spans, group_rows, group_starts)"
-    else:
-        per_row = (*kernel.layout_arguments, *(a.name for a in kernel.row_inputs))
-        per_row += tuple(a.name for a in kernel.row_outputs)
-        sliced = {name: f"{name}[first:end]" for name in per_row if name != "mask"}
-        weights = "spans"
-    call = ", ".join(sliced.get(name, name) for name in arguments)
-    lines = [f"def {kernel.name}_parallel({', '.join(arguments)}, n_threads):"]
-    if kernel.chunks is not None:
-        lines += [
-            "    n_chunks = np.uint64(0)",
-            "    for b in range(starts.shape[0]):",
-            "        n_chunks += row_chunks(np.uint64(spans[b]), np.uint64(lengths[b]))",
-            "    if n_chunks != 0:",
-            "        return n_chunks",
-        ]
-    lines += [
-        f"    bounds = _parts({weights}, n_threads)",
-        "    for p in prange(bounds.shape[0] - 1):",
-        "        first = bounds[p]",
-        "        end = bounds[p + 1]",
-        f"        serial({call})",
-    ]
-    if kernel.chunks is not None:
-        lines.append("    return n_chunks")
-    namespace = {
-        "np": np,
-        "prange": numba.prange,
-        "serial": _compiled_caller(serial, arguments),
-        "row_chunks": row_chunks,
-        "_parts": _parts,
-        "_group_weights": _group_weights,
-    }
-    exec("\n".join(lines), namespace)  # the source is made from the kernel table
-    function = namespace[f"{kernel.name}_parallel"]
-    return numba.njit(nogil=True, parallel=True)(function)
-
-
-class _Kernel:
-    """A row kernel built serial and parallel, compiled on first use: the serial build from its
-    source, the parallel build over ranges of rows calling the serial one (``_parallel_build``),
-    or, without a table ``kernel`` (a kernel with passes of its own, as GAE's long rows), with
-    ``parallel=True`` from its source, whose prange loops then share the work."""
-
-    def __init__(self, function, kernel: Kernel | None = None, fastmath=False, row_chunks=None):
-        self.function = function  # the Python source, for the interface test
-        self.serial = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath)(function)
-        if kernel is None:
-            self.parallel = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath, parallel=True)(
-                function
-            )
-        else:
-            self.parallel = _parallel_build(self.serial, kernel, row_chunks)
-        # The parallel build made from the table cuts the rows into ranges itself, one a thread.
-        self.splits_rows = kernel is not None
-
-    def __call__(self, *args):
-        """The kernel's result (None for most: they write their outputs)."""
-        *args, n_threads = args  # the backend signature ends with n_threads
-        n_threads = min(n_threads, numba.config.NUMBA_NUM_THREADS)
-        if n_threads > 1 and _parallel_lock.acquire(blocking=False):
-            try:
-                numba.set_num_threads(n_threads)
-                if self.splits_rows:
-                    return self.parallel(*args, n_threads)
-                return self.parallel(*args)
-            finally:
-                _parallel_lock.release()
-        return self.serial(*args)
-
-
-class _Specialised:
-    """A row kernel built once per value of a code argument, which the kernel sees as a constant
-    (the table's ``specialise``: the KL estimator).
-
-    A switch on a run-time estimator inside the token loop keeps LLVM from vectorizing it (k1
-    ran 12 times slower). The argument stays in the signature, common to all backends.
-    """
-
-    def __init__(self, make_rows, kernel, fastmath=False):
-        self.position = kernel.arguments.index(kernel.specialise)
-        codes = range(len(kernel.scalar(kernel.specialise).choices))
-        self.kernels = [_Kernel(make_rows(code), kernel, fastmath) for code in codes]
-        self.function = self.kernels[0].function
-
-    def __call__(self, *args):
-        self.kernels[args[self.position]](*args)
 
 
 @numba.njit(nogil=True, cache=_CACHE)

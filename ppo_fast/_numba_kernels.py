@@ -3,7 +3,7 @@
 
 Signatures and semantics are those of the oracle, ``_reference.py``; each kernel names its
 Cython twin in ``src/``. The conventions that keep them fast and exact, the intrinsics and the
-serial/parallel builders are in ``_numba_core.py``; the losses in ``_numba_losses.py``.
+serial/parallel builders in ``_numba_builds.py``; the losses in ``_numba_losses.py``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import math
 import numpy as np
 from numba import prange
 
+from ._numba_builds import _Kernel, _Specialised
 from ._numba_core import (
     _U1,
     _all_valid,
     _called,
     _exp64,
     _jit,
-    _Kernel,
     _lane,
     _lanes_add,
     _lanes_bounded,
@@ -36,7 +36,6 @@ from ._numba_core import (
     _prefer_wide_vectors,
     _row_totals,
     _select,
-    _Specialised,
     _td_errors,
     _valid_count,
     _with_lane,

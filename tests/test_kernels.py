@@ -117,10 +117,10 @@ def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch)
     n_parts=st.integers(1, 9),
 )
 def test_numba_parallel_builds_split_the_units_into_ranges_of_about_equal_weight(weights, n_parts):
-    """The ranges a parallel build shares among its threads (``_numba_core._parts``): every unit
+    """The ranges a parallel build shares among its threads (``_numba_builds._parts``): every unit
     once, in order, at most one range per thread and per unit, none heavier than its share of
     the total (a unit's positions plus one) by more than one unit."""
-    from ppo_fast._numba_core import _parts
+    from ppo_fast._numba_builds import _parts
 
     bounds = _parts(weights, n_parts)
     n_units = len(weights)
