@@ -112,7 +112,7 @@ def _parallel_build(serial, kernel: Kernel, row_chunks=None):
     ``parallel=True`` build of the kernel's source took 1.7-3x the serial build's compile time
     (numba's parfor passes run over the whole inlined body). A kernel with ``chunks`` returns
     its number of chunks (``row_chunks(span, length)``, a jitted function, counts a row's)
-    without running when it has a long row, as its serial build does (_numba_kernels._GAE)."""
+    without running when it has a long row, as its serial build does (_numba_gae._GAE)."""
     arguments = kernel.arguments[:-1]  # the backend's signature without n_threads
     if kernel.layout == GROUPS:
         sliced = {"group_starts": "group_starts[first : end + 1]"}

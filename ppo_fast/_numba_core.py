@@ -52,6 +52,7 @@ if _CACHE:
 
 
 _U1 = np.uint64(1)
+_U8 = np.uint64(8)
 
 
 @intrinsic

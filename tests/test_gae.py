@@ -235,7 +235,7 @@ def test_empty_batches(backend, shape, dtype):
 # -- blocks of 8 valid positions: the scan ------------------------------------------------------
 #
 # The compiled backends run the recursion 8 valid positions at a time (src/rows_gae.h
-# ppo_gae_block, _numba_kernels._gae_scan): sums reassociated within the tolerances, counted from
+# ppo_gae_block, _numba_gae._gae_scan): sums reassociated within the tolerances, counted from
 # the last position of each run of adjacent valid positions, with the plain recursion for a
 # run's first positions that fill no block and for a block outside the scan's bounds (a TD
 # error beyond 2^1000, NaN or inf, a running advantage beyond 2^1020, (gamma lam)^8
