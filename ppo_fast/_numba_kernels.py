@@ -108,22 +108,23 @@ def _shape_rewards_rows(code):
                     last = start + t
                     break
             score = np.float64(scores[b])
-            # Every position computed and validity selecting, one loop per mask case (a branch
-            # per token kept LLVM from vectorizing the loop: 2.1x slower than the C twin).
+            end = start + min(length, span)
+            # Every position of the valid prefix computed and the mask selecting, one loop per
+            # mask case (a branch per token kept LLVM from vectorizing the loop: 2.1x slower than
+            # the C twin); past the length, 0.
             if has_mask:
-                for t in range(span):
-                    i = start + t
+                for i in range(start, end):
                     log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
                     reward = -kl_coef * kl_value(log_ratio, code, clamp)
                     reward += _select(i == last, score, 0.0)
-                    rewards[i] = _select((t < length) & (mask[i] != 0), reward, 0.0)
+                    rewards[i] = _select(mask[i] != 0, reward, 0.0)
             else:
-                for t in range(span):
-                    i = start + t
+                for i in range(start, end):
                     log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
                     reward = -kl_coef * kl_value(log_ratio, code, clamp)
-                    reward += _select(i == last, score, 0.0)
-                    rewards[i] = _select(t < length, reward, 0.0)
+                    rewards[i] = reward + _select(i == last, score, 0.0)
+            for i in range(end, start + span):
+                rewards[i] = 0.0
 
     return shape_rewards
 
