@@ -196,6 +196,39 @@ def test_time_calls_batches_fast_calls_and_samples_slow_ones_a_few_times():
     assert number == 1 and len(samples) == 3 and len(slow_calls) == 3
 
 
+def test_time_interleaved_takes_the_calls_samples_in_turn_and_ours_are_timed_together():
+    log = []
+
+    def tagged(tag, seconds):
+        def call():
+            log.append(tag)
+            time.sleep(seconds)
+
+        return call
+
+    # Each call fills a sample (number 1), so the log is the order of the samples: in turn,
+    # each round reversed from the last, the first the calibration's (a, b, b, a, a, b, ...),
+    # never one call's block first.
+    timed = engine.time_interleaved(
+        [tagged("a", engine.SAMPLE_SECONDS), tagged("b", engine.SAMPLE_SECONDS)],
+        budget=0.0,
+        min_repeats=4,
+    )
+    assert [number for _, number in timed] == [1, 1]
+    assert [len(samples) for samples, _ in timed] == [4, 4]
+    assert log == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    # time_ours: a call that raises gets an error row, the others their times.
+    rows = [{"status": "ok"}, {"status": "ok"}]
+
+    def broken():
+        raise RuntimeError("no luck")
+
+    engine.time_ours([(rows[0], broken), (rows[1], lambda: None)], budget=0.001, min_repeats=3)
+    assert rows[0]["status"] == "error" and "RuntimeError: no luck" in rows[0]["reason"]
+    assert rows[1]["status"] == "ok" and len(rows[1]["times"]) >= 3
+    assert rows[1]["median"] == pytest.approx(float(np.median(rows[1]["times"])))
+
+
 def test_fit_exponent():
     tokens = np.array([1e3, 1e4, 1e5, 1e6])
     assert engine.fit_exponent(tokens, 3e-9 * tokens**0.8) == pytest.approx(0.8)

@@ -79,6 +79,8 @@ from .timing import (
     set_threads_default,
     start_torch_threads,
     time_calls,
+    time_interleaved,
+    time_ours,
 )
 
 __all__ = [
@@ -145,6 +147,8 @@ __all__ = [
     "start_torch_threads",
     "table_entry",
     "time_calls",
+    "time_interleaved",
+    "time_ours",
     "unavailable",
     "why_not",
 ]

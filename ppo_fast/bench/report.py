@@ -156,7 +156,8 @@ def report_items(
         "  median / min / max: seconds per call over n samples; x floor: median over the memory",
         "  floor (the kernel's compulsory bytes, each input read and each output written once, at",
         "  the copy bandwidth of np.copyto over 64 MiB on as many threads; 1.0x = the floor);",
-        "  speed-up: the row's median over ppo_fast's, one run.",
+        "  speed-up: the row's median over ppo_fast's, one run. ppo_fast's rows of a table are",
+        "  timed together, their samples taken in turn (a, b, b, a, ...); each peer's in a block.",
     ]
     bandwidths = {
         row["threads"]: row["bandwidth"]
