@@ -21,10 +21,16 @@ from ._numba_core import (
     _all_valid,
     _exp64,
     _jit,
+    _lane,
+    _lanes_fma_by,
+    _lanes_splat,
+    _lanes_store,
+    _lanes_sub,
     _prefer_wide_vectors,
     _row_totals,
     _select,
     _valid_count,
+    _with_lane,
     fma,
 )
 from ._numba_gae import _GAE, _gae_chunked, gae
@@ -152,52 +158,41 @@ def _returns_row(
         returns[i] = 0.0
         if advantages.shape[0] > 0:
             advantages[i] = 0.0
-    power_1 = gamma
-    power_2 = gamma * power_1
-    power_3 = gamma * power_2
-    power_4 = gamma * power_3
-    power_5 = gamma * power_4
-    power_6 = gamma * power_5
-    power_7 = gamma * power_6
-    power_8 = gamma * power_7
+    # (gamma^8, ..., gamma^1) in lanes 0..7, each the product of the one before and gamma
+    power = gamma
+    powers = _with_lane(_lanes_splat(power), 7, power)
+    for k in range(6, -1, -1):
+        power = gamma * power
+        powers = _with_lane(powers, k, power)
+    baselines = _lanes_splat(baseline)
+    has_advantages = advantages.shape[0] > 0
     t = valid_end
-    if gamma == 0.0 or power_8 != 0.0:
+    if gamma == 0.0 or power != 0.0:
         while t >= _U8:
             i = start + t - _U8
             if not has_mask or _all_valid(mask, i):
-                a_7 = np.float64(rewards[i + np.uint64(7)])
-                a_6 = fma(gamma, a_7, np.float64(rewards[i + np.uint64(6)]))
-                a_5 = fma(gamma, a_6, np.float64(rewards[i + np.uint64(5)]))
-                a_4 = fma(gamma, a_5, np.float64(rewards[i + np.uint64(4)]))
-                a_3 = fma(gamma, a_4, np.float64(rewards[i + np.uint64(3)]))
-                a_2 = fma(gamma, a_3, np.float64(rewards[i + np.uint64(2)]))
-                a_1 = fma(gamma, a_2, np.float64(rewards[i + _U1]))
-                a_0 = fma(gamma, a_1, np.float64(rewards[i]))
-                g_7 = fma(power_1, running, a_7)
-                g_6 = fma(power_2, running, a_6)
-                g_5 = fma(power_3, running, a_5)
-                g_4 = fma(power_4, running, a_4)
-                g_3 = fma(power_5, running, a_3)
-                g_2 = fma(power_6, running, a_2)
-                g_1 = fma(power_7, running, a_1)
-                running = fma(power_8, running, a_0)
-                returns[i + np.uint64(7)] = g_7
-                returns[i + np.uint64(6)] = g_6
-                returns[i + np.uint64(5)] = g_5
-                returns[i + np.uint64(4)] = g_4
-                returns[i + np.uint64(3)] = g_3
-                returns[i + np.uint64(2)] = g_2
-                returns[i + _U1] = g_1
-                returns[i] = running
-                if advantages.shape[0] > 0:
-                    advantages[i + np.uint64(7)] = g_7 - baseline
-                    advantages[i + np.uint64(6)] = g_6 - baseline
-                    advantages[i + np.uint64(5)] = g_5 - baseline
-                    advantages[i + np.uint64(4)] = g_4 - baseline
-                    advantages[i + np.uint64(3)] = g_3 - baseline
-                    advantages[i + np.uint64(2)] = g_2 - baseline
-                    advantages[i + _U1] = g_1 - baseline
-                    advantages[i] = running - baseline
+                a = np.float64(rewards[i + np.uint64(7)])
+                suffix = _with_lane(_lanes_splat(a), 7, a)
+                a = fma(gamma, a, np.float64(rewards[i + np.uint64(6)]))
+                suffix = _with_lane(suffix, 6, a)
+                a = fma(gamma, a, np.float64(rewards[i + np.uint64(5)]))
+                suffix = _with_lane(suffix, 5, a)
+                a = fma(gamma, a, np.float64(rewards[i + np.uint64(4)]))
+                suffix = _with_lane(suffix, 4, a)
+                a = fma(gamma, a, np.float64(rewards[i + np.uint64(3)]))
+                suffix = _with_lane(suffix, 3, a)
+                a = fma(gamma, a, np.float64(rewards[i + np.uint64(2)]))
+                suffix = _with_lane(suffix, 2, a)
+                a = fma(gamma, a, np.float64(rewards[i + _U1]))
+                suffix = _with_lane(suffix, 1, a)
+                a = fma(gamma, a, np.float64(rewards[i]))
+                suffix = _with_lane(suffix, 0, a)
+                # G_j = fma(gamma^(8-j), G_8, a_j): lane by lane, each lane one fma
+                block = _lanes_fma_by(powers, running, suffix)
+                running = _lane(block, 0)
+                _lanes_store(returns, i, block)
+                if has_advantages:
+                    _lanes_store(advantages, i, _lanes_sub(block, baselines))
             else:
                 for k in range(_U8):
                     j = i + _U8 - _U1 - k
