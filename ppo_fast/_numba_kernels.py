@@ -4,7 +4,7 @@
 Signatures and semantics are those of the oracle, ``_reference.py``; each kernel names its
 Cython twin in ``src/``. The conventions that keep them fast and exact, the intrinsics and the
 serial/parallel builders in ``_numba_builds.py``; GAE in ``_numba_gae.py``; the losses in
-``_numba_losses.py``.
+``_numba_losses.py`` and ``_numba_sequence_losses.py``.
 """
 
 from __future__ import annotations
@@ -38,13 +38,12 @@ from ._numba_losses import (
     cispo,
     clipped_surrogate,
     dppo,
-    geo_mean,
-    gspo,
     kl_cov,
     reinforce,
     sapo,
     value_loss,
 )
+from ._numba_sequence_losses import geo_mean, gspo
 from ._spec import ESTIMATORS, KERNELS
 
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))

@@ -1,0 +1,244 @@
+"""The numba per-sequence policy losses, GSPO and verl's geometric mean (GMPO): a pre-pass per
+row for its sequence-level quantity, then the token pass (twins of ``_reference_losses.py``'s;
+the Cython twins are in ``src/rows_sequence.h``). Registered as the backend's kernels in
+``_numba_kernels.py``; conventions in ``_numba_core.py``, the chunk of ``_numba_losses.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from ._numba_core import (
+    _U1,
+    _jit,
+    _lane,
+    _lanes_add,
+    _lanes_load,
+    _lanes_splat,
+    _prefer_wide_vectors,
+    _select,
+    exp_poly,
+)
+from ._numba_losses import _CHUNK, _UCHUNK
+
+
+def gspo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    ratio_low,
+    ratio_high,
+    dual_clip,
+    log_ratio_max,
+    form,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+):
+    """Twin: src/rows_sequence.h ppo_gspo_row. Two passes over a row's valid prefix: the sum of
+    its log-ratios (the sequence ratio s), then the token pass with selects, as
+    clipped_surrogate's body on s; the "sequence" form then writes the row's one gradient to its
+    valid tokens in a third. Positions past the length get a zero gradient. The `reassoc` build
+    vectorizes the float64 sums; their order is that of the compiled loop, never of the
+    threads, so results stay identical on any number of threads."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    detached = form == 0
+    lo, hi, dual, cap = ratio_low, ratio_high, dual_clip, log_ratio_max
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        end = start + min(np.uint64(lengths[b]), span)
+        scale = scales[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite)
+        in_dtype = np.empty(1, logprobs.dtype)  # a float64 rounded to the dtype by a store
+        count = 0.0
+        log_ratio_total = 0.0
+        for i in range(start, end):
+            valid = (not has_mask) or mask[i] != 0
+            count += _select(valid, 1.0, 0.0)
+            log_ratio_total += _select(valid, np.float64(logprobs[i] - old_logprobs[i]), 0.0)
+        in_dtype[0] = log_ratio_total / max(count, 1.0)
+        mean = in_dtype[0]
+        inside = not (mean > cap)  # torch.clamp passes the gradient at its bound, and NaN's
+        ratio = exp_poly(_select(mean > cap, cap, mean))
+        clipped_ratio = _select(ratio < lo, lo, _select(ratio > hi, hi, ratio))
+        gradient_ratio = _select(inside, ratio, zero)  # d s / d mean: 0 beyond the clamp
+        total = 0.0
+        clipped_count = 0.0
+        lower_count = 0.0
+        kl_total = 0.0
+        slope_total = 0.0
+        for i in range(start, end):
+            valid = (not has_mask) or mask[i] != 0
+            advantage = advantages[i]
+            weight = np.float64(weights[i]) if has_weights else 1.0
+            unclipped = ratio * advantage
+            clipped = clipped_ratio * advantage
+            is_clipped = clipped < unclipped
+            objective = _select(is_clipped, clipped, unclipped)
+            is_dual = (advantage < zero) & (dual * advantage > objective)
+            objective = _select(is_dual, dual * advantage, objective)
+            slope = _select(is_clipped | is_dual, zero, advantage)
+            if detached:
+                # Beyond the clamp the slope is 0 (not inf * 0), times the weight: a NaN
+                # weight still says so.
+                sloped = _select(inside, slope * ratio, zero)
+                grad[i] = _select(valid, -weight * sloped * scale, zero)
+            else:
+                slope_total += _select(valid, -weight * slope, 0.0)
+            total += _select(valid, -weight * objective, 0.0)
+            clipped_count += _select(valid & is_clipped, 1.0, 0.0)
+            lower_count += _select(valid & is_clipped & (advantage < zero), 1.0, 0.0)
+            kl_total += _select(valid, -np.float64(logprobs[i] - old_logprobs[i]), 0.0)
+        if not detached:
+            row_grad = slope_total * gradient_ratio * scale / max(count, 1.0)
+            for i in range(start, end):
+                valid = (not has_mask) or mask[i] != 0
+                grad[i] = _select(valid, row_grad, 0.0)
+        for i in range(end, start + span):
+            grad[i] = zero
+        row_loss[b] = total
+        row_clipped[b] = clipped_count
+        row_lower[b] = lower_count
+        row_kl[b] = kl_total
+
+
+@_jit
+def _lane_total(lanes):
+    """The 8 lanes of a sum (lane k: the terms of positions k, k + 8, ... in order) added up in
+    the fixed tree of src/lanes.h ppo_f64x8_total."""
+    return ((_lane(lanes, 0) + _lane(lanes, 1)) + (_lane(lanes, 2) + _lane(lanes, 3))) + (
+        (_lane(lanes, 4) + _lane(lanes, 5)) + (_lane(lanes, 6) + _lane(lanes, 7))
+    )
+
+
+@_jit
+def _add_lanes(lanes, terms, n):
+    """The lanes plus the n terms of a chunk, term j in lane j % 8 (n a multiple of 8), as one
+    vector add per 8 terms: numba runs no SLP vectorizer, and eight scalar lanes written out
+    stayed eight scalar additions (the loss ran 1.3x slower than its C twin)."""
+    for j in range(0, n, 8):
+        lanes = _lanes_add(lanes, _lanes_load(terms, j))
+    return lanes
+
+
+def geo_mean(
+    logprobs,
+    old_logprobs,
+    advantages,
+    weights,
+    starts,
+    spans,
+    lengths,
+    mask,
+    scales,
+    log_ratio_low,
+    log_ratio_high,
+    grad,
+    row_loss,
+    row_clipped,
+    row_lower,
+    row_kl,
+):
+    """Twin: src/rows_sequence.h ppo_geo_mean_row. Two passes over a row: the sums of its kept
+    log-ratios, advantages and log-weights (the row's loss, in float64), then the gradient,
+    that loss times the row's scale where the kept log-ratio moves with the token's. The row's
+    gradient is a function of its sums, so they run in the C twin's order: over the row's valid
+    prefix, token t in lane t % 8, the lanes added up in a fixed tree (identical on any number of
+    threads). The terms go to scratch rows a chunk at a time (that loop vectorizes), then into
+    the lanes. Built without `reassoc` (see its registration in _numba_kernels.py)."""
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    lo, hi = log_ratio_low, log_ratio_high
+    for b in prange(starts.shape[0]):
+        _prefer_wide_vectors()
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        valid_end = min(length, span)
+        scale = scales[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite)
+        kepts = np.empty(_CHUNK, np.float64)
+        advantage_terms = np.empty(_CHUNK, np.float64)
+        kls = np.empty(_CHUNK, np.float64)
+        kept_lanes = _lanes_splat(0.0)
+        advantage_lanes = kept_lanes
+        kl_lanes = kept_lanes
+        log_weight_lanes = kept_lanes
+        # whole numbers, as integers: a float sum would keep the loop from vectorizing
+        count = 0
+        upper_count = 0
+        lower_count = 0
+        for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
+            first = chunk * _UCHUNK
+            n = min(_UCHUNK, valid_end - first)
+            padded = (n + np.uint64(7)) // np.uint64(8) * np.uint64(8)
+            for j in range(n):
+                i = start + first + j
+                valid = (not has_mask) or mask[i] != 0
+                advantage = advantages[i]
+                log_ratio = logprobs[i] - old_logprobs[i]
+                positive = advantage > zero
+                negative = advantage < zero
+                kept = _select(
+                    positive,
+                    _select(log_ratio > hi, hi, log_ratio),
+                    _select(negative, _select(log_ratio < -lo, -lo, log_ratio), log_ratio * zero),
+                )
+                outside = not ((log_ratio >= -lo) & (log_ratio <= hi))  # NaN too
+                count += np.int64(valid)
+                kepts[j] = _select(valid, np.float64(kept), 0.0)
+                advantage_terms[j] = _select(valid, np.float64(advantage), 0.0)
+                upper_count += np.int64(valid & outside & positive)
+                lower_count += np.int64(valid & outside & negative)
+                kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
+            for j in range(n, padded):  # the C twin's zero-padded last block
+                kepts[j] = 0.0
+                advantage_terms[j] = 0.0
+                kls[j] = 0.0
+            kept_lanes = _add_lanes(kept_lanes, kepts, padded)
+            advantage_lanes = _add_lanes(advantage_lanes, advantage_terms, padded)
+            kl_lanes = _add_lanes(kl_lanes, kls, padded)
+            if has_weights:  # a loop of its own: log is a call, which keeps the loop above scalar
+                for j in range(n):
+                    i = start + first + j
+                    valid = (not has_mask) or mask[i] != 0
+                    kepts[j] = _select(valid, np.log(np.float64(weights[i])), 0.0)
+                log_weight_lanes = _add_lanes(log_weight_lanes, kepts, padded)
+        counted = np.float64(count)
+        total = 0.0
+        loss = 0.0
+        if counted > 0.0:
+            # exp(mean(r')) * exp(mean(log w)) in one exp
+            log_weight_total = _lane_total(log_weight_lanes)
+            weighted_ratio = exp_poly(
+                _lane_total(kept_lanes) / counted + log_weight_total / counted
+            )
+            loss = -(_lane_total(advantage_lanes) / counted) * weighted_ratio
+            total = counted * loss
+        row_grad = loss * scale
+        for i in range(start, start + valid_end):
+            valid = (not has_mask) or mask[i] != 0
+            advantage = advantages[i]
+            log_ratio = logprobs[i] - old_logprobs[i]
+            moves = ((advantage > zero) & (log_ratio <= hi)) | (
+                (advantage < zero) & (log_ratio >= -lo)
+            )
+            grad[i] = _select(valid & moves, row_grad, 0.0)
+        for i in range(start + valid_end, start + span):
+            grad[i] = zero
+        row_loss[b] = total
+        row_clipped[b] = np.float64(upper_count)
+        row_lower[b] = np.float64(lower_count)
+        row_kl[b] = _lane_total(kl_lanes)
