@@ -78,36 +78,16 @@ def time_calls(
     its own sample; samples continue until ``budget`` seconds have passed and at least
     ``min_repeats`` were taken.
     """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        call()
-        first = time.perf_counter() - start
-        number = max(1, int(SAMPLE_SECONDS / max(first, 1e-9)))
-        samples = [first] if number == 1 else []
-        deadline = time.perf_counter() + budget
-        while len(samples) < max_repeats and (
-            len(samples) < min_repeats or time.perf_counter() < deadline
-        ):
-            start = time.perf_counter()
-            for _ in range(number):
-                call()
-            samples.append((time.perf_counter() - start) / number)
-    finally:
-        if enabled:
-            gc.enable()
-    return samples, number
+    return time_interleaved([call], budget, min_repeats, max_repeats)[0]
 
 
 def time_interleaved(
     calls: Sequence[Callable[[], Any]], budget: float, min_repeats: int = 3, max_repeats: int = 200
 ) -> list[tuple[list[float], int]]:
-    """``time_calls`` for several calls at once, their samples taken in turn (each call's sample
-    the same number of calls as ``time_calls`` would batch), the order of each round reversed
-    from the last's: a machine whose speed drifts, or a call that slows the next, then weighs on
-    all of them alike, and their ratios are those of one moment. ``budget`` is each call's.
-    """
+    """``time_calls`` for several calls at once: each call's (samples, number), its samples taken
+    in turn with the others', the order of each round reversed from the last's, so that a
+    machine whose speed drifts, or a call that slows the next, weighs on all of them alike and
+    their ratios are those of one moment. ``budget`` is each call's."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -310,7 +290,7 @@ def run(plan: Plan, progress: Progress | None = None) -> list[dict[str, Any]]:
                 results.append(row)
                 progress.update(label)
             time_ours(ours, budget, plan.min_repeats)
-            del ours
+            del ours  # the prepared calls' inputs go before the next group's batch is made
     finally:
         set_threads_default()
     add_ratios(results)
