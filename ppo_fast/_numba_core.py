@@ -621,36 +621,73 @@ def _lanes_bounded(typingctx, lanes, bound):
 
 
 @numba.njit(nogil=True, cache=_CACHE)
-def _pairwise_sum(values, first, n):
-    """NumPy's pairwise sum of values[first : first + n]. Twin: src/totals.h ppo_pairwise_sum."""
+def _block_sum(values, first, n):
+    """NumPy's sum of a block of at most 128 values (eight accumulators from 8 values on)."""
     if n < 8:
         total = 0.0
         for i in range(first, first + n):
             total += values[i]
         return total
-    if n <= 128:
-        r0, r1, r2, r3 = values[first], values[first + 1], values[first + 2], values[first + 3]
-        r4, r5, r6, r7 = values[first + 4], values[first + 5], values[first + 6], values[first + 7]
-        i = first + 8
-        whole_end = first + n - n % 8
-        while i < whole_end:
-            r0 += values[i]
-            r1 += values[i + 1]
-            r2 += values[i + 2]
-            r3 += values[i + 3]
-            r4 += values[i + 4]
-            r5 += values[i + 5]
-            r6 += values[i + 6]
-            r7 += values[i + 7]
-            i += 8
-        total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-        while i < first + n:
-            total += values[i]
-            i += 1
-        return total
-    half = n // 2
-    half -= half % 8
-    return _pairwise_sum(values, first, half) + _pairwise_sum(values, first + half, n - half)
+    r0, r1, r2, r3 = values[first], values[first + 1], values[first + 2], values[first + 3]
+    r4, r5, r6, r7 = values[first + 4], values[first + 5], values[first + 6], values[first + 7]
+    i = first + 8
+    whole_end = first + n - n % 8
+    while i < whole_end:
+        r0 += values[i]
+        r1 += values[i + 1]
+        r2 += values[i + 2]
+        r3 += values[i + 3]
+        r4 += values[i + 4]
+        r5 += values[i + 5]
+        r6 += values[i + 6]
+        r7 += values[i + 7]
+        i += 8
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < first + n:
+        total += values[i]
+        i += 1
+    return total
+
+
+# Frames of _pairwise_sum's stack: each halves its count, so 64 hold any int64 count.
+_PAIRWISE_DEPTH = 64
+
+
+@numba.njit(nogil=True, cache=_CACHE)
+def _pairwise_sum(values, first, n):
+    """NumPy's pairwise sum of values[first : first + n]: blocks of at most 128 values, and above
+    that the sum of the two halves (the first a multiple of 8), each summed so. Twin: src/totals.h
+    ppo_pairwise_sum, a recursion; here the recursion runs on a stack of its own, since numba
+    crashes loading a cached recursive function from its on-disk cache (numba issue #6061: a
+    segmentation fault on the first call in a process with ``PPO_FAST_NUMBA_CACHE=1``).
+    Each half's sum is complete before they are added: the recursion's bits."""
+    firsts = np.empty(_PAIRWISE_DEPTH, np.int64)
+    counts = np.empty(_PAIRWISE_DEPTH, np.int64)
+    lefts = np.empty(_PAIRWISE_DEPTH)  # a frame's first half's sum, once known
+    left_done = np.zeros(_PAIRWISE_DEPTH, np.bool_)
+    firsts[0], counts[0] = first, n
+    depth = 1
+    while True:
+        while counts[depth - 1] > 128:  # down the first halves to a block
+            top = depth - 1
+            half = counts[top] // 2
+            half -= half % 8
+            firsts[depth], counts[depth], left_done[depth] = firsts[top], half, False
+            depth += 1
+        value = _block_sum(values, firsts[depth - 1], counts[depth - 1])
+        depth -= 1
+        while depth > 0 and left_done[depth - 1]:  # up while this was a second half
+            value = lefts[depth - 1] + value
+            depth -= 1
+        if depth == 0:
+            return value
+        top = depth - 1  # this was the first half of frame top: its second half is next
+        lefts[top], left_done[top] = value, True
+        half = counts[top] // 2
+        half -= half % 8
+        firsts[depth], counts[depth] = firsts[top] + half, counts[top] - half
+        left_done[depth] = False
+        depth += 1
 
 
 @numba.njit(nogil=True, cache=_CACHE)

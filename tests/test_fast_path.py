@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import subprocess
+import sys
 
 import hostile
 import numpy as np
@@ -335,3 +338,35 @@ def test_hostile_inputs_get_the_same_answer_or_error_both_ways(target, fast_call
             assert type(fast[1]) is type(general[1]), case.id(target)
             assert str(fast[1]) == str(general[1]), case.id(target)
     assert target.call.__name__ in fast_calls  # the valid call, at least, went the fast way
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_numbas_row_totals_sum_as_numpy_does():
+    """numba's ``_pairwise_sum`` (the common entries' totals) against ``0.0 + x.sum()``: blocks
+    under 8, under 128, and halves down to them, at an offset too."""
+    from ppo_fast._numba_core import _pairwise_sum
+
+    rng = np.random.default_rng(4)
+    for n in [*range(0, 300), 511, 512, 513, 1000, 4096, 10_007, 1 << 17]:
+        x = rng.standard_normal(n + 3) * 10.0 ** rng.integers(-8, 8, n + 3)
+        for first in (0, 3):
+            expected = 0.0 + x[first : first + n].sum()
+            assert np.float64(_pairwise_sum(x, first, n)).tobytes() == expected.tobytes(), n
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_numbas_row_totals_load_from_its_on_disk_cache(tmp_path):
+    """Compiled in one process with numba's on-disk cache on, loaded from it in the next (a
+    recursive ``_pairwise_sum`` crashed there: numba issue #6061)."""
+    script = (
+        "import numpy as np; from ppo_fast._numba_core import _row_totals; "
+        "print(_row_totals(np.arange(600.0).reshape(2, 300), 1.0).tolist())"
+    )
+    env = {**os.environ, "PPO_FAST_NUMBA_CACHE": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    for _ in ("cold", "warm"):
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", script], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == "[44850.0, 134850.0]"
+    assert any(tmp_path.rglob("*_pairwise_sum*.nbi"))  # it was cached, and read back
