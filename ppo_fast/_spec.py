@@ -285,6 +285,7 @@ KERNELS: dict[str, Kernel] = {
                 Array("sums", FLOAT64),
                 Array("sums_sq", FLOAT64),
             ),
+            common=True,
         ),
         Kernel(
             "whiten",
@@ -296,6 +297,7 @@ KERNELS: dict[str, Kernel] = {
                 Scalar("offset", examples=(0.0, 0.3)),
             ),
             outputs=(Array("whitened"),),
+            common=True,
         ),
         Kernel(
             "clipped_surrogate",
@@ -468,6 +470,7 @@ KERNELS: dict[str, Kernel] = {
             outputs=(Array("grad"),),
             row_outputs=(Array("row_loss", FLOAT64), Array("row_clipped", FLOAT64)),
             gradients={"grad": "values"},
+            common=True,
         ),
     )
 }

@@ -456,6 +456,31 @@ def common_case(arrays: tuple[Any, ...], mask: Any) -> bool:
     )
 
 
+def common_outputs(outputs: tuple[Any, ...], like: np.ndarray, inputs: tuple[Any, ...]) -> bool:
+    """Whether preallocated ``outputs`` (``out=``, ``grad_out=``) are the common case beside
+    ``inputs`` of the common case (``common_case``, ``like`` the first of them): NumPy arrays (not
+    subclasses) of ``like``'s dtype and shape, C-contiguous, aligned and writeable, whose bytes
+    lie apart from every input's and each other's: ``out_array`` accepts those as they are.
+    Anything else goes the general way, which accepts it or says why not.
+
+    Every array here is C-contiguous, so overlapping bounds (``np.may_share_memory``, no search)
+    mean shared bytes.
+    """
+    dtype, shape = like.dtype, like.shape
+    for k, out in enumerate(outputs):
+        if type(out) is not _NDARRAY or out.dtype is not dtype or out.shape != shape:
+            return False
+        if not out.flags.carray:
+            return False
+        for other in (*inputs, *outputs[:k]):
+            if other is not None and _may_share_memory(out, other):
+                return False
+    return True
+
+
+_may_share_memory = np.may_share_memory
+
+
 def common_padded(arrays: tuple[Any, ...], mask: Any) -> Rows | None:
     """The rows of the common case (``common_case``), or None when it is not."""
     if not common_case(arrays, mask):

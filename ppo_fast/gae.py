@@ -108,12 +108,22 @@ def gae(
         and lengths is None
         and cu_seqlens is None
         and bootstrap is None
-        and out is None
     ):
         # rows of at most _LONG_ROW positions: none runs in chunks (the common entries run
         # each row whole, as the batch function runs such rows)
-        if _validate.common_case((rewards, values), mask) and rewards.shape[1] <= _LONG_ROW:
-            return _gae_common(rewards, values, gamma, lam, mask, backend)
+        if (
+            _validate.common_case((rewards, values), mask)
+            and rewards.shape[1] <= _LONG_ROW
+            and (
+                out is None
+                or (
+                    type(out) is tuple
+                    and len(out) == 2
+                    and _validate.common_outputs(out, rewards, (rewards, values, mask))
+                )
+            )
+        ):
+            return _gae_common(rewards, values, gamma, lam, mask, out, backend)
     (token_rewards, token_values), rows = _validate.batch(
         {"rewards": rewards, "values": values}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens
     )
@@ -166,15 +176,20 @@ def _gae_common(
     gamma: float,
     lam: float,
     mask: np.ndarray | None,
+    out: tuple[np.ndarray, np.ndarray] | None,
     backend: str | None,
 ) -> GAEResult:
     """The common case, checked by the caller (``_validate.common_case``: two C-contiguous
     (B, T) arrays of one float dtype, no mask or a bool one; float gamma and lam in [0, 1], no
-    bootstrap, no ``out``): what the general way computes, from the same arrays, in the
-    backend's common-case entry (tests/test_fast_path.py compares the two)."""
+    bootstrap; ``out`` None or as ``_validate.common_outputs`` accepts it): what the general way
+    computes, from the same arrays, in the backend's common-case entry (tests/test_fast_path.py
+    compares the two)."""
     shape, dtype = rewards.shape, rewards.dtype
-    advantages = np.empty(shape, dtype)
-    returns = np.empty(shape, dtype)
+    if out is None:
+        advantages = np.empty(shape, dtype)
+        returns = np.empty(shape, dtype)
+    else:
+        advantages, returns = out
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])  # no row is long
     _backend.common("gae", backend)(
         rewards, values, mask, gamma, lam, 0.0, advantages, returns, n_threads

@@ -279,20 +279,21 @@ def clipped_surrogate(
         and type(clip_low) is float
         and 0.0 <= clip_low <= 1.0  # NaN fails the comparisons: it goes the general way
         and (clip_high is None or (type(clip_high) is float and clip_high >= 0.0))
-        and dual_clip is None
-        and log_ratio_clamp is None
+        and (dual_clip is None or (type(dual_clip) is float and dual_clip > 1.0))
+        and (log_ratio_clamp is None or (type(log_ratio_clamp) is float and log_ratio_clamp > 0.0))
         and weights is None
-        and grad_out is None
         and lengths is None
         and cu_seqlens is None
         and num_tokens is None
         and num_seqs is None
         and loss_scale is None
     ):
-        if _validate.common_case((logprobs, old_logprobs, advantages), mask):
-            return _clipped_surrogate_common(
-                logprobs, old_logprobs, advantages, clip_low, clip_high, mask, backend
-            )
+        inputs = (logprobs, old_logprobs, advantages)
+        if _validate.common_case(inputs, mask) and (
+            grad_out is None or _validate.common_outputs((grad_out,), logprobs, (*inputs, mask))
+        ):
+            bounds = (clip_low, clip_high, dual_clip, log_ratio_clamp)
+            return _clipped_surrogate_common(*inputs, bounds, mask, grad_out, backend)
     arrays: dict[str, Any] = {
         "logprobs": logprobs,
         "old_logprobs": old_logprobs,
@@ -345,39 +346,47 @@ def clipped_surrogate(
     )
 
 
-# The token scalars of the common case by (dtype, clip_low, clip_high): the trust region's bounds
-# and no dual clip nor clamp, as the general way rounds them. Bounded as _validate's caches.
-_common_bounds: dict[tuple[np.dtype, float, float | None], tuple[Any, ...]] = {}
+# The token scalars of the common case by (dtype, clip_low, clip_high, dual_clip,
+# log_ratio_clamp), as the general way rounds them. Bounded as _validate's caches.
+_common_bounds: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def _clipped_surrogate_common(
     logprobs: np.ndarray,
     old_logprobs: np.ndarray,
     advantages: np.ndarray,
-    clip_low: float,
-    clip_high: float | None,
+    bounds: tuple[float, float | None, float | None, float | None],
     mask: np.ndarray | None,
+    grad_out: np.ndarray | None,
     backend: str | None,
 ) -> PolicyLossResult:
     """The common case, checked by the caller (``_validate.common_case``: three C-contiguous
-    (B, T) arrays of one float dtype, no mask or a bool one; float clip bounds, token-mean with its
-    default count; no dual clip, clamp, weights nor ``grad_out``): what the general way computes,
-    from the same arrays, in the backend's common-case entry, which counts the valid positions
-    and totals the row outputs as the general way does (tests/test_fast_path.py compares the
-    two)."""
+    (B, T) arrays of one float dtype, no mask or a bool one; float hyperparameters in range
+    (``bounds``: clip_low, clip_high, dual_clip, log_ratio_clamp; None as the general way reads
+    it), token-mean with its default count; no weights; ``grad_out`` None or as
+    ``_validate.common_outputs`` accepts it): what the general way computes, from the same arrays,
+    in the backend's common-case entry, which counts the valid positions and totals the row
+    outputs as the general way does (tests/test_fast_path.py compares the two)."""
     shape, dtype = logprobs.shape, logprobs.dtype
-    bounds = _common_bounds.get((dtype, clip_low, clip_high))
-    if bounds is None:
+    key = (dtype, *bounds)
+    scalars = _common_bounds.get(key)
+    if scalars is None:
         token = dtype.type
+        clip_low, clip_high, dual_clip, log_ratio_clamp = bounds
         high = clip_low if clip_high is None else clip_high
-        bounds = (token(1.0 - clip_low), token(1.0 + high), token(math.inf), token(math.inf))
+        scalars = (
+            token(1.0 - clip_low),
+            token(1.0 + high),
+            token(math.inf if dual_clip is None else dual_clip),
+            token(math.inf if log_ratio_clamp is None else log_ratio_clamp),
+        )
         if len(_common_bounds) >= 64:
             _common_bounds.clear()
-        _common_bounds[(dtype, clip_low, clip_high)] = bounds
-    grad = np.empty(shape, dtype)
+        _common_bounds[key] = scalars
+    grad = np.empty(shape, dtype) if grad_out is None else grad_out
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
     valid, loss, clipped, dual_clipped, kl = _backend.common("clipped_surrogate", backend)(
-        logprobs, old_logprobs, advantages, _NO_WEIGHTS[dtype], mask, *bounds, grad, n_threads
+        logprobs, old_logprobs, advantages, _NO_WEIGHTS[dtype], mask, *scalars, grad, n_threads
     )
     if not valid:
         return _new_policy_result((loss, grad, math.nan, math.nan, math.nan))
@@ -435,6 +444,20 @@ def value_loss(
     ``values`` (0 where not valid), and the fraction of valid tokens where the clipped term is
     strictly larger (NaN with no valid token).
     """
+    if (
+        agg == "token-mean"
+        and (clip is None or (type(clip) is float and clip >= 0.0))  # NaN: the general way
+        and lengths is None
+        and cu_seqlens is None
+        and num_tokens is None
+        and num_seqs is None
+        and loss_scale is None
+    ):
+        inputs = (values, old_values, returns)
+        if _validate.common_case(inputs, mask) and (
+            grad_out is None or _validate.common_outputs((grad_out,), values, (*inputs, mask))
+        ):
+            return _value_loss_common(*inputs, clip, mask, grad_out, backend)
     (new, old, target), rows = _validate.batch(
         {"values": values, "old_values": old_values, "returns": returns},
         mask=mask,
@@ -477,3 +500,30 @@ def value_loss(
     )
     loss, clipped = _totals(row_outputs, scales)
     return ValueLossResult(loss=loss, grad=grad, clipfrac=_mean(clipped, valid))
+
+
+def _value_loss_common(
+    values: np.ndarray,
+    old_values: np.ndarray,
+    returns: np.ndarray,
+    clip: float | None,
+    mask: np.ndarray | None,
+    grad_out: np.ndarray | None,
+    backend: str | None,
+) -> ValueLossResult:
+    """The common case, checked by the caller (``_validate.common_case``: three C-contiguous
+    (B, T) arrays of one float dtype, no mask or a bool one; ``clip`` None or a float >= 0,
+    token-mean with its default count; ``grad_out`` None or as ``_validate.common_outputs``
+    accepts it): what the general way computes, in the backend's common-case entry
+    (tests/test_fast_path.py compares the two)."""
+    shape, dtype = values.shape, values.dtype
+    grad = np.empty(shape, dtype) if grad_out is None else grad_out
+    n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
+    bound = dtype.type(math.inf if clip is None else clip)
+    valid, loss, clipped = _backend.common("value_loss", backend)(
+        values, old_values, returns, mask, bound, grad, n_threads
+    )
+    return _new_value_result((loss, grad, clipped / valid if valid else math.nan))
+
+
+_new_value_result = functools.partial(tuple.__new__, ValueLossResult)

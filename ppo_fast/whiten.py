@@ -19,12 +19,13 @@ shift 0 is accurate while |mean| / std is far below 1e8 (float64 cancellation).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _validate
+from . import _backend, _threads, _validate
 
 
 @dataclass(frozen=True)
@@ -74,20 +75,57 @@ class Moments:
 
     @property
     def mean(self) -> float:
-        if self.count <= 0:
-            raise ValueError("no valid position: the mean of nothing is undefined")
-        return self.shift + self.sum / self.count
+        return _mean(self.count, self.sum, self.shift)
 
     def var(self, unbiased: bool = False) -> float:
         """Population variance, or the unbiased (n - 1) one."""
-        if self.count <= 0:
-            raise ValueError("no valid position: there is nothing to normalise")
-        if unbiased and self.count < 2:
-            raise ValueError(
-                "unbiased variance needs at least two valid positions, got one: pass unbiased=False"
-            )
-        centred_sq = max(self.sum_sq - self.sum * self.sum / self.count, 0.0)
-        return centred_sq / (self.count - 1.0 if unbiased else self.count)
+        return _variance(self.count, self.sum, self.sum_sq, unbiased)
+
+
+def _mean(count: float, total: float, shift: float) -> float:
+    """The mean of moments (count, total) taken about ``shift``."""
+    if count <= 0:
+        raise ValueError("no valid position: the mean of nothing is undefined")
+    return shift + total / count
+
+
+def _variance(count: float, total: float, total_sq: float, unbiased: bool) -> float:
+    """The variance of moments (count, total, total_sq) taken about any shift."""
+    if count <= 0:
+        raise ValueError("no valid position: there is nothing to normalise")
+    if unbiased and count < 2:
+        raise ValueError(
+            "unbiased variance needs at least two valid positions, got one: pass unbiased=False"
+        )
+    centred_sq = max(total_sq - total * total / count, 0.0)
+    return centred_sq / (count - 1.0 if unbiased else count)
+
+
+def _batch_mean_and_variance(
+    sums_about: Callable[[float], tuple[float, float, float]], unbiased: bool
+) -> tuple[float, float]:
+    """The mean and variance of a batch from ``sums_about(shift)``, its (count, sum, sum of
+    squares) of x - shift: about 0, then about that first mean, for a variance without float64
+    cancellation. A non-finite mean (NaN or inf among the valid values) makes every result NaN
+    either way: then the first sums are used."""
+    count, total, total_sq = sums_about(0.0)
+    if count == 0:
+        raise ValueError(
+            "whiten: no valid position (empty batch or all-zero mask): nothing to normalise"
+        )
+    shift = 0.0
+    mean = _mean(count, total, shift)
+    if math.isfinite(mean):
+        shift = mean
+        count, total, total_sq = sums_about(shift)
+    return _mean(count, total, shift), _variance(count, total, total_sq, unbiased)
+
+
+def _scale(variance: float, eps: float) -> float:
+    scale = math.sqrt(variance + eps)
+    if scale == 0.0:
+        raise ValueError("whiten: the variance is 0 and eps=0: pass eps > 0")
+    return scale
 
 
 def masked_moments(
@@ -122,12 +160,13 @@ def masked_moments(
     """
     (array,), rows = _validate.batch({"x": x}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     about = _validate.scalar("shift", shift)
-    return _row_moments(array, rows, about, backend)
+    return Moments(*_row_sums(array, rows, about, backend), about)
 
 
-def _row_moments(
+def _row_sums(
     array: np.ndarray, rows: _validate.Rows, shift: float, backend: str | None
-) -> Moments:
+) -> tuple[float, float, float]:
+    """The count, sum and sum of squares of ``array - shift`` over the valid positions."""
     row_outputs = np.empty((3, rows.n_rows))
     counts, sums, sums_sq = row_outputs
     _backend.run(
@@ -143,7 +182,7 @@ def _row_moments(
     # Rows reduce on their own and then in row order: the same bits on any number of threads.
     # One reduction over the (3, B) row outputs: each line summed as ``line.sum()`` would.
     count, total, total_sq = row_outputs.sum(axis=1).tolist()
-    return Moments(count, total, total_sq, shift)
+    return count, total, total_sq
 
 
 def whiten(
@@ -191,6 +230,16 @@ def whiten(
     An array shaped like ``x`` with its dtype (``out`` when given); positions that are not valid
     are 0.
     """
+    if (
+        type(eps) is float
+        and 0.0 <= eps < math.inf  # NaN fails the comparisons: it goes the general way
+        and moments is None
+        and lengths is None
+        and cu_seqlens is None
+        and _validate.common_case((x,), mask)
+        and (out is None or _validate.common_outputs((out,), x, (x, mask)))
+    ):
+        return _whiten_common(x, mask, shift_mean, unbiased, eps, out, backend)
     (array,), rows = _validate.batch({"x": x}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     if out is not None:
         (out,) = _validate.out_arrays(
@@ -201,26 +250,17 @@ def whiten(
         )
     epsilon = _validate.scalar("eps", eps, lo=0.0)
     if moments is None:
-        rough = _row_moments(array, rows, 0.0, backend)
-        if rough.count == 0:
-            raise ValueError(
-                "whiten: no valid position (empty batch or all-zero mask): nothing to normalise"
-            )
-        # Second pass about the first mean: the variance without float64 cancellation. A
-        # non-finite mean (NaN or inf among the valid values) makes every result NaN either way.
-        if math.isfinite(rough.mean):
-            moments = _row_moments(array, rows, rough.mean, backend)
-        else:
-            moments = rough
+        mean, variance = _batch_mean_and_variance(
+            lambda shift: _row_sums(array, rows, shift, backend), unbiased
+        )
     elif not isinstance(moments, Moments):
         raise TypeError(
             f"moments must be a ppo_fast.Moments, got {type(moments).__name__}: "
             "build it with Moments.from_array(all_reduced, shift)"
         )
-    mean = moments.mean
-    scale = math.sqrt(moments.var(unbiased) + epsilon)
-    if scale == 0.0:
-        raise ValueError("whiten: the variance is 0 and eps=0: pass eps > 0")
+    else:
+        mean, variance = moments.mean, moments.var(unbiased)
+    scale = _scale(variance, epsilon)
     if out is None:
         out = np.empty_like(array)
     _backend.run(
@@ -233,4 +273,31 @@ def whiten(
         offset=0.0 if shift_mean else mean,
         whitened=out.ravel(),
     )
+    return out
+
+
+def _whiten_common(
+    x: np.ndarray,
+    mask: np.ndarray | None,
+    shift_mean: bool,
+    unbiased: bool,
+    eps: float,
+    out: np.ndarray | None,
+    backend: str | None,
+) -> np.ndarray:
+    """The common case, checked by the caller (``_validate.common_case``: a C-contiguous (B, T)
+    array of a float dtype, no mask or a bool one; a float ``eps`` in range, the batch's own
+    moments; ``out`` None or as ``_validate.common_outputs`` accepts it): what the general way
+    computes, in the backends' common-case entries of the moments and whiten kernels
+    (tests/test_fast_path.py compares the two)."""
+    n_threads = _threads.threads_for(x.shape[0], x.size)
+    moments = _backend.common("moments", backend)
+    mean, variance = _batch_mean_and_variance(
+        lambda shift: moments(x, mask, shift, n_threads), unbiased
+    )
+    scale = _scale(variance, eps)
+    if out is None:
+        out = np.empty(x.shape, x.dtype)
+    offset = 0.0 if shift_mean else mean
+    _backend.common("whiten", backend)(x, mask, mean, scale, offset, out, n_threads)
     return out

@@ -1,8 +1,9 @@
 """The stages' fast paths against the general way: the same bits, the same errors.
 
-``gae`` and ``clipped_surrogate`` recognise the common case (``_validate.common_case``:
-C-contiguous (B, T) NumPy arrays of one float dtype, no mask or a bool one, plain float
-hyperparameters) and call the backend's common-case entry (``_backend.common``: the Cython
+``gae``, ``clipped_surrogate``, ``value_loss`` and ``whiten`` recognise the common case
+(``_validate.common_case``: C-contiguous (B, T) NumPy arrays of one float dtype, no mask or a
+bool one, plain float hyperparameters, preallocated outputs apart from the inputs) and call the
+backend's common-case entries (``_backend.common``: the Cython
 kernels' own ``<kernel>_common``, which counts the valid positions and totals the row outputs in
 C; for numba and the oracle, one written from the table kernel). Turning ``common_case`` off
 sends every call the general way (``batch`` starts from it too), so each test runs a call both
@@ -49,11 +50,11 @@ def fast_calls(monkeypatch):
     return calls
 
 
-def general_way(function, **kwargs):
-    """``function(**kwargs)`` with the common case turned off."""
+def general_way(function, /, *args, **kwargs):
+    """``function(*args, **kwargs)`` with the common case turned off."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_validate, "common_case", lambda arrays, mask: False)
-        return function(**kwargs)
+        return function(*args, **kwargs)
 
 
 def masks(rng, shape):
@@ -96,28 +97,77 @@ def token_arrays(rng, shape, dtype):
     return arrays
 
 
+def outcome(function, /, **kwargs):
+    """("ok", the result as a list) or ("error", the exception's type and message)."""
+    try:
+        result = function(**kwargs)
+    except (ValueError, TypeError) as error:
+        return "error", (type(error), str(error))
+    return "ok", [result] if isinstance(result, np.ndarray) else list(result)
+
+
+# The stages with a fast path: the keyword of their preallocated outputs, and how many.
+OUT_KEYWORDS = {
+    ppo_fast.gae: ("out", 2),
+    ppo_fast.clipped_surrogate: ("grad_out", 1),
+    ppo_fast.value_loss: ("grad_out", 1),
+    ppo_fast.whiten: ("out", 1),
+}
+
+
+def the_stages(arrays):
+    """(stage, keyword arguments, preallocated outputs?): common cases of every stage with a fast
+    path, its hyperparameters at and inside their bounds."""
+    policy = dict(logprobs=arrays["lp"], old_logprobs=arrays["old"], advantages=arrays["a"])
+    value = dict(values=arrays["v"], old_values=arrays["old"], returns=arrays["r"])
+    for gamma, lam in [(0.99, 0.95), (1.0, 1.0), (-0.0, 0.0)]:
+        yield ppo_fast.gae, dict(rewards=arrays["r"], values=arrays["v"], gamma=gamma, lam=lam)
+    for clip_high, dual_clip, clamp in [(None, None, None), (0.28, 3.0, 20.0), (np.inf,) * 3]:
+        options = dict(clip_low=0.2, clip_high=clip_high, dual_clip=dual_clip)
+        yield ppo_fast.clipped_surrogate, dict(**policy, **options, log_ratio_clamp=clamp)
+    for clip in [None, 0.2, 0.0, np.inf]:
+        yield ppo_fast.value_loss, dict(**value, clip=clip)
+    for shift_mean, unbiased, eps in [(True, False, 1e-8), (False, True, 0.0), (True, True, 1e30)]:
+        options = dict(shift_mean=shift_mean, unbiased=unbiased, eps=eps)
+        yield ppo_fast.whiten, dict(x=arrays["a"], **options)
+
+
+def with_outputs(call, kwargs, shape, dtype):
+    """``kwargs`` and fresh NaN-filled preallocated outputs for ``call``, and those outputs."""
+    keyword, count = OUT_KEYWORDS[call]
+    outs = tuple(np.full(shape, np.nan, dtype) for _ in range(count))
+    return {**kwargs, keyword: outs if count > 1 else outs[0]}, outs
+
+
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
-def test_the_fast_path_gives_the_general_ways_bits(backend, dtype, fast_calls):
+def test_the_fast_path_gives_the_general_ways_bits_or_errors(backend, dtype, fast_calls):
+    """Every stage's common cases, with and without preallocated outputs."""
     rng = np.random.default_rng(12)
     shapes = SHAPES if backend != "python" else SHAPES[1:]  # the oracle's loops: small batches
+    calls = 0
     for shape in shapes:
         arrays = token_arrays(rng, shape, dtype)
         for mask in masks(rng, shape):
-            for gamma, lam in [(0.99, 0.95), (1.0, 1.0), (-0.0, 0.0)]:
-                kwargs = dict(gamma=gamma, lam=lam, mask=mask, backend=backend)
-                kwargs.update(rewards=arrays["r"], values=arrays["v"])
-                same_bits(ppo_fast.gae(**kwargs), general_way(ppo_fast.gae, **kwargs))
-            for clip_high in [None, 0.28, np.inf]:
-                kwargs = dict(clip_low=0.2, clip_high=clip_high, mask=mask, backend=backend)
-                kwargs.update(logprobs=arrays["lp"], old_logprobs=arrays["old"])
-                kwargs.update(advantages=arrays["a"])
-                same_bits(
-                    ppo_fast.clipped_surrogate(**kwargs),
-                    general_way(ppo_fast.clipped_surrogate, **kwargs),
-                )
-    assert fast_calls.count("gae") == len(shapes) * 5 * 3
-    assert fast_calls.count("clipped_surrogate") == len(shapes) * 5 * 3
+            for call, kwargs in the_stages(arrays):
+                kwargs.update(mask=mask, backend=backend)
+                what = f"{call.__name__} {shape} {kwargs}"
+                fast = outcome(call, **kwargs)
+                general = general_way(outcome, call, **kwargs)
+                assert fast[0] == general[0], what
+                fast_out, outs = with_outputs(call, kwargs, shape, dtype)
+                general_out, general_outs = with_outputs(call, kwargs, shape, dtype)
+                filled = outcome(call, **fast_out)
+                assert filled[0] == general_way(outcome, call, **general_out)[0], what
+                calls += 2
+                if fast[0] == "error":
+                    assert fast[1] == general[1], what
+                    continue
+                same_bits(fast[1], general[1], what)
+                same_bits(outs, general_outs, what)
+                same_bits(outs, [a for a in filled[1] if isinstance(a, np.ndarray)], what)
+                assert all(any(a is out for a in filled[1]) for out in outs), what
+    assert len(fast_calls) - fast_calls.count("whiten") == calls  # each call took the fast way
 
 
 @pytest.mark.parametrize("backend", COMPILED)
@@ -287,17 +337,26 @@ def test_the_cython_common_entries_refuse_what_they_cannot_read():
 
 def _fast_targets():
     """Hostile-input targets whose valid call is a common case: gae without a bootstrap, the
-    clipped surrogate without weights, dual clip and clamp (tests/hostile.py's own targets take
-    them, which the fast path leaves to the general way)."""
+    clipped surrogate without weights (tests/hostile.py's own target takes them, which the fast
+    path leaves to the general way), the value loss and whiten."""
 
     def gae(rng):
         arrays = hostile._tokens(rng, "rewards", "values")
         return {**arrays, "gamma": 0.99, "lam": 0.95, "mask": hostile.MASK.copy()}
 
+    policy_scalars = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "log_ratio_clamp": 20.0}
+
     def policy(rng):
         arrays = hostile._tokens(rng, "logprobs", "old_logprobs", logp=True)
         arrays.update(hostile._tokens(rng, "advantages"))
-        return {**arrays, "clip_low": 0.2, "clip_high": 0.28, "mask": hostile.MASK.copy()}
+        return {**arrays, **policy_scalars, "mask": hostile.MASK.copy()}
+
+    def value(rng):
+        arrays = hostile._tokens(rng, "values", "old_values", "returns")
+        return {**arrays, "clip": 0.2, "mask": hostile.MASK.copy()}
+
+    def whiten(rng):
+        return {**hostile._tokens(rng, "x"), "eps": 1e-8, "mask": hostile.MASK.copy()}
 
     rows = {"mask": "mask", "layouts": True}
     return [
@@ -315,8 +374,19 @@ def _fast_targets():
             ppo_fast.clipped_surrogate,
             policy,
             ("logprobs", "old_logprobs", "advantages"),
-            scalars={"clip_low": 0.2, "clip_high": 0.28},
+            scalars=policy_scalars,
             **rows,
+        ),
+        hostile.Target(
+            "value_loss[common]",
+            ppo_fast.value_loss,
+            value,
+            ("values", "old_values", "returns"),
+            scalars={"clip": 0.2},
+            **rows,
+        ),
+        hostile.Target(
+            "whiten[common]", ppo_fast.whiten, whiten, ("x",), scalars={"eps": 1e-8}, **rows
         ),
     ]
 

@@ -86,7 +86,7 @@ def test_every_function_equals_its_numpy_twin(dtype):
 def test_contiguous_cpu_tensors_are_not_copied(monkeypatch):
     """The kernels read the tensor's own memory, and the result tensor is the kernel's output."""
     seen = []
-    checked = _validate.batch  # the token arrays and rows of every stage with rows
+    checked = _validate.batch  # the token arrays and rows of every stage's general way
 
     def spy(*args, **kwargs):
         arrays, rows = checked(*args, **kwargs)
@@ -94,19 +94,7 @@ def test_contiguous_cpu_tensors_are_not_copied(monkeypatch):
         return arrays, rows
 
     monkeypatch.setattr(_validate, "batch", spy)
-    written = []
-    whiten = pt._numpy_whiten
-
-    def spy_whiten(*args, **kwargs):
-        written.append(whiten(*args, **kwargs))
-        return written[-1]
-
-    monkeypatch.setattr(pt, "_numpy_whiten", spy_whiten)
-    x = torch.randn(4, 32)
-    out = pt.whiten(x, mask=torch.ones(4, 32, dtype=torch.bool))
-    assert np.shares_memory(seen[0], x.numpy())
-    assert np.shares_memory(written[0], out.numpy())
-    # gae's common case goes to the kernel without batch(): what the kernel reads is checked.
+    # the common cases go to their kernels without batch(): what the kernels read is checked.
     kernel_inputs = []
     common = _backend.common
 
@@ -120,6 +108,22 @@ def test_contiguous_cpu_tensors_are_not_copied(monkeypatch):
         return spy_entry
 
     monkeypatch.setattr(_backend, "common", spy_common)
+    written = []
+    whiten = pt._numpy_whiten
+
+    def spy_whiten(*args, **kwargs):
+        written.append(whiten(*args, **kwargs))
+        return written[-1]
+
+    monkeypatch.setattr(pt, "_numpy_whiten", spy_whiten)
+    x = torch.randn(4, 32)
+    out = pt.whiten(x, mask=torch.ones(4, 32, dtype=torch.bool))  # the common case
+    assert np.shares_memory(kernel_inputs[0], x.numpy())
+    assert np.shares_memory(written[0], out.numpy())
+    out = pt.whiten(x, lengths=torch.full((4,), 30))  # the general way
+    assert np.shares_memory(seen[0], x.numpy())
+    assert np.shares_memory(written[1], out.numpy())
+    kernel_inputs.clear()
     rewards, values = torch.randn(4, 32), torch.randn(4, 32)
     pt.gae(rewards, values)
     assert np.shares_memory(kernel_inputs[0], rewards.numpy())
