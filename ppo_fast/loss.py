@@ -275,23 +275,16 @@ def clipped_surrogate(
     with no valid token).
     """
     if (
-        agg == "token-mean"
-        and type(clip_low) is float
+        type(clip_low) is float
         and 0.0 <= clip_low <= 1.0  # NaN fails the comparisons: it goes the general way
         and (clip_high is None or (type(clip_high) is float and clip_high >= 0.0))
         and (dual_clip is None or (type(dual_clip) is float and dual_clip > 1.0))
         and (log_ratio_clamp is None or (type(log_ratio_clamp) is float and log_ratio_clamp > 0.0))
         and weights is None
-        and lengths is None
-        and cu_seqlens is None
-        and num_tokens is None
-        and num_seqs is None
-        and loss_scale is None
+        and _common_count(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale)
     ):
         inputs = (logprobs, old_logprobs, advantages)
-        if _validate.common_case(inputs, mask) and (
-            grad_out is None or _validate.common_outputs((grad_out,), logprobs, (*inputs, mask))
-        ):
+        if _common_arrays(inputs, mask, grad_out):
             bounds = (clip_low, clip_high, dual_clip, log_ratio_clamp)
             return _clipped_surrogate_common(*inputs, bounds, mask, grad_out, backend)
     arrays: dict[str, Any] = {
@@ -343,6 +336,34 @@ def clipped_surrogate(
         clipfrac=_mean(clipped, valid),
         clipfrac_lower=_mean(dual_clipped, valid),
         approx_kl=_mean(kl, valid),
+    )
+
+
+def _common_count(
+    agg: str,
+    lengths: Any,
+    cu_seqlens: Any,
+    num_tokens: Any,
+    num_seqs: Any,
+    loss_scale: Any,
+) -> bool:
+    """Whether a loss is asked for the common case's layout and normaliser: padded rows (a mask
+    or none) and token-mean over the batch's own valid count."""
+    return (
+        agg == "token-mean"
+        and lengths is None
+        and cu_seqlens is None
+        and num_tokens is None
+        and num_seqs is None
+        and loss_scale is None
+    )
+
+
+def _common_arrays(inputs: tuple[Any, ...], mask: Any, grad_out: Any) -> bool:
+    """Whether a loss's token ``inputs``, ``mask`` and ``grad_out`` are the common case
+    (``_validate.common_case``, ``_validate.common_outputs``)."""
+    return _validate.common_case(inputs, mask) and (
+        grad_out is None or _validate.common_outputs((grad_out,), inputs[0], (*inputs, mask))
     )
 
 
@@ -445,18 +466,11 @@ def value_loss(
     strictly larger (NaN with no valid token).
     """
     if (
-        agg == "token-mean"
-        and (clip is None or (type(clip) is float and clip >= 0.0))  # NaN: the general way
-        and lengths is None
-        and cu_seqlens is None
-        and num_tokens is None
-        and num_seqs is None
-        and loss_scale is None
+        (clip is None or (type(clip) is float and clip >= 0.0))  # NaN: the general way
+        and _common_count(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale)
     ):
         inputs = (values, old_values, returns)
-        if _validate.common_case(inputs, mask) and (
-            grad_out is None or _validate.common_outputs((grad_out,), values, (*inputs, mask))
-        ):
+        if _common_arrays(inputs, mask, grad_out):
             return _value_loss_common(*inputs, clip, mask, grad_out, backend)
     (new, old, target), rows = _validate.batch(
         {"values": values, "old_values": old_values, "returns": returns},
