@@ -89,9 +89,14 @@ def _gae_span(
     run's first positions that fill no block, and a block outside the scan's bounds, by the
     plain recursion."""
     end = max(min(high, length), low)
-    for k in range(high - end):
-        i = start + high - _U1 - k
+    while has_mask and end - low >= _U8 and _mask_word(mask, start + end - _U8) == 0:
+        end -= _U8
+    # The positions past the valid extent, and a mask's trailing words of 8 invalid bytes (a
+    # right-padded row's padding): zeros, by forward loops that LLVM makes memsets (the twin's
+    # comment says why)
+    for i in range(start + end, start + high):
         advantages[i] = 0.0
+    for i in range(start + end, start + high):
         returns[i] = 0.0
     c = gamma_lam
     c2 = c * c

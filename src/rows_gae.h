@@ -164,10 +164,12 @@ PPO_INLINE void PPO_ROW(ppo_gae_span)(
     ptrdiff_t end = high < length ? high : length, t, i;
     int j;
     if (end < low) end = low;
-    for (t = high - 1; t >= end; t--) {
-        advantages[start + t] = 0;
-        returns[start + t] = 0;
-    }
+    /* The positions past the valid extent, and a mask's trailing words of 8 invalid bytes (a
+     * right-padded row's padding), are zeros, written forwards by memset: position by position
+     * backwards, through the loop below, they cost more than a valid position. */
+    while (has_mask && end - low >= 8 && ppo_none_valid8(mask + start + end - 8)) end -= 8;
+    memset(advantages + start + end, 0, (size_t)(high - end) * sizeof(ppo_real));
+    memset(returns + start + end, 0, (size_t)(high - end) * sizeof(ppo_real));
     ppo_gae_scan scan;
     ppo_gae_scan_init(&scan, gamma, gamma_lam);
     t = end;
