@@ -308,6 +308,15 @@ def _all_valid(mask, i):
 
 
 @_jit
+def _mask_stop(mask, start, low, stop):
+    """stop, less the mask's trailing words of 8 invalid bytes down to low, positions from the
+    row at start (twin: src/rows.h ppo_mask_stop)."""
+    while stop - low >= _U8 and _mask_word(mask, start + stop - _U8) == 0:
+        stop -= _U8
+    return stop
+
+
+@_jit
 def _valid_count(start, span, length, mask, has_mask):
     """The number of valid positions of a row."""
     valid_end = min(length, span)

@@ -30,6 +30,7 @@ from ._numba_core import (
     _lanes_splat,
     _lanes_store,
     _lanes_sub,
+    _mask_stop,
     _mask_word,
     _prefer_wide_vectors,
     _td_errors,
@@ -89,8 +90,8 @@ def _gae_span(
     run's first positions that fill no block, and a block outside the scan's bounds, by the
     plain recursion."""
     end = max(min(high, length), low)
-    while has_mask and end - low >= _U8 and _mask_word(mask, start + end - _U8) == 0:
-        end -= _U8
+    if has_mask:
+        end = _mask_stop(mask, start, low, end)
     # The positions past the valid extent, and a mask's trailing words of 8 invalid bytes (a
     # right-padded row's padding): zeros, by forward loops that LLVM makes memsets (the twin's
     # comment says why)
@@ -193,8 +194,8 @@ def _gae_summary(rewards, values, start, low, high, mask, has_mask, gamma, gamma
     would make an inf NaN where the recursion keeps it. Blocks with a masked position take the
     plain recursion, and blocks with no valid position are skipped."""
     end = high  # the search for the last valid position skips masked words
-    while has_mask and end - low >= _U8 and _mask_word(mask, start + end - _U8) == 0:
-        end -= _U8
+    if has_mask:
+        end = _mask_stop(mask, start, low, end)
     last = high
     for k in range(end - low):
         if not has_mask or mask[start + end - _U1 - k] != 0:

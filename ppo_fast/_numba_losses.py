@@ -18,6 +18,7 @@ from ._numba_core import (
     _U1,
     _half_like,
     _jit,
+    _mask_stop,
     _one_like,
     _prefer_wide_vectors,
     _select,
@@ -95,6 +96,8 @@ def clipped_surrogate(
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
         valid_end = min(np.uint64(lengths[b]), span)
+        if has_mask:  # a mask's trailing invalid words too (the twin's comment says why)
+            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
         scale = scales[b]
         zero = scale - scale  # 0 in the input dtype (the scale is finite; params may be inf)
         one = _one_like(zero)
@@ -227,6 +230,8 @@ def reinforce(
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
         end = start + min(np.uint64(lengths[b]), span)
+        if has_mask:  # as clipped_surrogate's
+            end = start + _mask_stop(mask, start, np.uint64(0), end - start)
         scale = scales[b]
         zero = scale - scale  # 0 in the input dtype (the scale is finite)
         one = _one_like(zero)
@@ -305,6 +310,8 @@ def cispo(
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
         valid_end = min(np.uint64(lengths[b]), span)
+        if has_mask:  # as clipped_surrogate's
+            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
         scale = scales[b]
         zero = scale - scale
         ratios = np.empty(_CHUNK, logprobs.dtype)
@@ -383,6 +390,8 @@ def sapo(
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
         valid_end = min(np.uint64(lengths[b]), span)
+        if has_mask:  # as clipped_surrogate's
+            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
         scale = scales[b]
         zero = scale - scale
         one = _one_like(zero)
@@ -513,6 +522,8 @@ def dppo(
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
         valid_end = min(np.uint64(lengths[b]), span)
+        if has_mask:  # as clipped_surrogate's
+            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
         scale = scales[b]
         zero = scale - scale
         ratios = np.empty(_CHUNK, logprobs.dtype)
@@ -584,6 +595,8 @@ def kl_cov(
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
         valid_end = min(np.uint64(lengths[b]), span)
+        if has_mask:  # as clipped_surrogate's
+            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
         scale = scales[b]
         zero = scale - scale
         one = _one_like(zero)

@@ -78,6 +78,13 @@ PPO_INLINE int ppo_none_valid8(const uint8_t* p) {
     return word == 0;
 }
 
+/* stop, less the mask's trailing words of 8 invalid bytes down to low (a right-padded row's
+ * padding, at most 7 positions of it left): the positions from it on are not valid. */
+PPO_INLINE ptrdiff_t ppo_mask_stop(const uint8_t* mask, ptrdiff_t low, ptrdiff_t stop) {
+    while (stop - low >= 8 && ppo_none_valid8(mask + stop - 8)) stop -= 8;
+    return stop;
+}
+
 /* Where the valid prefix of the row at start ends (its positions before its length): an index
  * into the token arrays, as rows_returns.h's ppo_valid_end is a count. */
 PPO_INLINE ptrdiff_t ppo_valid_stop(ptrdiff_t start, ptrdiff_t span, ptrdiff_t length) {

@@ -167,7 +167,7 @@ PPO_INLINE void PPO_ROW(ppo_gae_span)(
     /* The positions past the valid extent, and a mask's trailing words of 8 invalid bytes (a
      * right-padded row's padding), are zeros, written forwards by memset: position by position
      * backwards, through the loop below, they cost more than a valid position. */
-    while (has_mask && end - low >= 8 && ppo_none_valid8(mask + start + end - 8)) end -= 8;
+    if (has_mask) end = ppo_mask_stop(mask + start, low, end);
     memset(advantages + start + end, 0, (size_t)(high - end) * sizeof(ppo_real));
     memset(returns + start + end, 0, (size_t)(high - end) * sizeof(ppo_real));
     ppo_gae_scan scan;
@@ -238,7 +238,7 @@ PPO_INLINE void PPO_ROW(ppo_gae_summary)(
     ptrdiff_t high, const uint8_t* mask, int has_mask, double gamma, double gamma_lam,
     ppo_gae_unit* unit) {
     ptrdiff_t end = high, last = high, t, j, i;
-    while (has_mask && end - low >= 8 && ppo_none_valid8(mask + start + end - 8)) end -= 8;
+    if (has_mask) end = ppo_mask_stop(mask + start, low, end);
     for (t = end - 1; t >= low; t--) {
         if (!has_mask || mask[start + t] != 0) {
             last = t;

@@ -130,7 +130,8 @@ PPO_INLINE void PPO_ROW(ppo_family_cases)(
     ppo_real ratios[PPO_CHUNK], sigmoids[PPO_CHUNK];
     ppo_f64x8 loss = ppo_f64x8_splat(0.0), kl = ppo_f64x8_splat(0.0);
     int64_t clipped = 0, lower = 0;
-    ptrdiff_t valid_end = start + (length < span ? (length > 0 ? length : 0) : span);
+    ptrdiff_t valid_end = ppo_valid_stop(start, span, length);
+    if (has_mask) valid_end = ppo_mask_stop(mask, start, valid_end); /* as rows_loss.h's */
     for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
         ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
         ptrdiff_t whole_end = end - (end - first) % 8, i;

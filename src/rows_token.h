@@ -131,6 +131,7 @@ PPO_INLINE void PPO_ROW(ppo_dppo_cases)(
     ppo_f64x8 loss = ppo_f64x8_splat(0.0), kl = ppo_f64x8_splat(0.0);
     int64_t outside = 0, capped = 0;
     ptrdiff_t valid_end = ppo_valid_stop(start, span, length);
+    if (has_mask) valid_end = ppo_mask_stop(mask, start, valid_end); /* as rows_loss.h's */
     for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
         ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
         ptrdiff_t whole_end = end - (end - first) % 8, i;
@@ -301,6 +302,7 @@ PPO_INLINE void PPO_ROW(ppo_kl_cov_cases)(
     ppo_f64x8 loss = ppo_f64x8_splat(0.0), distance = ppo_f64x8_splat(0.0);
     int64_t penalised = 0;
     ptrdiff_t valid_end = ppo_valid_stop(start, span, length);
+    if (has_mask) valid_end = ppo_mask_stop(mask, start, valid_end); /* as rows_loss.h's */
     for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
         ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
         ptrdiff_t whole_end = end - (end - first) % 8, i;
