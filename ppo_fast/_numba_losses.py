@@ -86,7 +86,8 @@ def clipped_surrogate(
     at full width. The counts are summed per chunk in the input dtype (whole numbers below 2^24:
     exact in any order). The `reassoc` build vectorizes the sums; their order of addition is
     fixed by the compiled loop, not by threads, so results stay identical on any number of
-    threads. Positions past the length are not computed: their gradient is 0.
+    threads. Positions past the length, and a mask's trailing words of 8 invalid bytes, are not
+    computed: their gradient is 0.
     """
     has_mask = mask.shape[0] > 0
     lo, hi, dual, clamp = ratio_low, ratio_high, dual_clip, log_ratio_clamp
@@ -221,7 +222,8 @@ def reinforce(
     loss and KL terms as it goes: the loop has no exp, so float64 in it costs nothing, and an L1
     scratch row would cost two stores a token. The `reassoc` build vectorizes the sums; their
     order is that of the compiled loop, never of the threads, so results stay identical on any
-    number of threads. Positions past the length are not computed: their gradient is 0."""
+    number of threads. Positions past the length, and a mask's trailing words of 8 invalid bytes,
+    are not computed: their gradient is 0."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     penalised = beta != 0.0
@@ -301,7 +303,8 @@ def cispo(
     tokens, as clipped_surrogate: exp in a pre-pass per chunk into an L1 scratch row (so that
     the main loop vectorizes), then one pass with selects; the float64 loss and KL terms go to
     scratch rows that short loops of their own sum (the `reassoc` build vectorizes them, in an
-    order fixed by the compiled loop). Positions past the length get a zero gradient."""
+    order fixed by the compiled loop). Positions past the length, and a mask's trailing words of
+    8 invalid bytes, get a zero gradient."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     lo, hi, clamp = ratio_low, ratio_high, log_ratio_clamp
