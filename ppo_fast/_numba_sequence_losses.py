@@ -16,6 +16,7 @@ from ._numba_core import (
     _lanes_add,
     _lanes_load,
     _lanes_splat,
+    _mask_stop,
     _prefer_wide_vectors,
     _select,
     exp_poly,
@@ -59,6 +60,8 @@ def gspo(
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
         end = start + min(np.uint64(lengths[b]), span)
+        if has_mask:  # as the token losses' (_numba_losses.clipped_surrogate)
+            end = start + _mask_stop(mask, start, np.uint64(0), end - start)
         scale = scales[b]
         zero = scale - scale  # 0 in the input dtype (the scale is finite)
         in_dtype = np.empty(1, logprobs.dtype)  # a float64 rounded to the dtype by a store
@@ -167,6 +170,8 @@ def geo_mean(
         span = np.uint64(spans[b])
         length = np.uint64(lengths[b])
         valid_end = min(length, span)
+        if has_mask:  # as the token losses' (_numba_losses.clipped_surrogate)
+            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
         scale = scales[b]
         zero = scale - scale  # 0 in the input dtype (the scale is finite)
         kepts = np.empty(_CHUNK, np.float64)

@@ -96,7 +96,8 @@ PPO_INLINE void PPO_ROW(ppo_gspo_cases)(
     double* row_loss, double* row_clipped, double* row_lower, double* row_kl) {
     const ppo_real zero = scale - scale; /* 0 in the dtype, as the twin (the scale is finite) */
     const ppo_vec zeros = PPO_V(splat)(zero);
-    const ptrdiff_t valid_end = ppo_valid_stop(start, span, length);
+    ptrdiff_t valid_end = ppo_valid_stop(start, span, length);
+    if (has_mask) valid_end = ppo_mask_stop(mask, start, valid_end); /* as rows_loss.h's */
     ppo_f64x8 f64_zero = ppo_f64x8_splat(0.0);
     PPO_ROW(ppo_gspo_sums) sums = {f64_zero, f64_zero, f64_zero, f64_zero,
                                    PPO_C(zero)(), PPO_C(zero)(), PPO_C(zero)()};
@@ -274,7 +275,8 @@ PPO_INLINE void PPO_ROW(ppo_geo_mean_cases)(
     ppo_real log_ratio_high, ppo_real* grad, double* row_loss, double* row_clipped,
     double* row_lower, double* row_kl) {
     const ppo_real zero = scale - scale;
-    const ptrdiff_t valid_end = ppo_valid_stop(start, span, length);
+    ptrdiff_t valid_end = ppo_valid_stop(start, span, length);
+    if (has_mask) valid_end = ppo_mask_stop(mask, start, valid_end); /* as rows_loss.h's */
     PPO_ROW(ppo_geo_mean_params) p;
     p.zero = PPO_V(splat)(zero);
     p.high = PPO_V(splat)(log_ratio_high);
