@@ -48,7 +48,8 @@ def gspo(
     """Twin: src/rows_sequence.h ppo_gspo_row. Two passes over a row's valid prefix: the sum of
     its log-ratios (the sequence ratio s), then the token pass with selects, as
     clipped_surrogate's body on s; the "sequence" form then writes the row's one gradient to its
-    valid tokens in a third. Positions past the length get a zero gradient. The `reassoc` build
+    valid tokens in a third. Positions past the length, and a mask's trailing words of 8 invalid
+    bytes, get a zero gradient. The `reassoc` build
     vectorizes the float64 sums; their order is that of the compiled loop, never of the
     threads, so results stay identical on any number of threads."""
     has_mask = mask.shape[0] > 0
