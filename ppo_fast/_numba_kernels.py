@@ -495,11 +495,11 @@ def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened):
         valid_end = start + min(np.uint64(lengths[b]), span)
         if has_mask:
             for i in range(start, valid_end):
-                value = (np.float64(x[i]) - mean) / scale + offset
+                value = (np.float64(x[i]) - mean) * scale + offset
                 whitened[i] = _select(mask[i] != 0, value, 0.0)
         else:
             for i in range(start, valid_end):
-                whitened[i] = (np.float64(x[i]) - mean) / scale + offset
+                whitened[i] = (np.float64(x[i]) - mean) * scale + offset
         for i in range(valid_end, start + span):
             whitened[i] = 0.0
 

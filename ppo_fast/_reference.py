@@ -300,7 +300,7 @@ def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened, n_thr
         for t in range(spans[b]):
             i = starts[b] + t
             if _valid(mask, i, t, lengths[b]):
-                whitened[i] = (float(x[i]) - mean) / scale + offset
+                whitened[i] = (float(x[i]) - mean) * scale + offset
             else:
                 whitened[i] = 0.0
 

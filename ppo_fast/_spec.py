@@ -289,7 +289,7 @@ KERNELS: dict[str, Kernel] = {
         ),
         Kernel(
             "whiten",
-            "(x - mean) / scale + offset at the valid positions",
+            "(x - mean) * scale + offset at the valid positions",
             inputs=(Array("x"),),
             scalars=(
                 Scalar("mean", examples=(0.0, 0.3)),

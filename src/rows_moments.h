@@ -66,11 +66,11 @@ static void PPO_ROW(ppo_whiten_row)(
     ptrdiff_t valid_end = start + (length < span ? (length > 0 ? length : 0) : span), i;
     if (has_mask) {
         for (i = start; i < valid_end; i++) {
-            ppo_real value = (ppo_real)(((double)x[i] - mean) / scale + offset);
+            ppo_real value = (ppo_real)(((double)x[i] - mean) * scale + offset);
             whitened[i] = mask[i] != 0 ? value : 0;
         }
     } else {
-        for (i = start; i < valid_end; i++) whitened[i] = (ppo_real)(((double)x[i] - mean) / scale + offset);
+        for (i = start; i < valid_end; i++) whitened[i] = (ppo_real)(((double)x[i] - mean) * scale + offset);
     }
     for (i = valid_end; i < start + span; i++) whitened[i] = 0;
 }

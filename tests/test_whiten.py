@@ -85,6 +85,75 @@ def test_large_mean_does_not_cancel(backend):
     )
 
 
+def moments_passes(monkeypatch) -> list[int]:
+    """The rows of each moments kernel call from here on, through the fast path's entry or the
+    table's (``_backend.common`` / ``_backend.run``)."""
+    rows: list[int] = []
+    real_common, real_run = ppo_fast._backend.common, ppo_fast._backend.run
+
+    def common(name, backend):
+        function = real_common(name, backend)
+        if name != "moments":
+            return function
+        return lambda x, *rest: rows.append(x.shape[0]) or function(x, *rest)
+
+    def run(name, backend, **arguments):
+        if name == "moments":
+            rows.append(arguments["starts"].shape[0])
+        real_run(name, backend, **arguments)
+
+    monkeypatch.setattr(ppo_fast._backend, "common", common)
+    monkeypatch.setattr(ppo_fast._backend, "run", run)
+    return rows
+
+
+LAYOUTS = {
+    "common": lambda valid: {"mask": valid},
+    "mask": lambda valid: {"mask": valid.astype(np.int64)},
+    "lengths": lambda valid: {"lengths": valid.sum(axis=1)},
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_one_pass_over_the_batch_about_its_first_rows_mean(backend, layout, monkeypatch):
+    """Rows alike: the first row's mean is within a standard deviation of the batch's, and the
+    batch is read once for its moments (after the first row alone), as exact as two passes."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(1e6, 2.0, (6, 40))
+    valid = np.arange(40)[None, :] < rng.integers(20, 41, 6)[:, None]
+    rows = moments_passes(monkeypatch)
+    out = ppo_fast.whiten(x, **LAYOUTS[layout](valid), backend=backend)
+    assert rows == [1, 6]
+    # x - mean is known to an ulp of 1e6 at best (1.2e-10); moments about 0 would be off by
+    # about 1e-16 * mean**2 / var: 6e-6 of the variance.
+    expected = (x[valid] - x[valid].mean()) / np.sqrt(x[valid].var() + 1e-8)
+    np.testing.assert_allclose(out[valid], expected, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_first_row_unlike_the_rest_takes_a_second_pass(backend, layout, monkeypatch):
+    """A first row with no valid position (moments about 0) or far from the batch's mean: a
+    pass about 0 or about that row's mean would cancel (sum_sq - sum**2 / n loses every digit
+    at a mean of 1e9 and a spread of 1), so the batch is read again about its mean."""
+    base = 1e9 + np.array([1.0, 2.0, 3.0, 4.0])
+    expected = [-1.3416407865, -0.4472135955, 0.4472135955, 1.3416407865]
+    for first in (np.zeros(4), base - 3e8):
+        x = np.stack([first, base, base])
+        valid = np.ones((3, 4), dtype=bool)
+        valid[0] = first[0] != 0.0
+        valid[0, 1:] = False  # one position at most: no spread to hide the cancellation
+        if valid[0, 0]:
+            expected_rows = (x[valid] - x[valid].mean()) / x[valid].std()
+        rows = moments_passes(monkeypatch)
+        out = ppo_fast.whiten(x, **LAYOUTS[layout](valid), eps=0.0, backend=backend)
+        assert rows == [1, 3, 3]
+        if valid[0, 0]:
+            np.testing.assert_allclose(out[valid], expected_rows, rtol=1e-9)
+        else:
+            np.testing.assert_allclose(out[1:], [expected, expected], rtol=1e-9)
+        monkeypatch.undo()
+
+
 @pytest.mark.parametrize("layout", [{"mask": np.zeros((2, 3))}, {"lengths": [0, 0]}])
 def test_no_valid_position_raises(backend, layout):
     # whiten's own message, which says what to look for (not Moments.mean's, raised later).
