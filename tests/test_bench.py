@@ -429,6 +429,14 @@ def test_bench_suites_run_once_as_tests():
             "bench/test_startup.py::test_first_call[numba_warm]",
             "--deselect",
             "bench/test_startup.py::test_first_call[numba_2_threads]",
+            # TorchRL's import takes seconds in each fresh process; the torch peers' rows run
+            # the same probes.
+            "--deselect",
+            "bench/test_memory.py::test_peak_memory[gae-torchrl_gae]",
+            "--deselect",
+            "bench/test_memory.py::test_peak_memory[gae-torchrl_vec_gae]",
+            "--deselect",
+            "bench/test_startup.py::test_import_time[torchrl]",
         ],
         cwd=ROOT,
         capture_output=True,
