@@ -18,6 +18,11 @@ interface (one callable per kernel of the table). Conventions that keep them fas
   that finds the lock taken runs the serial build on its own thread instead. A kernel of the
   "groups" layout runs over ranges of groups, each reduced on its own in row order: the same
   guarantee.
+- A kernel's scratch rows (a chunk of ratios, loss terms, ...) are allocated once per call,
+  before its loop over rows: the serial build runs every row of a call on one thread (the
+  parallel build calls it once per range of rows), so no two threads share them. Allocated
+  per row, they cost about a fifth of the clipped surrogate's time on (1024, 4096) float32
+  rows (four allocations a row: 5.4 ms, hoisted 4.4-4.7 ms, one thread).
 - Validity is tested inline with `has_mask` hoisted: through a helper function the
   short-circuit control flow stops LLVM from vectorizing the loss kernels (9x slower).
 - Positions are indexed with unsigned integers, which removes numba's negative-index

@@ -92,6 +92,10 @@ def clipped_surrogate(
     has_mask = mask.shape[0] > 0
     lo, hi, dual, clamp = ratio_low, ratio_high, dual_clip, log_ratio_clamp
     has_weights = weights.shape[0] > 0
+    ratios = np.empty(_CHUNK, logprobs.dtype)
+    losses = np.empty(_CHUNK, logprobs.dtype)
+    weighted_losses = np.empty(_CHUNK, np.float64)
+    kls = np.empty(_CHUNK, logprobs.dtype)
     for b in prange(starts.shape[0]):
         _prefer_wide_vectors()
         start = np.uint64(starts[b])
@@ -103,10 +107,6 @@ def clipped_surrogate(
         zero = scale - scale  # 0 in the input dtype (the scale is finite; params may be inf)
         one = _one_like(zero)
         p = (lo, hi, dual, clamp, scale, zero)
-        ratios = np.empty(_CHUNK, logprobs.dtype)
-        losses = np.empty(_CHUNK, logprobs.dtype)
-        weighted_losses = np.empty(_CHUNK, np.float64)
-        kls = np.empty(_CHUNK, logprobs.dtype)
         total = 0.0
         clipped_count = 0.0
         dual_count = 0.0
@@ -308,6 +308,7 @@ def cispo(
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     lo, hi, clamp = ratio_low, ratio_high, log_ratio_clamp
+    ratios = np.empty(_CHUNK, logprobs.dtype)
     for b in prange(starts.shape[0]):
         _prefer_wide_vectors()
         start = np.uint64(starts[b])
@@ -317,7 +318,6 @@ def cispo(
             valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
         scale = scales[b]
         zero = scale - scale
-        ratios = np.empty(_CHUNK, logprobs.dtype)
         total = 0.0
         clipped_count = 0.0
         lower_count = 0.0
@@ -388,6 +388,8 @@ def sapo(
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     clamp = log_ratio_clamp
+    ratios = np.empty(_CHUNK, logprobs.dtype)
+    sigmoids = np.empty(_CHUNK, logprobs.dtype)
     for b in prange(starts.shape[0]):
         _prefer_wide_vectors()
         start = np.uint64(starts[b])
@@ -403,8 +405,6 @@ def sapo(
         # its divisor for zero (numba's Python error model), which keeps the loop from vectorizing
         gate_pos = four / tau_pos
         gate_neg = four / tau_neg
-        ratios = np.empty(_CHUNK, logprobs.dtype)
-        sigmoids = np.empty(_CHUNK, logprobs.dtype)
         total = 0.0
         kl_total = 0.0
         for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
@@ -520,6 +520,10 @@ def dppo(
     has_weights = weights.shape[0] > 0
     binary_kl = divergence == 1  # _spec.DIVERGENCES
     cap, clamp = ratio_cap, log_ratio_clamp
+    ratios = np.empty(_CHUNK, logprobs.dtype)
+    kept = np.empty(_CHUNK, logprobs.dtype)
+    probs = np.empty(_CHUNK, logprobs.dtype)
+    old_probs = np.empty(_CHUNK, logprobs.dtype)
     for b in prange(starts.shape[0]):
         _prefer_wide_vectors()
         start = np.uint64(starts[b])
@@ -529,10 +533,6 @@ def dppo(
             valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
         scale = scales[b]
         zero = scale - scale
-        ratios = np.empty(_CHUNK, logprobs.dtype)
-        kept = np.empty(_CHUNK, logprobs.dtype)
-        probs = np.empty(_CHUNK, logprobs.dtype)
-        old_probs = np.empty(_CHUNK, logprobs.dtype)
         total = 0.0
         outside_count = 0.0
         capped_count = 0.0
@@ -593,6 +593,7 @@ def kl_cov(
     then one pass with selects."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
+    ratios = np.empty(_CHUNK, logprobs.dtype)
     for b in prange(starts.shape[0]):
         _prefer_wide_vectors()
         start = np.uint64(starts[b])
@@ -603,7 +604,6 @@ def kl_cov(
         scale = scales[b]
         zero = scale - scale
         one = _one_like(zero)
-        ratios = np.empty(_CHUNK, logprobs.dtype)
         total = 0.0
         penalised_count = 0.0
         abs_total = 0.0

@@ -165,6 +165,9 @@ def geo_mean(
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     lo, hi = log_ratio_low, log_ratio_high
+    kepts = np.empty(_CHUNK, np.float64)
+    advantage_terms = np.empty(_CHUNK, np.float64)
+    kls = np.empty(_CHUNK, np.float64)
     for b in prange(starts.shape[0]):
         _prefer_wide_vectors()
         start = np.uint64(starts[b])
@@ -175,9 +178,6 @@ def geo_mean(
             valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
         scale = scales[b]
         zero = scale - scale  # 0 in the input dtype (the scale is finite)
-        kepts = np.empty(_CHUNK, np.float64)
-        advantage_terms = np.empty(_CHUNK, np.float64)
-        kls = np.empty(_CHUNK, np.float64)
         kept_lanes = _lanes_splat(0.0)
         advantage_lanes = kept_lanes
         kl_lanes = kept_lanes

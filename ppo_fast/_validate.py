@@ -464,16 +464,22 @@ def common_outputs(outputs: tuple[Any, ...], like: np.ndarray, inputs: tuple[Any
     Anything else goes the general way, which accepts it or says why not.
 
     Every array here is C-contiguous, so overlapping bounds (``np.may_share_memory``, no search)
-    mean shared bytes.
+    mean shared bytes. Two distinct arrays that each own their data (NumPy allocated it) cannot
+    share any: that test first, since bounds cost 0.2 us a pair (gae's two outputs beside three
+    inputs are seven pairs, 1.4 us of a 2.5 us call).
     """
     dtype, shape = like.dtype, like.shape
     for k, out in enumerate(outputs):
         if type(out) is not _NDARRAY or out.dtype is not dtype or out.shape != shape:
             return False
-        if not out.flags.carray:
+        out_flags = out.flags
+        if not out_flags.carray:
             return False
+        owns = out_flags.owndata
         for other in (*inputs, *outputs[:k]):
-            if other is not None and _may_share_memory(out, other):
+            if other is None or (owns and other is not out and other.flags.owndata):
+                continue
+            if _may_share_memory(out, other):
                 return False
     return True
 

@@ -142,3 +142,9 @@ def test_gae_out_must_be_a_pair_of_separate_arrays():
             out=(np.empty(SHAPE), buffer.reshape(SHAPE)),
         )
     assert not buffer.any()
+    # An output that owns its memory, under an input that is a view of it (two arrays that each
+    # own theirs cannot overlap; a view can).
+    owner = np.zeros(SHAPE)
+    with pytest.raises(ValueError, match=r"out\[0\] \(advantages\) shares memory with rewards"):
+        ppo_fast.gae(owner[:, :], batch["b"], out=(owner, np.empty(SHAPE)))
+    assert not owner.any()
