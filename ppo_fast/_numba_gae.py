@@ -13,9 +13,12 @@ from numba import prange
 
 from ._numba_builds import _Kernel
 from ._numba_core import (
+    _PREFETCH_DISTANCE,
     _U1,
+    _U3,
     _U8,
     _all_valid,
+    _blocks_per_line,
     _called,
     _jit,
     _lane,
@@ -33,6 +36,8 @@ from ._numba_core import (
     _mask_stop,
     _mask_word,
     _prefer_wide_vectors,
+    _prefetch,
+    _prefetch_for_write,
     _td_errors,
     _with_lane,
     fma,
@@ -113,10 +118,19 @@ def _gae_span(
     powers = _with_lane(powers, 6, c2)
     scan = (c, c2, c4, c8, powers)
     blocks = c == 0.0 or c8 != 0.0
+    line = _blocks_per_line(rewards)
     t = end
     while t > low:
         if blocks and t - low >= _U8 and (not has_mask or _all_valid(mask, start + t - _U8)):
             i = start + t - _U8
+            if (t >> _U3) & line == 0:  # src/rows.h ppo_prefetch_behind, the twin's
+                behind = i - _PREFETCH_DISTANCE  # below 0: wraps to the same address
+                _prefetch(rewards, behind)
+                _prefetch(values, behind)
+                _prefetch_for_write(advantages, behind)
+                _prefetch_for_write(returns, behind)
+                if has_mask and (t >> _U3) & _U7 == 0:
+                    _prefetch(mask, behind)
             block_values = _lanes_load(values, i)
             scanned, block, block_running = _gae_scan(
                 _lanes_load(rewards, i), block_values, next_value, running, gamma, scan

@@ -16,9 +16,12 @@ from numba import prange
 
 from ._numba_builds import _Kernel, _Specialised
 from ._numba_core import (
+    _PREFETCH_DISTANCE,
     _U1,
+    _U3,
     _U8,
     _all_valid,
+    _blocks_per_line,
     _exp64,
     _jit,
     _lane,
@@ -27,6 +30,8 @@ from ._numba_core import (
     _lanes_store,
     _lanes_sub,
     _prefer_wide_vectors,
+    _prefetch,
+    _prefetch_for_write,
     _row_totals,
     _select,
     _valid_count,
@@ -165,10 +170,19 @@ def _returns_row(
         powers = _with_lane(powers, k, power)
     baselines = _lanes_splat(baseline)
     has_advantages = advantages.shape[0] > 0
+    line = _blocks_per_line(rewards)
     t = valid_end
     if gamma == 0.0 or power != 0.0:
         while t >= _U8:
             i = start + t - _U8
+            if (t >> _U3) & line == 0:  # src/rows.h ppo_prefetch_behind, the twin's
+                behind = i - _PREFETCH_DISTANCE  # below 0: wraps to the same address
+                _prefetch(rewards, behind)
+                _prefetch_for_write(returns, behind)
+                if has_advantages:
+                    _prefetch_for_write(advantages, behind)
+                if has_mask and (t >> _U3) & np.uint64(7) == 0:
+                    _prefetch(mask, behind)
             if not has_mask or _all_valid(mask, i):
                 a = np.float64(rewards[i + np.uint64(7)])
                 suffix = _with_lane(_lanes_splat(a), 7, a)

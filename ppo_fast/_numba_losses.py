@@ -15,12 +15,15 @@ from numba.extending import intrinsic
 
 from ._numba_core import (
     _CACHE,
+    _PREFETCH_BLOCK,
     _U1,
+    _ahead,
     _half_like,
     _jit,
     _mask_stop,
     _one_like,
     _prefer_wide_vectors,
+    _prefetch_ahead,
     _select,
     exp_poly,
     log_poly,
@@ -114,10 +117,15 @@ def clipped_surrogate(
         for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
             first = start + chunk * _UCHUNK
             n = min(_UCHUNK, start + valid_end - first)
-            for j in range(n):
-                i = first + j
-                log_ratio = min(max(logprobs[i] - old_logprobs[i], -clamp), clamp)
-                ratios[j] = exp_poly(log_ratio)
+            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+                _prefetch_ahead(
+                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                    _ahead(first + j0, start, span, valid_end),
+                )  # fmt: skip
+                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+                    i = first + j
+                    log_ratio = min(max(logprobs[i] - old_logprobs[i], -clamp), clamp)
+                    ratios[j] = exp_poly(log_ratio)
             chunk_clipped = zero
             chunk_dual = zero
             # One loop per case, so that nothing is loaded for an absent mask or weights.
@@ -240,40 +248,46 @@ def reinforce(
         p = (beta, beta * _half_like(zero), penalised, scale, zero)
         total = 0.0
         kl_total = 0.0
-        # One loop per case, so that nothing is loaded for an absent mask or weights.
-        if has_mask and has_weights:
-            for i in range(start, end):
-                g, loss, kl = _reinforce_token(
-                    logprobs[i], old_logprobs[i], advantages[i], np.float64(weights[i]),
-                    mask[i] != 0, p,
-                )  # fmt: skip
-                grad[i] = g
-                total += loss
-                kl_total += np.float64(kl)
-        elif has_mask:
-            for i in range(start, end):
-                g, loss, kl = _reinforce_token(
-                    logprobs[i], old_logprobs[i], advantages[i], one, mask[i] != 0, p
-                )
-                grad[i] = g
-                total += np.float64(loss)
-                kl_total += np.float64(kl)
-        elif has_weights:
-            for i in range(start, end):
-                g, loss, kl = _reinforce_token(
-                    logprobs[i], old_logprobs[i], advantages[i], np.float64(weights[i]), True, p
-                )
-                grad[i] = g
-                total += loss
-                kl_total += np.float64(kl)
-        else:
-            for i in range(start, end):
-                g, loss, kl = _reinforce_token(
-                    logprobs[i], old_logprobs[i], advantages[i], one, True, p
-                )
-                grad[i] = g
-                total += np.float64(loss)
-                kl_total += np.float64(kl)
+        # A block of _PREFETCH_BLOCK positions at a time, prefetching ahead (_prefetch_ahead).
+        for first in range(start, end, _PREFETCH_BLOCK):
+            _prefetch_ahead(
+                logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                _ahead(first, start, span, end - start),
+            )  # fmt: skip
+            # One loop per case, so that nothing is loaded for an absent mask or weights.
+            if has_mask and has_weights:
+                for i in range(first, min(first + _PREFETCH_BLOCK, end)):
+                    g, loss, kl = _reinforce_token(
+                        logprobs[i], old_logprobs[i], advantages[i], np.float64(weights[i]),
+                        mask[i] != 0, p,
+                    )  # fmt: skip
+                    grad[i] = g
+                    total += loss
+                    kl_total += np.float64(kl)
+            elif has_mask:
+                for i in range(first, min(first + _PREFETCH_BLOCK, end)):
+                    g, loss, kl = _reinforce_token(
+                        logprobs[i], old_logprobs[i], advantages[i], one, mask[i] != 0, p
+                    )
+                    grad[i] = g
+                    total += np.float64(loss)
+                    kl_total += np.float64(kl)
+            elif has_weights:
+                for i in range(first, min(first + _PREFETCH_BLOCK, end)):
+                    g, loss, kl = _reinforce_token(
+                        logprobs[i], old_logprobs[i], advantages[i], np.float64(weights[i]), True, p
+                    )
+                    grad[i] = g
+                    total += loss
+                    kl_total += np.float64(kl)
+            else:
+                for i in range(first, min(first + _PREFETCH_BLOCK, end)):
+                    g, loss, kl = _reinforce_token(
+                        logprobs[i], old_logprobs[i], advantages[i], one, True, p
+                    )
+                    grad[i] = g
+                    total += np.float64(loss)
+                    kl_total += np.float64(kl)
         for i in range(end, start + span):
             grad[i] = zero
         row_loss[b] = total
@@ -325,9 +339,14 @@ def cispo(
         for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
             first = start + chunk * _UCHUNK
             n = min(_UCHUNK, start + valid_end - first)
-            for j in range(n):
-                i = first + j
-                ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+                _prefetch_ahead(
+                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                    _ahead(first + j0, start, span, valid_end),
+                )  # fmt: skip
+                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+                    i = first + j
+                    ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
             for j in range(n):
                 i = first + j
                 valid = (not has_mask) or mask[i] != 0
@@ -410,9 +429,14 @@ def sapo(
         for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
             first = start + chunk * _UCHUNK
             n = min(_UCHUNK, start + valid_end - first)
-            for j in range(n):
-                i = first + j
-                ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+                _prefetch_ahead(
+                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                    _ahead(first + j0, start, span, valid_end),
+                )  # fmt: skip
+                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+                    i = first + j
+                    ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
             _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg)
             for j in range(n):
                 i = first + j
@@ -540,9 +564,14 @@ def dppo(
         for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
             first = start + chunk * _UCHUNK
             n = min(_UCHUNK, start + valid_end - first)
-            for j in range(n):
-                i = first + j
-                ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+                _prefetch_ahead(
+                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                    _ahead(first + j0, start, span, valid_end),
+                )  # fmt: skip
+                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+                    i = first + j
+                    ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
             _exps(logprobs, first, probs, n)
             _exps(old_logprobs, first, old_probs, n)
             _dppo_inside(
@@ -610,9 +639,14 @@ def kl_cov(
         for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
             first = start + chunk * _UCHUNK
             n = min(_UCHUNK, start + valid_end - first)
-            for j in range(n):
-                i = first + j
-                ratios[j] = exp_poly(logprobs[i] - old_logprobs[i])
+            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+                _prefetch_ahead(
+                    logprobs, old_logprobs, advantages, penalties, True, mask, has_mask,
+                    _ahead(first + j0, start, span, valid_end),
+                )  # fmt: skip
+                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+                    i = first + j
+                    ratios[j] = exp_poly(logprobs[i] - old_logprobs[i])
             for j in range(n):
                 i = first + j
                 valid = (not has_mask) or mask[i] != 0

@@ -10,7 +10,9 @@ import numpy as np
 from numba import prange
 
 from ._numba_core import (
+    _PREFETCH_BLOCK,
     _U1,
+    _ahead,
     _jit,
     _lane,
     _lanes_add,
@@ -18,6 +20,7 @@ from ._numba_core import (
     _lanes_splat,
     _mask_stop,
     _prefer_wide_vectors,
+    _prefetch_ahead,
     _select,
     exp_poly,
 )
@@ -190,25 +193,33 @@ def geo_mean(
             first = chunk * _UCHUNK
             n = min(_UCHUNK, valid_end - first)
             padded = (n + np.uint64(7)) // np.uint64(8) * np.uint64(8)
-            for j in range(n):
-                i = start + first + j
-                valid = (not has_mask) or mask[i] != 0
-                advantage = advantages[i]
-                log_ratio = logprobs[i] - old_logprobs[i]
-                positive = advantage > zero
-                negative = advantage < zero
-                kept = _select(
-                    positive,
-                    _select(log_ratio > hi, hi, log_ratio),
-                    _select(negative, _select(log_ratio < -lo, -lo, log_ratio), log_ratio * zero),
-                )
-                outside = not ((log_ratio >= -lo) & (log_ratio <= hi))  # NaN too
-                count += np.int64(valid)
-                kepts[j] = _select(valid, np.float64(kept), 0.0)
-                advantage_terms[j] = _select(valid, np.float64(advantage), 0.0)
-                upper_count += np.int64(valid & outside & positive)
-                lower_count += np.int64(valid & outside & negative)
-                kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
+            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+                # the token pass rereads the row from the cache: ahead of it, the next row
+                _prefetch_ahead(
+                    logprobs, old_logprobs, advantages, weights, False, mask, has_mask,
+                    _ahead(start + first + j0, start, span, valid_end),
+                )  # fmt: skip
+                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+                    i = start + first + j
+                    valid = (not has_mask) or mask[i] != 0
+                    advantage = advantages[i]
+                    log_ratio = logprobs[i] - old_logprobs[i]
+                    positive = advantage > zero
+                    negative = advantage < zero
+                    kept = _select(
+                        positive,
+                        _select(log_ratio > hi, hi, log_ratio),
+                        _select(
+                            negative, _select(log_ratio < -lo, -lo, log_ratio), log_ratio * zero
+                        ),
+                    )
+                    outside = not ((log_ratio >= -lo) & (log_ratio <= hi))  # NaN too
+                    count += np.int64(valid)
+                    kepts[j] = _select(valid, np.float64(kept), 0.0)
+                    advantage_terms[j] = _select(valid, np.float64(advantage), 0.0)
+                    upper_count += np.int64(valid & outside & positive)
+                    lower_count += np.int64(valid & outside & negative)
+                    kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
             for j in range(n, padded):  # the C twin's zero-padded last block
                 kepts[j] = 0.0
                 advantage_terms[j] = 0.0

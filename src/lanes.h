@@ -53,6 +53,16 @@ PPO_INLINE void ppo_prefetch(const void* base, ptrdiff_t bytes) {
 #endif
 }
 
+/* The same for a line about to be written (the write's read for ownership, started early). */
+PPO_INLINE void ppo_prefetch_for_write(void* base, ptrdiff_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch((void*)((uintptr_t)base + (uintptr_t)bytes), 1);
+#else
+    (void)base;
+    (void)bytes;
+#endif
+}
+
 #include "exp.h"
 #include "log.h"
 

@@ -177,6 +177,8 @@ PPO_INLINE void PPO_ROW(ppo_gae_span)(
         ppo_f64x8 block;
         if (scan.blocks && t - low >= 8 && (!has_mask || ppo_all_valid8(mask + start + t - 8))) {
             i = start + t - 8;
+            PPO_ROW(ppo_prefetch_behind)(
+                rewards, values, advantages, returns, has_mask ? mask : NULL, t, i);
             ppo_f64x8 block_values = PPO_V(to_f64)(PPO_V(load)(values + i));
             if (ppo_gae_block(
                     &scan, PPO_V(to_f64)(PPO_V(load)(rewards + i)), block_values, next_value,

@@ -119,9 +119,11 @@ PPO_INLINE void PPO_ROW(ppo_family_block)(
 }
 
 /* The row's valid prefix, a chunk at a time: the chunk's exps first (prefetching the next chunk's
- * inputs meanwhile), then the rest, as ppo_clipped_surrogate_cases (rows_loss.h). REINFORCE has
- * no exp, and goes through its chunks in one pass. Positions past the length get a zero gradient
- * and nothing else, which is what the twin computes for them. */
+ * inputs meanwhile, past the row's end the next row's: ppo_ahead), then the rest, as
+ * ppo_clipped_surrogate_cases (rows_loss.h). REINFORCE has no exp, and goes through its chunks in
+ * one pass, prefetching in it (without: 1.4 times the time on float32 (1024, 4096) rows with
+ * lengths in [T/2, T]). Positions past the length get a zero gradient and nothing else, which is
+ * what the twin computes for them. */
 PPO_INLINE void PPO_ROW(ppo_family_cases)(
     int kind, int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
     const ppo_real* advantages, const ppo_real* weights, ptrdiff_t start, ptrdiff_t span,
@@ -139,7 +141,8 @@ PPO_INLINE void PPO_ROW(ppo_family_cases)(
         if (kind != PPO_REINFORCE) {
             PPO_ROW(ppo_chunk_ratios)(
                 logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
-                has_mask ? mask : NULL, first, whole_end, p->negative_clamp, p->clamp, ratios);
+                has_mask ? mask : NULL, first, whole_end, valid_end, start + span,
+                p->negative_clamp, p->clamp, ratios);
         }
         /* the sigmoids' exps in a pass of their own: each a short chain, as the ratios' */
         for (i = first; kind == PPO_SAPO && i + 16 <= whole_end; i += 16) {
@@ -152,6 +155,11 @@ PPO_INLINE void PPO_ROW(ppo_family_cases)(
         }
         for (i = first; i < whole_end; i += 8) {
             ppo_vec ratio = p->zero, sigmoid = p->zero;
+            if (kind == PPO_REINFORCE) { /* no pre-pass: its prefetches come here */
+                PPO_ROW(ppo_prefetch_ahead)(
+                    logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
+                    has_mask ? mask : NULL, first, i, ppo_ahead(i, valid_end, start + span));
+            }
             if (kind != PPO_REINFORCE) ratio = PPO_V(load)(ratios + (i - first));
             if (kind == PPO_SAPO) sigmoid = PPO_V(load)(sigmoids + (i - first));
             PPO_ROW(ppo_family_block)(

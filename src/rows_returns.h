@@ -58,6 +58,8 @@ PPO_INLINE void PPO_ROW(ppo_returns_cases)(
     if (gamma == 0.0 || powers[8] != 0.0) {
         for (; t >= 8; t -= 8) {
             ptrdiff_t i = start + t - 8;
+            PPO_ROW(ppo_prefetch_behind)(
+                rewards, NULL, returns, advantages, has_mask ? mask : NULL, t, i);
             if (!has_mask || ppo_all_valid8(mask + i)) {
                 double suffix[8], block[8];
                 suffix[7] = (double)rewards[i + 7];

@@ -107,6 +107,15 @@ PPO_INLINE void PPO_ROW(ppo_gspo_cases)(
         ptrdiff_t whole_end = end - (end - first) % 8, i;
         sums.valid = PPO_C(zero)(); /* int32 lanes: totalled every chunk */
         for (i = first; i < whole_end; i += 8) {
+            /* ahead: this pass's inputs, then the token pass's from the row's start */
+            ptrdiff_t ahead = i + PPO_CHUNK;
+            if (ahead < valid_end)
+                PPO_ROW(ppo_prefetch_ahead)(
+                    logprobs, old_logprobs, NULL, NULL, has_mask ? mask : NULL, first, i, ahead);
+            else
+                PPO_ROW(ppo_prefetch_ahead)(
+                    advantages, has_weights ? weights : NULL, NULL, NULL, NULL, first, i,
+                    ahead - valid_end + start);
             PPO_ROW(ppo_gspo_sum_block)(has_mask, logprobs, old_logprobs, mask, i, zeros, &sums);
         }
         if (i < end) {
@@ -139,6 +148,16 @@ PPO_INLINE void PPO_ROW(ppo_gspo_cases)(
         sums.clipped = PPO_C(zero)();
         sums.lower = PPO_C(zero)();
         for (i = first; i < whole_end; i += 8) {
+            /* ahead: this pass's inputs, then the next row's pre-pass's */
+            ptrdiff_t ahead = i + PPO_CHUNK;
+            if (ahead < valid_end)
+                PPO_ROW(ppo_prefetch_ahead)(
+                    advantages, has_weights ? weights : NULL, NULL, NULL, has_mask ? mask : NULL,
+                    first, i, ahead);
+            else
+                PPO_ROW(ppo_prefetch_ahead)(
+                    logprobs, old_logprobs, NULL, NULL, has_mask ? mask : NULL, first, i,
+                    ahead - valid_end + start + span);
             PPO_ROW(ppo_gspo_block)(
                 has_mask, has_weights, detached, advantages, weights, mask, i, &p, grad, &sums);
         }
@@ -292,6 +311,10 @@ PPO_INLINE void PPO_ROW(ppo_geo_mean_cases)(
         sums.upper = PPO_C(zero)();
         sums.lower = PPO_C(zero)();
         for (i = first; i < whole_end; i += 8) {
+            /* the token pass rereads the row from the cache: ahead of the row, the next row */
+            PPO_ROW(ppo_prefetch_ahead)(
+                logprobs, old_logprobs, advantages, NULL, has_mask ? mask : NULL, first, i,
+                ppo_ahead(i, valid_end, start + span));
             PPO_ROW(ppo_geo_mean_sum_block)(
                 has_mask, logprobs, old_logprobs, advantages, mask, i, &p, &sums);
         }

@@ -120,8 +120,9 @@ PPO_INLINE void PPO_ROW(ppo_dppo_block)(
 }
 
 /* The row's valid prefix, a chunk at a time: the chunk's exps (the ratios, the probabilities),
- * prefetching the next chunk's inputs meanwhile, then for the binary KL its logs, each pass a
- * short chain per block (as the ratios and sigmoids of rows_policy.h), then the rest. */
+ * prefetching the next chunk's inputs meanwhile (past the row's end, the next row's: ppo_ahead),
+ * then for the binary KL its logs, each pass a short chain per block (as the ratios and sigmoids
+ * of rows_policy.h), then the rest. */
 PPO_INLINE void PPO_ROW(ppo_dppo_cases)(
     int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
     const ppo_real* advantages, const ppo_real* weights, ptrdiff_t start, ptrdiff_t span,
@@ -140,17 +141,18 @@ PPO_INLINE void PPO_ROW(ppo_dppo_cases)(
         for (i = first; i + 16 <= whole_end; i += 16) {
             PPO_ROW(ppo_prefetch_ahead)(
                 logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
-                has_mask ? mask : NULL, first, i);
+                has_mask ? mask : NULL, first, i, ppo_ahead(i, valid_end, start + span));
             PPO_ROW(ppo_prefetch_ahead)(
                 logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
-                has_mask ? mask : NULL, first, i + 8);
+                has_mask ? mask : NULL, first, i + 8,
+                ppo_ahead(i + 8, valid_end, start + span));
             PPO_ROW(ppo_dppo_exps_pair)(
                 logprobs, old_logprobs, i, p, ratios, probs, old_probs, i - first);
         }
         for (; i < whole_end; i += 8) {
             PPO_ROW(ppo_prefetch_ahead)(
                 logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
-                has_mask ? mask : NULL, first, i);
+                has_mask ? mask : NULL, first, i, ppo_ahead(i, valid_end, start + span));
             ppo_vec ratio, prob, old_prob;
             PPO_ROW(ppo_dppo_exps)(logprobs, old_logprobs, i, p, &ratio, &prob, &old_prob);
             PPO_V(store)(ratios + (i - first), ratio);
@@ -308,10 +310,12 @@ PPO_INLINE void PPO_ROW(ppo_kl_cov_cases)(
         ptrdiff_t whole_end = end - (end - first) % 8, i;
         PPO_ROW(ppo_kl_cov_sums) sums = {loss, distance, PPO_C(zero)()};
         for (i = first; i < whole_end; i += 8) {
+            ptrdiff_t ahead = ppo_ahead(i, valid_end, start + span);
             PPO_ROW(ppo_prefetch_ahead)(
-                logprobs, old_logprobs, advantages, penalties, has_mask ? mask : NULL, first, i);
+                logprobs, old_logprobs, advantages, penalties, has_mask ? mask : NULL, first, i,
+                ahead);
             if (has_weights && (i - first) % (64 / sizeof(ppo_real)) == 0) {
-                ppo_prefetch(weights, (i + PPO_CHUNK) * (ptrdiff_t)sizeof(ppo_real));
+                ppo_prefetch(weights, ahead * (ptrdiff_t)sizeof(ppo_real));
             }
             ppo_vec log_ratio =
                 PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
