@@ -21,6 +21,14 @@ from ._numba_core import (
     _blocks_per_line,
     _called,
     _jit,
+    _mask_stop,
+    _mask_word,
+    _prefer_wide_vectors,
+    _prefetch,
+    _prefetch_for_write,
+    fma,
+)
+from ._numba_lanes import (
     _lane,
     _lanes_add,
     _lanes_bounded,
@@ -33,14 +41,8 @@ from ._numba_core import (
     _lanes_splat,
     _lanes_store,
     _lanes_sub,
-    _mask_stop,
-    _mask_word,
-    _prefer_wide_vectors,
-    _prefetch,
-    _prefetch_for_write,
     _td_errors,
     _with_lane,
-    fma,
 )
 from ._spec import KERNELS
 

@@ -24,21 +24,23 @@ from ._numba_core import (
     _blocks_per_line,
     _exp64,
     _jit,
-    _lane,
-    _lanes_fma_by,
-    _lanes_splat,
-    _lanes_store,
-    _lanes_sub,
     _prefer_wide_vectors,
     _prefetch,
     _prefetch_for_write,
     _row_totals,
     _select,
     _valid_count,
-    _with_lane,
     fma,
 )
 from ._numba_gae import _GAE, _gae_chunked, gae
+from ._numba_lanes import (
+    _lane,
+    _lanes_fma_by,
+    _lanes_splat,
+    _lanes_store,
+    _lanes_sub,
+    _with_lane,
+)
 from ._numba_losses import (
     cispo,
     clipped_surrogate,

@@ -14,15 +14,17 @@ from ._numba_core import (
     _U1,
     _ahead,
     _jit,
-    _lane,
-    _lanes_add,
-    _lanes_load,
-    _lanes_splat,
     _mask_stop,
     _prefer_wide_vectors,
     _prefetch_ahead,
     _select,
     exp_poly,
+)
+from ._numba_lanes import (
+    _lane,
+    _lanes_add,
+    _lanes_load,
+    _lanes_splat,
 )
 from ._numba_losses import _CHUNK, _UCHUNK
 
