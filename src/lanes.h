@@ -108,6 +108,9 @@ PPO_INLINE ppo_m32x8 ppo_m32x8_or(ppo_m32x8 a, ppo_m32x8 b) { return _mm256_or_p
 PPO_INLINE ppo_f32x8 ppo_f32x8_abs(ppo_f32x8 x) { /* clears the sign bit, as fabs does */
     return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
 }
+PPO_INLINE ppo_f32x8 ppo_f32x8_negative(ppo_f32x8 x) { /* flips the sign bit, as -x does */
+    return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
+}
 PPO_INLINE ppo_m32x8 ppo_m32x8_from_bytes(const uint8_t* p) { /* lane i: p[i] != 0 */
     int64_t bytes;
     memcpy(&bytes, p, 8);
@@ -829,6 +832,10 @@ PPO_INLINE ppo_f32x8 ppo_f32x8_abs(ppo_f32x8 x) {
     const ppo_v4i magnitude = (ppo_v4i){0} + INT32_MAX;
     PPO_PARTS_f32x8(PPO_PART_ABS32) return x;
 }
+#define PPO_PART_NEGATIVE32(p) x.p = -x.p;
+PPO_INLINE ppo_f32x8 ppo_f32x8_negative(ppo_f32x8 x) {
+    PPO_PARTS_f32x8(PPO_PART_NEGATIVE32) return x;
+}
 PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) {
     ppo_f64x8 r = {{x.a[0], x.a[1]}, {x.a[2], x.a[3]}, {x.b[0], x.b[1]}, {x.b[2], x.b[3]}};
     return r;
@@ -1018,6 +1025,10 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_abs(ppo_f64x8 x) {
 }
 PPO_INLINE ppo_f32x8 ppo_f32x8_abs(ppo_f32x8 x) {
     PPO_EACH_LANE(x.lane[lane] = fabsf(x.lane[lane]));
+    return x;
+}
+PPO_INLINE ppo_f32x8 ppo_f32x8_negative(ppo_f32x8 x) {
+    PPO_EACH_LANE(x.lane[lane] = -x.lane[lane]);
     return x;
 }
 PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) {

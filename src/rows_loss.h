@@ -4,7 +4,7 @@
 /* -- clipped surrogate ------------------------------------------------------------------------- */
 
 typedef struct {
-    ppo_vec low, high, dual, clamp, negative_clamp, zero;
+    ppo_vec low, high, dual, clamp, negative_clamp, zero, token_scale;
     ppo_f64x8 scale;
 } PPO_ROW(ppo_policy_params);
 
@@ -34,21 +34,12 @@ PPO_INLINE void PPO_ROW(ppo_policy_block)(
         PPO_M(and)(PPO_V(lt)(advantage, p->zero), PPO_V(gt)(dual_objective, objective));
     objective = PPO_V(select)(is_dual, dual_objective, objective);
     ppo_mask sloped = PPO_M(and_not)(PPO_M(and_not)(inside, is_clipped), is_dual);
-    /* numba's weight is float64 either way (its 1 is an integer) */
-    ppo_f64x8 negative_weight = ppo_f64x8_splat(-1.0);
-    if (has_weights) {
-        ppo_vec weight = PPO_V(select)(valid, PPO_V(load)(weights + i), p->zero);
-        negative_weight = ppo_f64x8_negative(PPO_V(to_f64)(weight));
-    }
     /* -weight * slope * scale, the slope `unclipped` (advantage * ratio) where sloped and 0 on a
      * flat branch: times the weight, so that a NaN or inf weight still says so */
     ppo_vec slope = PPO_V(select)(sloped, unclipped, p->zero);
-    ppo_f64x8 gradient =
-        ppo_f64x8_mul(ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(slope)), p->scale);
-    PPO_V(store)(grad + i, PPO_V(select)(valid, PPO_V(from_f64)(gradient), p->zero));
-    objective = PPO_V(select)(valid, objective, p->zero);
-    sums->loss =
-        ppo_f64x8_add(sums->loss, ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(objective)));
+    sums->loss = PPO_ROW(ppo_policy_gradient)(
+        has_weights, weights, i, valid, slope, PPO_V(select)(valid, objective, p->zero), p->zero,
+        p->token_scale, p->scale, grad, sums->loss);
     log_ratio = PPO_V(select)(valid, log_ratio, p->zero);
     sums->kl = ppo_f64x8_add(sums->kl, ppo_f64x8_negative(PPO_V(to_f64)(log_ratio)));
     sums->clipped = PPO_C(add)(sums->clipped, PPO_M(and)(valid, is_clipped));
@@ -126,6 +117,7 @@ static void PPO_ROW(ppo_clipped_surrogate_row)(
     p.negative_clamp = PPO_V(splat)(-log_ratio_clamp);
     p.zero = PPO_V(splat)(scale - scale); /* as the twin: 0 in the dtype */
     p.scale = ppo_f64x8_splat((double)scale);
+    p.token_scale = PPO_V(splat)(scale);
     /* One specialization per case: without a mask or weights, nothing is loaded for them. */
 #define PPO_CASE(mask_case, weights_case)                                                   \
     PPO_ROW(ppo_clipped_surrogate_cases)(                                                   \

@@ -18,6 +18,7 @@ enum { PPO_REINFORCE = 0, PPO_CISPO = 1, PPO_SAPO = 2 }; /* the kernels of the f
 
 typedef struct {
     ppo_vec zero, one, four, beta, half_beta;     /* reinforce: the KL penalty's */
+    ppo_vec token_scale;
     ppo_vec low, high, clamp, negative_clamp;     /* cispo and sapo: low and high cispo's only */
     ppo_vec negative_tau_pos, negative_tau_neg;   /* sapo: -tau and 4 / tau by the advantage's */
     ppo_vec gate_pos, gate_neg;                   /* sign, tau_pos where it is > 0 */
@@ -102,18 +103,9 @@ PPO_INLINE void PPO_ROW(ppo_family_block)(
                               p->zero);
         objective = PPO_V(mul)(gate, advantage);
     }
-    /* numba's weight is float64 either way (its 1 is an integer) */
-    ppo_f64x8 negative_weight = ppo_f64x8_splat(-1.0);
-    if (has_weights) {
-        ppo_vec weight = PPO_V(select)(valid, PPO_V(load)(weights + i), p->zero);
-        negative_weight = ppo_f64x8_negative(PPO_V(to_f64)(weight));
-    }
-    ppo_f64x8 gradient =
-        ppo_f64x8_mul(ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(slope)), p->scale);
-    PPO_V(store)(grad + i, PPO_V(select)(valid, PPO_V(from_f64)(gradient), p->zero));
-    objective = PPO_V(select)(valid, objective, p->zero);
-    sums->loss =
-        ppo_f64x8_add(sums->loss, ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(objective)));
+    sums->loss = PPO_ROW(ppo_policy_gradient)(
+        has_weights, weights, i, valid, slope, PPO_V(select)(valid, objective, p->zero), p->zero,
+        p->token_scale, p->scale, grad, sums->loss);
     log_ratio = PPO_V(select)(valid, log_ratio, p->zero);
     sums->kl = ppo_f64x8_add(sums->kl, ppo_f64x8_negative(PPO_V(to_f64)(log_ratio)));
 }
@@ -219,6 +211,7 @@ PPO_INLINE void PPO_ROW(ppo_family_init)(PPO_ROW(ppo_family_params) * p, ppo_rea
     p->one = PPO_V(splat)(one);
     p->four = PPO_V(splat)(one + one + one + one);
     p->scale = ppo_f64x8_splat((double)scale);
+    p->token_scale = PPO_V(splat)(scale);
 }
 
 /* -- REINFORCE / GPG / DRO --------------------------------------------------------------------- */

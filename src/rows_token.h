@@ -13,7 +13,7 @@
 /* -- DPPO (binary TV or binary KL) ------------------------------------------------------------- */
 
 typedef struct {
-    ppo_vec zero, one, eps, low, negative_low, high, cap, clamp, negative_clamp;
+    ppo_vec zero, one, eps, low, negative_low, high, cap, clamp, negative_clamp, token_scale;
     ppo_f64x8 scale;
     int binary_kl;
 } PPO_ROW(ppo_dppo_params);
@@ -100,18 +100,10 @@ PPO_INLINE void PPO_ROW(ppo_dppo_block)(
     ppo_vec keep = PPO_V(select)(inside, p->one, p->zero);
     /* the twin's min(ratio, cap): cap < ratio ? cap : ratio */
     ppo_vec slope = PPO_V(mul)(advantage, PPO_V(min)(p->cap, ratio));
-    /* numba's weight is float64 either way (its 1 is an integer) */
-    ppo_f64x8 negative_weight = ppo_f64x8_splat(-1.0);
-    if (has_weights) {
-        ppo_vec weight = PPO_V(select)(valid, PPO_V(load)(weights + i), p->zero);
-        negative_weight = ppo_f64x8_negative(PPO_V(to_f64)(weight));
-    }
-    ppo_f64x8 gradient = ppo_f64x8_mul(
-        ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(PPO_V(mul)(slope, keep))), p->scale);
-    PPO_V(store)(grad + i, PPO_V(select)(valid, PPO_V(from_f64)(gradient), p->zero));
     ppo_vec objective = PPO_V(select)(valid, PPO_V(mul)(PPO_V(mul)(slope, logprob), keep), p->zero);
-    sums->loss =
-        ppo_f64x8_add(sums->loss, ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(objective)));
+    sums->loss = PPO_ROW(ppo_policy_gradient)(
+        has_weights, weights, i, valid, PPO_V(mul)(slope, keep), objective, p->zero,
+        p->token_scale, p->scale, grad, sums->loss);
     log_ratio = PPO_V(select)(valid, log_ratio, p->zero);
     sums->kl = ppo_f64x8_add(sums->kl, ppo_f64x8_negative(PPO_V(to_f64)(log_ratio)));
     sums->outside = PPO_C(add)(sums->outside, PPO_M(and_not)(valid, inside));
@@ -239,6 +231,7 @@ static void PPO_ROW(ppo_dppo_row)(
     p.clamp = PPO_V(splat)(log_ratio_clamp);
     p.negative_clamp = PPO_V(splat)(-log_ratio_clamp);
     p.scale = ppo_f64x8_splat((double)scale);
+    p.token_scale = PPO_V(splat)(scale);
     p.binary_kl = divergence == 1; /* _spec.DIVERGENCES */
     PPO_TOKEN_CASES(
         PPO_ROW(ppo_dppo_cases), logprobs, old_logprobs, advantages, weights, start, span, length,
@@ -249,6 +242,7 @@ static void PPO_ROW(ppo_dppo_row)(
 
 typedef struct {
     ppo_vec zero, one, negative_one;
+    ppo_vec token_scale;
     ppo_f64x8 scale;
 } PPO_ROW(ppo_kl_cov_params);
 
@@ -277,18 +271,9 @@ PPO_INLINE void PPO_ROW(ppo_kl_cov_block)(
     ppo_vec objective =
         PPO_V(select)(penalised, PPO_V(sub)(base, PPO_V(mul)(penalty, distance)), base);
     ppo_vec slope = PPO_V(select)(penalised, PPO_V(sub)(base, PPO_V(mul)(penalty, sign)), base);
-    /* numba's weight is float64 either way (its 1 is an integer) */
-    ppo_f64x8 negative_weight = ppo_f64x8_splat(-1.0);
-    if (has_weights) {
-        ppo_vec weight = PPO_V(select)(valid, PPO_V(load)(weights + i), p->zero);
-        negative_weight = ppo_f64x8_negative(PPO_V(to_f64)(weight));
-    }
-    ppo_f64x8 gradient =
-        ppo_f64x8_mul(ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(slope)), p->scale);
-    PPO_V(store)(grad + i, PPO_V(select)(valid, PPO_V(from_f64)(gradient), p->zero));
-    objective = PPO_V(select)(valid, objective, p->zero);
-    sums->loss =
-        ppo_f64x8_add(sums->loss, ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(objective)));
+    sums->loss = PPO_ROW(ppo_policy_gradient)(
+        has_weights, weights, i, valid, slope, PPO_V(select)(valid, objective, p->zero), p->zero,
+        p->token_scale, p->scale, grad, sums->loss);
     distance = PPO_V(select)(valid, distance, p->zero);
     sums->distance = ppo_f64x8_add(sums->distance, PPO_V(to_f64)(distance));
     sums->penalised = PPO_C(add)(sums->penalised, PPO_M(and)(valid, penalised));
@@ -359,6 +344,7 @@ static void PPO_ROW(ppo_kl_cov_row)(
     p.one = PPO_V(splat)(one);
     p.negative_one = PPO_V(splat)(-one);
     p.scale = ppo_f64x8_splat((double)scale);
+    p.token_scale = PPO_V(splat)(scale);
     PPO_TOKEN_CASES(
         PPO_ROW(ppo_kl_cov_cases), logprobs, old_logprobs, advantages, weights, penalties, start,
         span, length, mask, &p, grad, row_loss, row_penalised, row_abs_kl);
