@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from . import torch as _pt
-from .policy import _cispo_scalars, _reinforce_scalars, _sapo_scalars
+from ._policy_scalars import _cispo_scalars, _reinforce_scalars, _sapo_scalars
 from .policy import cispo_loss as _numpy_cispo_loss
 from .policy import reinforce_loss as _numpy_reinforce_loss
 from .policy import sapo_loss as _numpy_sapo_loss

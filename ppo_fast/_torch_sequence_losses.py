@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import torch as _ppo_torch
-from .policy import _geo_mean_scalars, _gspo_form, _gspo_scalars
+from ._policy_scalars import _geo_mean_scalars, _gspo_form, _gspo_scalars
 from .policy import geo_mean_loss as _numpy_geo_mean_loss
 from .policy import gspo_loss as _numpy_gspo_loss
 from .torch import (

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from . import torch as _pt
-from .policy import _dppo_scalars
+from ._policy_scalars import _dppo_scalars
 from .policy import dppo_loss as _numpy_dppo_loss
 from .policy import kl_cov_loss as _numpy_kl_cov_loss
 
