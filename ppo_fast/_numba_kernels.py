@@ -32,10 +32,16 @@ from ._numba_core import (
     _valid_count,
     fma,
 )
-from ._numba_gae import _GAE, _gae_chunked, gae
+from ._numba_gae import _ERROR_BOUND, _GAE, _RUNNING_BOUND, _gae_chunked, gae
 from ._numba_lanes import (
     _lane,
+    _lanes_bounded,
+    _lanes_down1_fill,
+    _lanes_down2,
+    _lanes_down4,
+    _lanes_fma,
     _lanes_fma_by,
+    _lanes_load,
     _lanes_splat,
     _lanes_store,
     _lanes_sub,
@@ -150,14 +156,15 @@ def _returns_row(
 
     The recursion G = fma(gamma, G_next, r) is a chain of dependent fma, 4 cycles each: alone it
     holds a row to about 2.5 times the memory floor. So the valid prefix runs backwards in blocks
-    of 8 positions: a block whose 8 positions are valid gets its own suffix returns a_j (a chain
-    within the block, independent of the other blocks) and then G_j = fma(gamma^(8-j), G_8,
-    a_j), which moves the row's chain 8 positions per fma. Other blocks (a masked position
-    among the 8) and the row's first positions (fewer than 8) take the plain recursion. The
-    float64 sums are thus associated per block: a few ulp from the oracle's recursion (a sum
-    beyond float64's range may overflow in one order and not in the other). Blocks are not used
-    when gamma^8 underflows to 0 for a gamma > 0: gamma^8 * inf would then be NaN where the
-    recursion gives inf.
+    of 8 positions: a block whose 8 positions are valid gets its own suffix returns a_j (by the
+    log-step scan of GAE's blocks, _gae_scan: three steps of lanes moved down, independent of
+    the other blocks) and then G_j = fma(gamma^(8-j), G_8, a_j), which moves the row's chain 8
+    positions per fma. Other blocks (a masked position among the 8, or a reward beyond 2^1000 or
+    a running return beyond 2^1020, GAE's bounds: no inf or NaN goes into a scan, and no partial
+    sum overflows in one order and not in the other) and the row's first positions (fewer than
+    8) take the plain recursion. The float64 sums are thus reassociated per block: a few ulp from
+    the oracle's recursion. Blocks are not used when gamma^8 underflows to 0 for a gamma > 0:
+    gamma^8 * inf would then be NaN where the recursion gives inf.
     """
     valid_end = min(length, span)
     for i in range(start + valid_end, start + span):
@@ -171,6 +178,8 @@ def _returns_row(
         power = gamma * power
         powers = _with_lane(powers, k, power)
     baselines = _lanes_splat(baseline)
+    gamma_2 = gamma * gamma
+    gamma_4 = gamma_2 * gamma_2
     has_advantages = advantages.shape[0] > 0
     line = _blocks_per_line(rewards)
     t = valid_end
@@ -185,33 +194,25 @@ def _returns_row(
                     _prefetch_for_write(advantages, behind)
                 if has_mask and (t >> _U3) & np.uint64(7) == 0:
                     _prefetch(mask, behind)
+            scanned = False
             if not has_mask or _all_valid(mask, i):
-                a = np.float64(rewards[i + np.uint64(7)])
-                suffix = _with_lane(_lanes_splat(a), 7, a)
-                a = fma(gamma, a, np.float64(rewards[i + np.uint64(6)]))
-                suffix = _with_lane(suffix, 6, a)
-                a = fma(gamma, a, np.float64(rewards[i + np.uint64(5)]))
-                suffix = _with_lane(suffix, 5, a)
-                a = fma(gamma, a, np.float64(rewards[i + np.uint64(4)]))
-                suffix = _with_lane(suffix, 4, a)
-                a = fma(gamma, a, np.float64(rewards[i + np.uint64(3)]))
-                suffix = _with_lane(suffix, 3, a)
-                a = fma(gamma, a, np.float64(rewards[i + np.uint64(2)]))
-                suffix = _with_lane(suffix, 2, a)
-                a = fma(gamma, a, np.float64(rewards[i + _U1]))
-                suffix = _with_lane(suffix, 1, a)
-                a = fma(gamma, a, np.float64(rewards[i]))
-                suffix = _with_lane(suffix, 0, a)
-                # G_j = fma(gamma^(8-j), G_8, a_j): lane by lane, each lane one fma
-                block = _lanes_fma_by(powers, running, suffix)
-                running = _lane(block, 0)
-                _lanes_store(returns, i, block)
-                if has_advantages:
-                    _lanes_store(advantages, i, _lanes_sub(block, baselines))
-            else:
+                block_rewards = _lanes_load(rewards, i)
+                if abs(running) <= _RUNNING_BOUND and _lanes_bounded(block_rewards, _ERROR_BOUND):
+                    # the suffix returns a_j by the log-step scan, then G_j = fma(gamma^(8-j),
+                    # G_8, a_j) lane by lane (the twin's ppo_returns_block)
+                    sums = _lanes_fma(gamma, _lanes_down1_fill(block_rewards, 0.0), block_rewards)
+                    sums = _lanes_fma(gamma_2, _lanes_down2(sums), sums)
+                    sums = _lanes_fma(gamma_4, _lanes_down4(sums), sums)
+                    block = _lanes_fma_by(powers, running, sums)
+                    running = _lane(block, 0)
+                    _lanes_store(returns, i, block)
+                    if has_advantages:
+                        _lanes_store(advantages, i, _lanes_sub(block, baselines))
+                    scanned = True
+            if not scanned:  # a hole among the 8, or outside the scan's bounds: the recursion
                 for k in range(_U8):
                     j = i + _U8 - _U1 - k
-                    if mask[j] != 0:
+                    if not has_mask or mask[j] != 0:
                         running = fma(gamma, running, np.float64(rewards[j]))
                         returns[j] = running
                         if advantages.shape[0] > 0:
