@@ -446,6 +446,27 @@ def test_bootstrap_is_the_value_after_the_last_valid_token(backend):
     np.testing.assert_array_equal(result, [[3.0, 0.0, 4.0, 0.0]])
 
 
+@pytest.mark.parametrize("holes", [False, True], ids=["whole", "holes"])
+def test_blocks_where_a_sum_would_overflow_take_the_recursion(compiled_backend, holes):
+    """Rewards near float64's largest number: summed in the blocks' log-step order, 1e308 + 1e308
+    overflows where the recursion's (1e308 + (1e308 - 1e308)) does not. Such a block takes the
+    recursion (as GAE's, test_gae.py), whose finite returns the backends must give exactly."""
+    rewards = np.zeros((1, 24))
+    rewards[0, -3:] = [1e308, 1e308, -1e308]
+    mask = np.ones((1, 24), dtype=bool)
+    if holes:
+        mask[0, [5, 17, 19]] = False
+        rewards[0, [5, 17, 19]] = np.inf
+    for name, call in (
+        ("discounted_returns", ppo_fast.discounted_returns),
+        ("remax", functools.partial(ppo_fast.remax, baselines=np.array([0.5]))),
+    ):
+        result = np.asarray(call(rewards, gamma=1.0, mask=mask, backend=compiled_backend))
+        oracle = np.asarray(call(rewards, gamma=1.0, mask=mask, backend="python"))
+        assert np.isfinite(oracle).all(), name
+        np.testing.assert_array_equal(result, oracle, err_msg=name)
+
+
 @pytest.mark.parametrize("gamma", [1e-300, 1e-40, 0.0])
 def test_an_infinite_bootstrap_reaches_every_return_as_the_recursion_says(backend, gamma):
     """r + gamma * inf is inf for any gamma > 0, also where gamma^8 underflows to 0 (which the
