@@ -59,6 +59,25 @@ def _policy_token(logprob, old_logprob, advantage, weight, ratio, valid, p):
     return grad, loss, kl, valid & is_clipped, valid & is_dual
 
 
+@_jit
+def _chunk_ratios(
+    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask, start, span,
+    valid_end, first, n, clamp, ratios,
+):  # fmt: skip
+    """Twin: src/rows.h ppo_chunk_ratios. A chunk's ratios exp(clip(logprobs - old_logprobs,
+    -clamp, clamp)) at positions first .. first + n - 1 into ratios[0 .. n): the losses' exp
+    pre-pass, _PREFETCH_BLOCK positions at a time, each block prefetching ahead the inputs the
+    chunk's main pass reads (_ahead, _prefetch_ahead: past the row's valid_end, the next row's)."""
+    for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+        _prefetch_ahead(
+            logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+            _ahead(first + j0, start, span, valid_end),
+        )  # fmt: skip
+        for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+            i = first + j
+            ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+
+
 def clipped_surrogate(
     logprobs,
     old_logprobs,
@@ -117,15 +136,10 @@ def clipped_surrogate(
         for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
             first = start + chunk * _UCHUNK
             n = min(_UCHUNK, start + valid_end - first)
-            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
-                _prefetch_ahead(
-                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                    _ahead(first + j0, start, span, valid_end),
-                )  # fmt: skip
-                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
-                    i = first + j
-                    log_ratio = min(max(logprobs[i] - old_logprobs[i], -clamp), clamp)
-                    ratios[j] = exp_poly(log_ratio)
+            _chunk_ratios(
+                logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                start, span, valid_end, first, n, clamp, ratios,
+            )  # fmt: skip
             chunk_clipped = zero
             chunk_dual = zero
             # One loop per case, so that nothing is loaded for an absent mask or weights.
@@ -339,14 +353,10 @@ def cispo(
         for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
             first = start + chunk * _UCHUNK
             n = min(_UCHUNK, start + valid_end - first)
-            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
-                _prefetch_ahead(
-                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                    _ahead(first + j0, start, span, valid_end),
-                )  # fmt: skip
-                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
-                    i = first + j
-                    ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            _chunk_ratios(
+                logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                start, span, valid_end, first, n, clamp, ratios,
+            )  # fmt: skip
             for j in range(n):
                 i = first + j
                 valid = (not has_mask) or mask[i] != 0
@@ -429,14 +439,10 @@ def sapo(
         for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
             first = start + chunk * _UCHUNK
             n = min(_UCHUNK, start + valid_end - first)
-            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
-                _prefetch_ahead(
-                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                    _ahead(first + j0, start, span, valid_end),
-                )  # fmt: skip
-                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
-                    i = first + j
-                    ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            _chunk_ratios(
+                logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                start, span, valid_end, first, n, clamp, ratios,
+            )  # fmt: skip
             _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg)
             for j in range(n):
                 i = first + j
@@ -564,14 +570,10 @@ def dppo(
         for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
             first = start + chunk * _UCHUNK
             n = min(_UCHUNK, start + valid_end - first)
-            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
-                _prefetch_ahead(
-                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                    _ahead(first + j0, start, span, valid_end),
-                )  # fmt: skip
-                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
-                    i = first + j
-                    ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            _chunk_ratios(
+                logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                start, span, valid_end, first, n, clamp, ratios,
+            )  # fmt: skip
             _exps(logprobs, first, probs, n)
             _exps(old_logprobs, first, old_probs, n)
             _dppo_inside(

@@ -18,6 +18,38 @@ def _log_ratio_clamp(log_ratio_clamp: float | None) -> float:
     )
 
 
+def _ratio_bounds(clip_low: float, clip_high: float | None) -> dict[str, float]:
+    """The trust region [1 - clip_low, 1 + clip_high] of the ratio: clip_low in [0, 1],
+    clip_high >= 0 (inf: no upper clip; None: clip_low)."""
+    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
+    high = (
+        low
+        if clip_high is None
+        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
+    )
+    return {"ratio_low": 1.0 - low, "ratio_high": 1.0 + high}
+
+
+def _dual_clip(dual_clip: float | None) -> float:
+    if dual_clip is None:
+        return math.inf
+    return _validate.scalar("dual_clip", dual_clip, lo=1.0, open_lo=True, allow_inf=True)
+
+
+def _surrogate_scalars(
+    clip_low: float,
+    clip_high: float | None,
+    dual_clip: float | None,
+    log_ratio_clamp: float | None,
+) -> dict[str, float]:
+    """The clipped surrogate's (``ppo_fast.loss``)."""
+    return {
+        **_ratio_bounds(clip_low, clip_high),
+        "dual_clip": _dual_clip(dual_clip),
+        "log_ratio_clamp": _log_ratio_clamp(log_ratio_clamp),
+    }
+
+
 def _reinforce_scalars(beta: float) -> dict[str, float]:
     return {"beta": _validate.scalar("beta", beta, lo=0.0)}
 
@@ -25,15 +57,8 @@ def _reinforce_scalars(beta: float) -> dict[str, float]:
 def _cispo_scalars(
     clip_low: float, clip_high: float | None, log_ratio_clamp: float | None
 ) -> dict[str, float]:
-    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
-    high = (
-        low
-        if clip_high is None
-        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
-    )
     return {
-        "ratio_low": 1.0 - low,
-        "ratio_high": 1.0 + high,
+        **_ratio_bounds(clip_low, clip_high),
         "log_ratio_clamp": _log_ratio_clamp(log_ratio_clamp),
     }
 
@@ -54,17 +79,8 @@ def _gspo_scalars(
     dual_clip: float | None,
     log_ratio_max: float | None,
 ) -> dict[str, float]:
-    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
-    high = (
-        low
-        if clip_high is None
-        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
-    )
-    dual = (
-        math.inf
-        if dual_clip is None
-        else _validate.scalar("dual_clip", dual_clip, lo=1.0, open_lo=True, allow_inf=True)
-    )
+    bounds = _ratio_bounds(clip_low, clip_high)
+    dual = _dual_clip(dual_clip)
     cap = (
         math.inf
         if log_ratio_max is None
@@ -75,12 +91,7 @@ def _gspo_scalars(
             "log_ratio_max is -inf, which makes every ratio 0: pass a real number or None "
             "(no clamp)"
         )
-    return {
-        "ratio_low": 1.0 - low,
-        "ratio_high": 1.0 + high,
-        "dual_clip": dual,
-        "log_ratio_max": cap,
-    }
+    return {**bounds, "dual_clip": dual, "log_ratio_max": cap}
 
 
 def _geo_mean_scalars(clip_low: float, clip_high: float | None) -> dict[str, float]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from . import torch as _pt
-from .loss import _surrogate_scalars
+from ._policy_scalars import _surrogate_scalars
 
 
 def _surrogate_formula(logp, old, adv, *, ratio_low, ratio_high, dual_clip, log_ratio_clamp):

@@ -60,6 +60,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import _backend, _threads, _validate
+from ._policy_scalars import _surrogate_scalars
 
 Aggregation = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
@@ -179,40 +180,6 @@ _NO_WEIGHTS = {dtype: np.zeros(0, dtype) for dtype in _validate.FLOAT_DTYPES}
 
 def _mean(total: float, count: float) -> float:
     return total / count if count else math.nan
-
-
-def _surrogate_scalars(
-    clip_low: float,
-    clip_high: float | None,
-    dual_clip: float | None,
-    log_ratio_clamp: float | None,
-) -> dict[str, float]:
-    """The clipped surrogate's hyperparameters, checked, as its kernel takes them (float64;
-    ``ppo_fast.torch`` hands the same values to its torch formula)."""
-    low = _validate.scalar("clip_low", clip_low, lo=0.0, hi=1.0)
-    high = (
-        low
-        if clip_high is None
-        else _validate.scalar("clip_high", clip_high, lo=0.0, allow_inf=True)
-    )
-    dual = (
-        math.inf
-        if dual_clip is None
-        else _validate.scalar("dual_clip", dual_clip, lo=1.0, open_lo=True, allow_inf=True)
-    )
-    clamp = (
-        math.inf
-        if log_ratio_clamp is None
-        else _validate.scalar(
-            "log_ratio_clamp", log_ratio_clamp, lo=0.0, open_lo=True, allow_inf=True
-        )
-    )
-    return {
-        "ratio_low": 1.0 - low,
-        "ratio_high": 1.0 + high,
-        "dual_clip": dual,
-        "log_ratio_clamp": clamp,
-    }
 
 
 def clipped_surrogate(
