@@ -16,16 +16,19 @@ from numba import prange
 
 from ._numba_builds import _Kernel, _Specialised
 from ._numba_core import (
+    _PREFETCH_BLOCK,
     _PREFETCH_DISTANCE,
     _U1,
     _U3,
     _U8,
+    _ahead,
     _all_valid,
     _blocks_per_line,
     _exp64,
     _jit,
     _prefer_wide_vectors,
     _prefetch,
+    _prefetch_ahead,
     _prefetch_for_write,
     _row_totals,
     _select,
@@ -35,6 +38,9 @@ from ._numba_core import (
 from ._numba_gae import _ERROR_BOUND, _GAE, _RUNNING_BOUND, _gae_chunked, gae
 from ._numba_lanes import (
     _lane,
+    _lane_total,
+    _lanes_add,
+    _lanes_any_at_least,
     _lanes_bounded,
     _lanes_down1_fill,
     _lanes_down2,
@@ -42,9 +48,11 @@ from ._numba_lanes import (
     _lanes_fma,
     _lanes_fma_by,
     _lanes_load,
+    _lanes_mul,
     _lanes_splat,
     _lanes_store,
     _lanes_sub,
+    _lanes_where_valid,
     _with_lane,
 )
 from ._numba_losses import (
@@ -408,61 +416,121 @@ def _sift_down(keys, positions, size, node):
         node = weakest
 
 
+@_jit
+def _offer(keys, positions, size, k, key, position):
+    """Offers the token at ``position`` with covariance ``key`` to the heap of the k strongest
+    so far (twin: src/rows_covariance.h ppo_offer); returns the heap's new size."""
+    if key != key:
+        key = -math.inf
+    if size < k:  # not full: the new token goes in, up to its place
+        keys[size] = key
+        positions[size] = position
+        _sift_up(keys, positions, size)
+        return size + 1
+    if key >= keys[0] and _weaker(keys[0], positions[0], key, position):
+        keys[0] = key  # it displaces the weakest
+        positions[0] = position
+        _sift_down(keys, positions, size, 0)
+    return size
+
+
 def kl_cov_top_k(
     logprobs, advantages, starts, spans, lengths, mask, group_rows, group_starts, ratio, selected
 ):
-    """Twin: src/rows_covariance.h ppo_kl_cov_top_k_group. prange over groups. A first pass sums
-    the group's valid tokens in order (float64, not reassociated: the means are the oracle's
-    bits), a second keeps the k strongest tokens so far in a heap whose root is the weakest, so
-    that almost every token costs one comparison; O(n log k), k scratch slots."""
+    """Twin: src/rows_covariance.h ppo_kl_cov_top_k_group. prange over groups. Eight positions at
+    a time, as float64 lanes: a first pass sums the group's valid tokens (token t of a row in
+    lane t % 8, the lanes added up in a fixed tree: the oracle's order); a second computes 8
+    covariances and offers the block's valid tokens to the heap of the k strongest, in order,
+    only when the heap is not full or one of the 8 reaches its root: the root only rises, so a
+    token below it at the block's start stays below it. A row's last positions (fewer than 8)
+    go lane by lane. O(n log k) with k scratch slots."""
     has_mask = mask.shape[0] > 0
     for g in prange(group_starts.shape[0] - 1):
         first = group_starts[g]
         end = group_starts[g + 1]
-        count = 0
-        total_adv = 0.0
-        total_logp = 0.0
+        zeros = _lanes_splat(0.0)
+        ones = _lanes_splat(1.0)
+        count_lanes = zeros
+        adv_lanes = zeros
+        logp_lanes = zeros
         for j in range(first, end):
             b = group_rows[j]
             start = np.uint64(starts[b])
             span = np.uint64(spans[b])
-            valid_end = start + min(np.uint64(lengths[b]), span)
+            length = min(np.uint64(max(lengths[b], 0)), span)
+            whole = start + length // _U8 * _U8
             for i in range(start, start + span):
                 selected[i] = 0.0
-            for i in range(start, valid_end):
+            for i in range(start, whole, _U8):
+                if (i - start) % _PREFETCH_BLOCK == 0:
+                    # two arrays to prefetch: the third given is the second again
+                    _prefetch_ahead(
+                        logprobs, advantages, advantages, advantages, False, mask, has_mask,
+                        _ahead(i, start, span, length),
+                    )  # fmt: skip
+                adv = _lanes_load(advantages, i)
+                logp = _lanes_load(logprobs, i)
+                if has_mask:
+                    count_lanes = _lanes_add(count_lanes, _lanes_where_valid(mask, i, ones))
+                    adv_lanes = _lanes_add(adv_lanes, _lanes_where_valid(mask, i, adv))
+                    logp_lanes = _lanes_add(logp_lanes, _lanes_where_valid(mask, i, logp))
+                else:
+                    count_lanes = _lanes_add(count_lanes, ones)
+                    adv_lanes = _lanes_add(adv_lanes, adv)
+                    logp_lanes = _lanes_add(logp_lanes, logp)
+            counts = zeros
+            adv_tail = zeros
+            logp_tail = zeros
+            for i in range(whole, start + length):
                 if not has_mask or mask[i] != 0:
-                    count += 1
-                    total_adv += np.float64(advantages[i])
-                    total_logp += np.float64(logprobs[i])
-        if count == 0:
+                    lane = i - whole
+                    counts = _with_lane(counts, lane, 1.0)
+                    adv_tail = _with_lane(adv_tail, lane, np.float64(advantages[i]))
+                    logp_tail = _with_lane(logp_tail, lane, np.float64(logprobs[i]))
+            count_lanes = _lanes_add(count_lanes, counts)
+            adv_lanes = _lanes_add(adv_lanes, adv_tail)
+            logp_lanes = _lanes_add(logp_lanes, logp_tail)
+        count = _lane_total(count_lanes)  # exact: an integer below 2**53
+        if count == 0.0:
             continue
-        mean_adv = total_adv / count
-        mean_logp = total_logp / count
+        mean_adv = _lane_total(adv_lanes) / count
+        mean_logp = _lane_total(logp_lanes) / count
+        mean_advs = _lanes_splat(mean_adv)
+        mean_logps = _lanes_splat(mean_logp)
         wanted = ratio * count
-        k = count if wanted >= count else max(int(wanted), 1)
+        k = np.int64(count) if wanted >= count else max(np.int64(wanted), 1)
         keys = np.empty(k)
         positions = np.empty(k, dtype=np.int64)
         size = 0
         for j in range(first, end):
             b = group_rows[j]
             start = np.uint64(starts[b])
-            valid_end = start + min(np.uint64(lengths[b]), np.uint64(spans[b]))
-            for i in range(start, valid_end):
-                if has_mask and mask[i] == 0:
+            span = np.uint64(spans[b])
+            length = min(np.uint64(max(lengths[b], 0)), span)
+            whole = start + length // _U8 * _U8
+            for i in range(start, whole, _U8):
+                if (i - start) % _PREFETCH_BLOCK == 0:
+                    _prefetch_ahead(
+                        logprobs, advantages, advantages, advantages, False, mask, has_mask,
+                        _ahead(i, start, span, length),
+                    )  # fmt: skip
+                covariances = _lanes_mul(
+                    _lanes_sub(_lanes_load(advantages, i), mean_advs),
+                    _lanes_sub(_lanes_load(logprobs, i), mean_logps),
+                )
+                if size == k and not _lanes_any_at_least(covariances, keys[0]):
                     continue
-                key = (np.float64(advantages[i]) - mean_adv) * (np.float64(logprobs[i]) - mean_logp)
-                if key != key:
-                    key = -math.inf
-                position = np.int64(i)
-                if size < k:  # not full: the new token goes in, up to its place
-                    keys[size] = key
-                    positions[size] = position
-                    _sift_up(keys, positions, size)
-                    size += 1
-                elif key >= keys[0] and _weaker(keys[0], positions[0], key, position):
-                    keys[0] = key  # it displaces the weakest
-                    positions[0] = position
-                    _sift_down(keys, positions, size, 0)
+                for lane in range(8):
+                    if not has_mask or mask[i + lane] != 0:
+                        size = _offer(
+                            keys, positions, size, k, _lane(covariances, lane), np.int64(i + lane)
+                        )
+            for i in range(whole, start + length):
+                if not has_mask or mask[i] != 0:
+                    covariance = (np.float64(advantages[i]) - mean_adv) * (
+                        np.float64(logprobs[i]) - mean_logp
+                    )
+                    size = _offer(keys, positions, size, k, covariance, np.int64(i))
         for m in range(size):
             selected[positions[m]] = 1.0
 

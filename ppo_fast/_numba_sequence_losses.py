@@ -13,19 +13,13 @@ from ._numba_core import (
     _PREFETCH_BLOCK,
     _U1,
     _ahead,
-    _jit,
     _mask_stop,
     _prefer_wide_vectors,
     _prefetch_ahead,
     _select,
     exp_poly,
 )
-from ._numba_lanes import (
-    _lane,
-    _lanes_add,
-    _lanes_load,
-    _lanes_splat,
-)
+from ._numba_lanes import _add_lanes, _lane_total, _lanes_splat
 from ._numba_losses import _CHUNK, _UCHUNK
 
 
@@ -121,25 +115,6 @@ def gspo(
         row_clipped[b] = clipped_count
         row_lower[b] = lower_count
         row_kl[b] = kl_total
-
-
-@_jit
-def _lane_total(lanes):
-    """The 8 lanes of a sum (lane k: the terms of positions k, k + 8, ... in order) added up in
-    the fixed tree of src/lanes.h ppo_f64x8_total."""
-    return ((_lane(lanes, 0) + _lane(lanes, 1)) + (_lane(lanes, 2) + _lane(lanes, 3))) + (
-        (_lane(lanes, 4) + _lane(lanes, 5)) + (_lane(lanes, 6) + _lane(lanes, 7))
-    )
-
-
-@_jit
-def _add_lanes(lanes, terms, n):
-    """The lanes plus the n terms of a chunk, term j in lane j % 8 (n a multiple of 8), as one
-    vector add per 8 terms: numba runs no SLP vectorizer, and eight scalar lanes written out
-    stayed eight scalar additions (the loss ran 1.3x slower than its C twin)."""
-    for j in range(0, n, 8):
-        lanes = _lanes_add(lanes, _lanes_load(terms, j))
-    return lanes
 
 
 def geo_mean(

@@ -546,6 +546,13 @@ def kl_cov(
         row_abs_kl[b] = abs_total
 
 
+def _lane_total(lanes):
+    """Eight lanes of a sum added up in the kernels' fixed tree (src/lanes.h ppo_f64x8_total)."""
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
+        (lanes[4] + lanes[5]) + (lanes[6] + lanes[7])
+    )
+
+
 def kl_cov_top_k(
     logprobs,
     advantages,
@@ -563,7 +570,8 @@ def kl_cov_top_k(
 
         cov_i = (A_i - mean A) * (logp_i - mean logp)
 
-    in float64, the means summed in that order. Writes selected = 1 at the
+    in float64, each mean's sum in 8 lanes (token t of a row to lane t % 8, in order) added up in
+    the tree ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Writes selected = 1 at the
     k = min(n, max(1, floor(ratio * n))) tokens of largest cov (a NaN counts as -inf; ties at the
     k-th value to the lowest positions), 0 at every other position; nothing is selected when
     n = 0. The public ``kl_cov_selection`` passes the whole batch as one group.
@@ -577,11 +585,12 @@ def kl_cov_top_k(
         n = len(positions)
         if n == 0:
             continue
-        mean_adv = mean_logp = 0.0
-        for i in positions:
-            mean_adv += float(advantages[i])
-            mean_logp += float(logprobs[i])
-        mean_adv, mean_logp = mean_adv / n, mean_logp / n
+        adv_lanes, logp_lanes = [0.0] * 8, [0.0] * 8
+        for b in rows:
+            for i in _row_positions(starts, spans, lengths, mask, b):
+                adv_lanes[(i - starts[b]) % 8] += float(advantages[i])
+                logp_lanes[(i - starts[b]) % 8] += float(logprobs[i])
+        mean_adv, mean_logp = _lane_total(adv_lanes) / n, _lane_total(logp_lanes) / n
         keys = {}
         for i in positions:
             cov = (float(advantages[i]) - mean_adv) * (float(logprobs[i]) - mean_logp)
