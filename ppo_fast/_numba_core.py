@@ -369,6 +369,9 @@ def _mask_stop(mask, start, low, stop):
 # time (_prefetch_ahead).
 _PREFETCH_DISTANCE = np.uint64(256)
 _PREFETCH_BLOCK = np.uint64(64)
+# How far ahead, in bytes, a pass with little work per token prefetches (twin: src/rows.h
+# PPO_STREAM_AHEAD_BYTES, which says why).
+_STREAM_AHEAD_BYTES = 8192
 _U3 = np.uint64(3)
 
 
@@ -396,14 +399,20 @@ def _positions_per_line_overload(array):
 
 
 @_jit
-def _ahead(i, start, span, valid_end):
-    """Twin: src/rows.h ppo_ahead (its comment says why): the position _PREFETCH_DISTANCE
-    positions of work ahead of position ``i`` of the row at ``start`` whose computed positions end
-    at start + valid_end; past them, as far into the next row (at start + span)."""
-    ahead = i + _PREFETCH_DISTANCE
+def _ahead_by(i, start, span, valid_end, distance):
+    """Twin: src/rows.h ppo_ahead_by: the position ``distance`` positions of work ahead of
+    position ``i`` of the row at ``start`` whose computed positions end at start + valid_end;
+    past them, as far into the next row (at start + span)."""
+    ahead = i + distance
     if ahead >= start + valid_end:
         ahead += span - valid_end
     return ahead
+
+
+@_jit
+def _ahead(i, start, span, valid_end):
+    """Twin: src/rows.h ppo_ahead (its comment says why): _ahead_by at _PREFETCH_DISTANCE."""
+    return _ahead_by(i, start, span, valid_end, _PREFETCH_DISTANCE)
 
 
 @_jit

@@ -18,10 +18,11 @@ from ._numba_builds import _Kernel, _Specialised
 from ._numba_core import (
     _PREFETCH_BLOCK,
     _PREFETCH_DISTANCE,
+    _STREAM_AHEAD_BYTES,
     _U1,
     _U3,
     _U8,
-    _ahead,
+    _ahead_by,
     _all_valid,
     _blocks_per_line,
     _exp64,
@@ -445,6 +446,7 @@ def kl_cov_top_k(
     token below it at the block's start stays below it. A row's last positions (fewer than 8)
     go lane by lane. O(n log k) with k scratch slots."""
     has_mask = mask.shape[0] > 0
+    distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
     for g in prange(group_starts.shape[0] - 1):
         first = group_starts[g]
         end = group_starts[g + 1]
@@ -466,7 +468,7 @@ def kl_cov_top_k(
                     # two arrays to prefetch: the third given is the second again
                     _prefetch_ahead(
                         logprobs, advantages, advantages, advantages, False, mask, has_mask,
-                        _ahead(i, start, span, length),
+                        _ahead_by(i, start, span, length, distance),
                     )  # fmt: skip
                 adv = _lanes_load(advantages, i)
                 logp = _lanes_load(logprobs, i)
@@ -512,7 +514,7 @@ def kl_cov_top_k(
                 if (i - start) % _PREFETCH_BLOCK == 0:
                     _prefetch_ahead(
                         logprobs, advantages, advantages, advantages, False, mask, has_mask,
-                        _ahead(i, start, span, length),
+                        _ahead_by(i, start, span, length, distance),
                     )  # fmt: skip
                 covariances = _lanes_mul(
                     _lanes_sub(_lanes_load(advantages, i), mean_advs),
@@ -536,36 +538,49 @@ def kl_cov_top_k(
 
 
 def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
-    """Twin: src/rows_moments.h ppo_moments_row. Branch-free, with one loop per mask case and
-    validity by ``&`` and ``_select`` (a short-circuit test or a conditional expression in the
-    loop kept LLVM from vectorizing it: 2.4x slower), so that the `reassoc` build vectorizes the
-    sums (a serial float64 sum is bound by the latency of its additions)."""
+    """Twin: src/rows_moments.h ppo_moments_row, its order: token t of a row to lane t % 8 of
+    float64 lanes (explicit vectors: the order is written here, not left to LLVM's vectorizer),
+    added up in the fixed tree. The row's valid prefix only, prefetching _STREAM_AHEAD_BYTES
+    ahead and across the padding into the next row (the twin says why)."""
     has_mask = mask.shape[0] > 0
+    distance = np.uint64(_STREAM_AHEAD_BYTES // x.itemsize)
     for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
         start = np.uint64(starts[b])
-        length = np.uint64(lengths[b])
-        count = 0.0
-        total = 0.0
-        total_sq = 0.0
-        if has_mask:
-            for t in range(np.uint64(spans[b])):
-                i = start + t
-                valid = (t < length) & (mask[i] != 0)
-                centred = np.float64(x[i]) - shift
-                count += _select(valid, 1.0, 0.0)
-                total += _select(valid, centred, 0.0)
-                total_sq += _select(valid, centred * centred, 0.0)
-        else:
-            for t in range(np.uint64(spans[b])):
-                valid = t < length
-                centred = np.float64(x[start + t]) - shift
-                count += _select(valid, 1.0, 0.0)
-                total += _select(valid, centred, 0.0)
-                total_sq += _select(valid, centred * centred, 0.0)
-        counts[b] = count
-        sums[b] = total
-        sums_sq[b] = total_sq
+        span = np.uint64(spans[b])
+        length = min(np.uint64(max(lengths[b], 0)), span)
+        end = start + length
+        shifts = _lanes_splat(shift)
+        ones = _lanes_splat(1.0)
+        count = _lanes_splat(0.0)
+        total = count
+        total_sq = count
+        whole = start + length // _U8 * _U8
+        for i in range(start, whole, _U8):
+            if (i - start) % _PREFETCH_BLOCK == 0:
+                ahead = _ahead_by(i, start, span, length, distance)
+                _prefetch_ahead(x, x, x, x, False, mask, has_mask, ahead)  # one array: x
+            centred = _lanes_sub(_lanes_load(x, i), shifts)
+            if has_mask:  # a masked lane adds +0.0: a sum that starts at +0.0 is unchanged
+                count = _lanes_add(count, _lanes_where_valid(mask, i, ones))
+                total = _lanes_add(total, _lanes_where_valid(mask, i, centred))
+                squares = _lanes_where_valid(mask, i, _lanes_mul(centred, centred))
+                total_sq = _lanes_add(total_sq, squares)
+            else:
+                count = _lanes_add(count, ones)
+                total = _lanes_add(total, centred)
+                total_sq = _lanes_add(total_sq, _lanes_mul(centred, centred))
+        tail_count = _lanes_splat(0.0)
+        tail_total = tail_count
+        tail_total_sq = tail_count
+        for i in range(whole, end):  # the last positions, fewer than 8, lane by lane
+            if not has_mask or mask[i] != 0:
+                centred_x = np.float64(x[i]) - shift
+                tail_count = _with_lane(tail_count, i - whole, 1.0)
+                tail_total = _with_lane(tail_total, i - whole, centred_x)
+                tail_total_sq = _with_lane(tail_total_sq, i - whole, centred_x * centred_x)
+        counts[b] = _lane_total(_lanes_add(count, tail_count))
+        sums[b] = _lane_total(_lanes_add(total, tail_total))
+        sums_sq[b] = _lane_total(_lanes_add(total_sq, tail_total_sq))
 
 
 def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened):
@@ -598,7 +613,7 @@ gae = _GAE(gae, _gae_chunked, KERNELS["gae"])
 discounted_returns = _Kernel(discounted_returns, KERNELS["discounted_returns"])
 remax = _Kernel(remax, KERNELS["remax"])
 optimal_token_baseline = _Kernel(optimal_token_baseline, KERNELS["optimal_token_baseline"])
-moments = _Kernel(moments, KERNELS["moments"], fastmath={"reassoc"})
+moments = _Kernel(moments, KERNELS["moments"])
 whiten = _Kernel(whiten, KERNELS["whiten"])
 clipped_surrogate = _Kernel(clipped_surrogate, KERNELS["clipped_surrogate"], fastmath={"reassoc"})
 value_loss = _Kernel(value_loss, KERNELS["value_loss"], fastmath={"reassoc"})

@@ -113,6 +113,7 @@ static int PPO_ROW(ppo_kl_cov_top_k_group)(
     const int64_t* spans, const int64_t* lengths, const uint8_t* mask, int has_mask,
     const int64_t* rows, ptrdiff_t n_rows, double ratio, ppo_real* selected) {
     ppo_f64x8 count_lanes = ppo_f64x8_splat(0.0), adv_lanes = count_lanes, logp_lanes = count_lanes;
+    const ptrdiff_t distance = PPO_STREAM_AHEAD_BYTES / (ptrdiff_t)sizeof(ppo_real);
     for (ptrdiff_t j = 0; j < n_rows; j++) {
         int64_t b = rows[j];
         ptrdiff_t start = starts[b], span = spans[b];
@@ -122,7 +123,7 @@ static int PPO_ROW(ppo_kl_cov_top_k_group)(
         for (i = start; i + 8 <= valid_end; i += 8) {
             PPO_ROW(ppo_prefetch_ahead)(
                 logprobs, advantages, NULL, NULL, has_mask ? mask : NULL, start, i,
-                ppo_ahead(i, valid_end, start + span));
+                ppo_ahead_by(i, valid_end, start + span, distance));
             PPO_ROW(ppo_kl_cov_sums_block)(
                 ppo_valid_lanes(mask, has_mask, i, i - start, length), logprobs, advantages, i,
                 &count_lanes, &adv_lanes, &logp_lanes);
@@ -159,7 +160,7 @@ static int PPO_ROW(ppo_kl_cov_top_k_group)(
         for (i = start; i + 8 <= valid_end; i += 8) {
             PPO_ROW(ppo_prefetch_ahead)(
                 logprobs, advantages, NULL, NULL, has_mask ? mask : NULL, start, i,
-                ppo_ahead(i, valid_end, start + span));
+                ppo_ahead_by(i, valid_end, start + span, distance));
             PPO_ROW(ppo_kl_cov_offer_block)(
                 logprobs, advantages, mask, has_mask, i, i - start, length, start, mean_advs,
                 mean_logps, keys, positions, &size, k);

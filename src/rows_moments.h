@@ -1,10 +1,11 @@
 /* -- moments and whitening --------------------------------------------------------------------- */
-/* Twins of _moments_rows and _whiten_rows (ppo_fast/_numba_kernels.py). The moments' sums go token
- * t of a row to lane t % 8, added up in a fixed tree (numba's order is LLVM's reassociation), so
- * that every build and any thread count give the same bits. Included by rows.h, once per dtype. */
+/* Twins of moments and whiten (ppo_fast/_numba_kernels.py). The moments' sums go token t of a row
+ * to lane t % 8, the lanes added up in the fixed tree of ppo_f64x8_total (the twin's order), so
+ * that both backends, every build and any thread count give the same bits. Included by rows.h,
+ * once per dtype. */
 
-/* The twin's loop body for the 8 tokens from position i: invalid lanes add 0 (a sum that starts
- * at +0.0 is unchanged by it), so that nothing stored at a masked position reaches a sum. */
+/* The 8 tokens from position i into the sums: invalid lanes add 0 (a sum that starts at +0.0 is
+ * unchanged by it), so that nothing stored at a masked position reaches a sum. */
 PPO_INLINE void PPO_ROW(ppo_moments_block)(
     ppo_m64x8 valid, const ppo_real* x, ptrdiff_t i, ppo_f64x8 shift, ppo_f64x8* count,
     ppo_f64x8* total, ppo_f64x8* total_sq) {
@@ -16,30 +17,35 @@ PPO_INLINE void PPO_ROW(ppo_moments_block)(
         ppo_f64x8_add(*total_sq, ppo_f64x8_select(valid, ppo_f64x8_mul(centred, centred), zero));
 }
 
-/* Every position of the row is read, as in the twin, though those past the length add nothing:
- * reading rows whole keeps the hardware prefetcher streaming from one row to the next (stopping
- * at the length made (1024, 4096) float64 rows 1.7 times slower than numba). */
+/* The row's valid prefix only (positions before its length), then its last positions (fewer
+ * than 8), prefetching PPO_STREAM_AHEAD_BYTES ahead and across the padding into the next row:
+ * without, the hardware prefetchers restart at every row, and reading rows whole costs the
+ * padding's bytes. */
 PPO_INLINE void PPO_ROW(ppo_moments_cases)(
     int has_mask, const ppo_real* x, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length,
     const uint8_t* mask, double shift, double* row_count, double* row_total,
     double* row_total_sq) {
     ppo_f64x8 shifts = ppo_f64x8_splat(shift);
     ppo_f64x8 count = ppo_f64x8_splat(0.0), total = count, total_sq = count;
-    ptrdiff_t whole = span - span % 8, t;
-    for (t = 0; t < whole; t += 8) {
+    ptrdiff_t valid_end = ppo_valid_stop(start, span, length), i;
+    const ptrdiff_t distance = PPO_STREAM_AHEAD_BYTES / (ptrdiff_t)sizeof(ppo_real);
+    for (i = start; i + 8 <= valid_end; i += 8) {
+        PPO_ROW(ppo_prefetch_ahead)(
+            x, NULL, NULL, NULL, has_mask ? mask : NULL, start, i,
+            ppo_ahead_by(i, valid_end, start + span, distance));
         PPO_ROW(ppo_moments_block)(
-            ppo_valid_lanes(mask, has_mask, start + t, t, length), x, start + t, shifts, &count,
+            has_mask ? ppo_m64x8_from_bytes(mask + i) : ppo_m64x8_all(), x, i, shifts, &count,
             &total, &total_sq);
     }
-    if (t < span) {
-        ptrdiff_t tail_count = span - t;
+    if (i < valid_end) {
+        ptrdiff_t tail = valid_end - i;
         ppo_real tail_x[8] = {0};
         uint8_t tail_mask[8] = {0};
-        memcpy(tail_x, x + start + t, (size_t)tail_count * sizeof(ppo_real));
-        if (has_mask) memcpy(tail_mask, mask + start + t, (size_t)tail_count);
+        memcpy(tail_x, x + i, (size_t)tail * sizeof(ppo_real));
+        if (has_mask) memcpy(tail_mask, mask + i, (size_t)tail);
         PPO_ROW(ppo_moments_block)(
-            ppo_valid_lanes(tail_mask, has_mask, 0, t, length), tail_x, 0, shifts, &count,
-            &total, &total_sq);
+            ppo_valid_lanes(tail_mask, has_mask, 0, 0, tail), tail_x, 0, shifts, &count, &total,
+            &total_sq);
     }
     *row_count = ppo_f64x8_total(count);
     *row_total = ppo_f64x8_total(total);
