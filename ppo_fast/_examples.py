@@ -13,12 +13,21 @@ from typing import Any
 import numpy as np
 
 from . import _groups
-from ._spec import CODE, ELEMENTWISE, FLOAT64, GROUPS, SCALES, TOKEN, Kernel
+from ._spec import CODE, ELEMENTWISE, FLAGS, FLOAT64, GROUPS, SCALES, TOKEN, Array, Kernel
 from ._validate import Rows
 
 
 def argument_dtype(dtype: str, token_dtype: np.dtype) -> np.dtype:
+    if dtype == FLAGS:
+        return np.dtype(np.uint8)
     return np.dtype(np.float64) if dtype == FLOAT64 else token_dtype
+
+
+def token_values(array: Array, size: Any, token_dtype: np.dtype, rng: np.random.Generator):
+    """A token input drawn as the table says: uniform in [low, high], or flags set at random."""
+    if array.dtype == FLAGS:
+        return (rng.random(size) < 0.5).astype(np.uint8)
+    return rng.uniform(array.low, array.high, size).astype(token_dtype)
 
 
 def scalar_value(kernel: Kernel, name: str, value: Any, token_dtype: np.dtype) -> Any:
@@ -52,7 +61,7 @@ def arguments(
     named: dict[str, Any] = {}
     for array in kernel.inputs:
         size = n_positions if optional or not array.optional else 0
-        named[array.name] = rng.uniform(array.low, array.high, size).astype(token_dtype)
+        named[array.name] = token_values(array, size, token_dtype, rng)
     named["starts"], named["spans"] = rows.starts, rows.spans
     if kernel.layout != ELEMENTWISE:
         named["lengths"], named["mask"] = rows.lengths, rows.mask
@@ -70,7 +79,7 @@ def arguments(
             kernel, scalar.name, given.get(scalar.name, default), token_dtype
         )
     for array in kernel.outputs:
-        named[array.name] = np.empty(n_positions, token_dtype)
+        named[array.name] = np.empty(n_positions, argument_dtype(array.dtype, token_dtype))
     for array in kernel.row_outputs:
         named[array.name] = np.empty(rows.n_rows)
     return named
@@ -92,7 +101,7 @@ def common_arguments(
     named: dict[str, Any] = {}
     for array in kernel.inputs:
         size = shape if optional or not array.optional else (0,)
-        named[array.name] = rng.uniform(array.low, array.high, size).astype(token_dtype)
+        named[array.name] = token_values(array, size, token_dtype, rng)
     named["mask"] = None
     for array in kernel.row_inputs:
         if array.name != SCALES:
@@ -101,7 +110,7 @@ def common_arguments(
         default = 0 if scalar.dtype == CODE else scalar.examples[0]
         named[scalar.name] = scalar_value(kernel, scalar.name, default, token_dtype)
     for array in kernel.outputs:
-        named[array.name] = np.empty(shape, token_dtype)
+        named[array.name] = np.empty(shape, argument_dtype(array.dtype, token_dtype))
     return named
 
 

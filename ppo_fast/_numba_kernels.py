@@ -462,7 +462,7 @@ def kl_cov_top_k(
             length = min(np.uint64(max(lengths[b], 0)), span)
             whole = start + length // _U8 * _U8
             for i in range(start, start + span):
-                selected[i] = 0.0
+                selected[i] = 0
             for i in range(start, whole, _U8):
                 if (i - start) % _PREFETCH_BLOCK == 0:
                     # two arrays to prefetch: the third given is the second again
@@ -534,7 +534,7 @@ def kl_cov_top_k(
                     )
                     size = _offer(keys, positions, size, k, covariance, np.int64(i))
         for m in range(size):
-            selected[positions[m]] = 1.0
+            selected[positions[m]] = 1
 
 
 def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):

@@ -23,6 +23,7 @@ from ._numba_core import (
     _mask_stop,
     _one_like,
     _prefer_wide_vectors,
+    _prefetch,
     _prefetch_ahead,
     _select,
     exp_poly,
@@ -609,20 +610,22 @@ def kl_cov(
     old_logprobs,
     advantages,
     weights,
-    penalties,
+    selected,
     starts,
     spans,
     lengths,
     mask,
     scales,
+    coef,
     grad,
     row_loss,
     row_penalised,
     row_abs_kl,
 ):
     """Twin: src/rows_token.h ppo_kl_cov_row. As cispo: the ratios' exp in a pre-pass per chunk,
-    then one pass with selects."""
+    then one pass with selects. A token is penalised where it is selected and coef != 0."""
     has_mask = mask.shape[0] > 0
+    penalise = coef != 0
     has_weights = weights.shape[0] > 0
     ratios = np.empty(_CHUNK, logprobs.dtype)
     for b in prange(starts.shape[0]):
@@ -642,10 +645,12 @@ def kl_cov(
             first = start + chunk * _UCHUNK
             n = min(_UCHUNK, start + valid_end - first)
             for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+                ahead = _ahead(first + j0, start, span, valid_end)
                 _prefetch_ahead(
-                    logprobs, old_logprobs, advantages, penalties, True, mask, has_mask,
-                    _ahead(first + j0, start, span, valid_end),
+                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                    ahead,
                 )  # fmt: skip
+                _prefetch(selected, ahead)  # a byte a token: one line for the block
                 for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
                     i = first + j
                     ratios[j] = exp_poly(logprobs[i] - old_logprobs[i])
@@ -654,14 +659,13 @@ def kl_cov(
                 valid = (not has_mask) or mask[i] != 0
                 weight = np.float64(weights[i]) if has_weights else 1.0
                 log_ratio = logprobs[i] - old_logprobs[i]
-                penalty = penalties[i]
-                penalised = penalty != zero
+                penalised = penalise & (selected[i] != 0)
                 distance = abs(log_ratio)
                 # sign(log_ratio): 0 at 0, NaN at NaN (log_ratio itself, where it is not < or >)
                 sign = _select(log_ratio > zero, one, _select(log_ratio < zero, -one, log_ratio))
                 base = advantages[i] * ratios[j]
-                objective = _select(penalised, base - penalty * distance, base)
-                slope = _select(penalised, base - penalty * sign, base)
+                objective = _select(penalised, base - coef * distance, base)
+                slope = _select(penalised, base - coef * sign, base)
                 grad[i] = _select(valid, -weight * slope * scale, zero)
                 total += _select(valid, -weight * objective, 0.0)
                 abs_total += _select(valid, np.float64(distance), 0.0)

@@ -499,12 +499,13 @@ def kl_cov(
     old_logprobs,
     advantages,
     weights,
-    penalties,
+    selected,
     starts,
     spans,
     lengths,
     mask,
     scales,
+    coef,
     grad,
     row_loss,
     row_penalised,
@@ -514,10 +515,10 @@ def kl_cov(
     """Per token: l = -w * (A * rho - p * |logp - old|), the penalty only where p != 0.
 
     rho = exp(logp - old) (not clamped, as verl's KL-Cov), exp saturating as the compiled
-    kernels'; p = penalties[i] (verl: ppo_kl_coef at the tokens its covariance selection picked,
-    0 elsewhere). Writes grad = scales[b] * -w * (A * rho - p * sign(logp - old)), with sign(0) =
-    0 (torch's abs has gradient 0 at 0), and per row the unscaled sum of l, the number of
-    penalised tokens (p != 0) and the sum of |logp - old|.
+    kernels'; p = coef where selected[i] != 0, else 0 (verl: ppo_kl_coef at the tokens its
+    covariance selection picked). Writes grad = scales[b] * -w * (A * rho - p * sign(logp -
+    old)), with sign(0) = 0 (torch's abs has gradient 0 at 0), and per row the unscaled sum of
+    l, the number of penalised tokens (p != 0) and the sum of |logp - old|.
     """
     rnd = in_dtype(logprobs.dtype)
     for b in range(starts.shape[0]):
@@ -527,7 +528,8 @@ def kl_cov(
             if not _valid(mask, i, t, lengths[b]):
                 grad[i] = 0.0
                 continue
-            advantage, penalty = float(advantages[i]), float(penalties[i])
+            advantage = float(advantages[i])
+            penalty = float(coef) if selected[i] != 0 else 0.0
             weight = float(weights[i]) if weights.shape[0] else 1.0
             log_ratio = rnd(float(logprobs[i]) - float(old_logprobs[i]))
             distance = abs(log_ratio)
@@ -571,7 +573,7 @@ def kl_cov_top_k(
         cov_i = (A_i - mean A) * (logp_i - mean logp)
 
     in float64, each mean's sum in 8 lanes (token t of a row to lane t % 8, in order) added up in
-    the tree ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Writes selected = 1 at the
+    the tree ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Writes the flag selected = 1 at the
     k = min(n, max(1, floor(ratio * n))) tokens of largest cov (a NaN counts as -inf; ties at the
     k-th value to the lowest positions), 0 at every other position; nothing is selected when
     n = 0. The public ``kl_cov_selection`` passes the whole batch as one group.
@@ -581,7 +583,7 @@ def kl_cov_top_k(
         positions = [i for b in rows for i in _row_positions(starts, spans, lengths, mask, b)]
         for b in rows:
             for t in range(spans[b]):
-                selected[starts[b] + t] = 0.0
+                selected[starts[b] + t] = 0
         n = len(positions)
         if n == 0:
             continue
@@ -598,7 +600,7 @@ def kl_cov_top_k(
         wanted = ratio * n
         k = n if wanted >= n else max(int(wanted), 1)
         for i in sorted(positions, key=lambda i: (-keys[i], i))[:k]:
-            selected[i] = 1.0
+            selected[i] = 1
 
 
 def value_loss(

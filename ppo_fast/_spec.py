@@ -5,7 +5,8 @@ from ``src/_kernels.pyx.tp``) exposes one function per entry of ``KERNELS``, wit
 arguments ``Kernel.arguments`` lists, in that order:
 
     inputs          token arrays read, flat (N,), C-contiguous, in the token dtype (float32 or
-                    float64); an optional one is passed empty, (0,), when absent
+                    float64), or flags (dtype FLAGS: uint8, nonzero = set, one per position); an
+                    optional one is passed empty, (0,), when absent
     layout          "rows": starts, spans, lengths (int64 (B,)) and mask (uint8 (N,), or (0,)
                     when every position within lengths is valid): see ``_validate.Rows``;
                     "elementwise": starts and spans only (the positions are cut into rows only so
@@ -17,7 +18,8 @@ arguments ``Kernel.arguments`` lists, in that order:
                     ``group_arguments``): it runs in parallel over groups, not rows
     row inputs      (B,) arrays, one value per row, float64 or in the token dtype
     scalars         float64, the token dtype (a NumPy scalar of it), or an integer code
-    outputs         token arrays written at every position of every row (0 where not valid)
+    outputs         token arrays (or FLAGS) written at every position of every row (0 where not
+                    valid)
     row outputs     float64 (B,), one value per row (sums and counts, reduced per row)
     n_threads       the threads the call may use
 
@@ -43,6 +45,7 @@ from typing import Any
 ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
 
 FLOAT64, TOKEN, CODE = "float64", "token", "code"
+FLAGS = "flags"  # a token array of uint8 flags (nonzero: set): a token selection
 SCALES = "scales"  # a loss's row input: each row's aggregation weight, in the token dtype
 ROWS, ELEMENTWISE, GROUPS = "rows", "elementwise", "groups"
 ROW_LAYOUT = ("starts", "spans", "lengths", "mask")
@@ -54,7 +57,7 @@ class Array:
     """A token array (input or output), or a per-row array (row input or row output)."""
 
     name: str
-    dtype: str = TOKEN  # TOKEN or FLOAT64
+    dtype: str = TOKEN  # TOKEN or FLOAT64 (FLAGS: token inputs and outputs only)
     optional: bool = False  # an input that may be passed empty, (0,), when absent
     # Values the generic test and warmup draw for it: uniform in [low, high].
     low: float = -2.0
@@ -440,10 +443,11 @@ KERNELS: dict[str, Kernel] = {
         ),
         Kernel(
             "kl_cov",
-            "KL-Cov: -A * rho, plus p * |log rho| at the tokens given a penalty p: per-row loss "
-            "sums, d loss / d logprobs and statistics",
-            inputs=(*_POLICY_INPUTS, Array("penalties", low=0.0, high=2.0)),
+            "KL-Cov: -A * rho, plus coef * |log rho| at the selected tokens: per-row loss sums, "
+            "d loss / d logprobs and statistics",
+            inputs=(*_POLICY_INPUTS, Array("selected", FLAGS)),
             row_inputs=(_SCALES,),
+            scalars=(Scalar("coef", TOKEN, examples=(0.1, 0.0, 1.5)),),
             outputs=(Array("grad"),),
             row_outputs=(
                 Array("row_loss", FLOAT64),
@@ -459,7 +463,7 @@ KERNELS: dict[str, Kernel] = {
             inputs=(Array("logprobs", low=-3.0, high=0.0), Array("advantages")),
             layout=GROUPS,
             scalars=(Scalar("ratio", examples=(0.0002, 0.3, 1.0, 7.0)),),
-            outputs=(Array("selected"),),
+            outputs=(Array("selected", FLAGS),),
         ),
         Kernel(
             "value_loss",

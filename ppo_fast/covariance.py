@@ -116,7 +116,7 @@ def kl_cov_selection(
         cu_seqlens=cu_seqlens,
     )
     logp, adv = checked
-    selected = np.empty(logp.shape, dtype=logp.dtype)
+    selected = np.empty(logp.shape, dtype=bool)  # the kernel writes its flags in bool's bytes
     _backend.run(
         "kl_cov_top_k",
         backend,
@@ -126,9 +126,9 @@ def kl_cov_selection(
         group_rows=np.arange(rows.n_rows, dtype=np.int64),
         group_starts=np.array([0, rows.n_rows], dtype=np.int64),
         ratio=ratio,
-        selected=selected.ravel(),
+        selected=selected.view(np.uint8).ravel(),
     )
-    return selected != 0
+    return selected
 
 
 def clip_cov_selection(

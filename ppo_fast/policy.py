@@ -130,23 +130,18 @@ def _run(
     scalars: dict[str, float],
     row_outputs: tuple[str, ...],
     codes: dict[str, int] | None = None,
-    penalties: Any = None,
+    selected: Any = None,
 ) -> tuple[np.ndarray, list[float], float]:
     """Validate, run ``kernel`` and reduce: (grad, [loss, other row sums...], valid tokens).
-    ``penalties`` (KL-Cov's): a selection shaped like ``logprobs`` and its penalty, checked
-    here and handed to the kernel as a token array."""
+    ``selected`` (KL-Cov's): a selection shaped like ``logprobs``, checked here and handed to
+    the kernel as its flags (a byte a token, bool's own bytes: no copy of a C-contiguous one)."""
     # weights alone are optional: a None for any other array is for _validate to name
     given = {k: v for k, v in arrays.items() if k != "weights" or v is not None}
     checked, rows = _validate.batch(given, **layout)
     extra = {}
-    if penalties is not None:
-        selected, coef = penalties
-        # coef at the selected tokens, 0 elsewhere (a product: a third of np.where's time)
-        extra["penalties"] = np.multiply(
-            _selection(selected, checked[0].shape),
-            checked[0].dtype.type(coef),
-            dtype=checked[0].dtype,
-        ).ravel()
+    if selected is not None:
+        flags = np.ascontiguousarray(_selection(selected, checked[0].shape))
+        extra["selected"] = flags.view(np.uint8).ravel()
     logp = checked[0]
     weights = checked[3].ravel() if "weights" in given else _NO_WEIGHTS[logp.dtype]
     scales, valid = _row_scales(rows=rows, **normalisers)
@@ -482,9 +477,9 @@ def kl_cov_loss(
         {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
         grad_out,
         backend,
-        {},
+        {"coef": coef},
         ("row_loss", "row_penalised", "row_abs_kl"),
-        penalties=(selected, coef),
+        selected=selected,
     )
     if coef == 0.0:  # nothing is penalised, whatever is selected: count the selection itself
         penalised = _selected_count(selected, logprobs, mask, lengths, cu_seqlens)

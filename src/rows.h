@@ -247,7 +247,7 @@ PPO_INLINE void PPO_ROW(ppo_chunk_ratios)(
  * arrays (NULL or left out of the initializer: absent), and their mask (all valid without one),
  * in zero-padded lanes. */
 #ifndef PPO_TAIL_ARRAYS
-#define PPO_TAIL_ARRAYS 5 /* KL-Cov's: log-probabilities, old ones, advantages, penalties, weights */
+#define PPO_TAIL_ARRAYS 4 /* log-probabilities, old ones, advantages, weights */
 #endif
 typedef struct {
     ppo_real tokens[PPO_TAIL_ARRAYS][8], grad[8];

@@ -111,7 +111,7 @@ PPO_INLINE void PPO_ROW(ppo_kl_cov_offer_block)(
 static int PPO_ROW(ppo_kl_cov_top_k_group)(
     const ppo_real* logprobs, const ppo_real* advantages, const int64_t* starts,
     const int64_t* spans, const int64_t* lengths, const uint8_t* mask, int has_mask,
-    const int64_t* rows, ptrdiff_t n_rows, double ratio, ppo_real* selected) {
+    const int64_t* rows, ptrdiff_t n_rows, double ratio, uint8_t* selected) {
     ppo_f64x8 count_lanes = ppo_f64x8_splat(0.0), adv_lanes = count_lanes, logp_lanes = count_lanes;
     const ptrdiff_t distance = PPO_STREAM_AHEAD_BYTES / (ptrdiff_t)sizeof(ppo_real);
     for (ptrdiff_t j = 0; j < n_rows; j++) {
@@ -119,7 +119,7 @@ static int PPO_ROW(ppo_kl_cov_top_k_group)(
         ptrdiff_t start = starts[b], span = spans[b];
         ptrdiff_t valid_end = ppo_valid_stop(start, span, lengths[b]), i;
         ptrdiff_t length = valid_end - start; /* the valid prefix: never past the span */
-        for (i = start; i < start + span; i++) selected[i] = 0;
+        memset(selected + start, 0, (size_t)span);
         for (i = start; i + 8 <= valid_end; i += 8) {
             PPO_ROW(ppo_prefetch_ahead)(
                 logprobs, advantages, NULL, NULL, has_mask ? mask : NULL, start, i,

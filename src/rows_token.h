@@ -241,9 +241,10 @@ static void PPO_ROW(ppo_dppo_row)(
 /* -- KL-Cov ------------------------------------------------------------------------------------ */
 
 typedef struct {
-    ppo_vec zero, one, negative_one;
+    ppo_vec zero, one, negative_one, coef;
     ppo_vec token_scale;
     ppo_f64x8 scale;
+    int penalise; /* coef != 0: with coef 0 no token is penalised, whatever is selected */
 } PPO_ROW(ppo_kl_cov_params);
 
 typedef struct {
@@ -251,17 +252,16 @@ typedef struct {
     ppo_count penalised;
 } PPO_ROW(ppo_kl_cov_sums);
 
-/* The twin's loop body for the 8 tokens from position i, their ratios given. */
+/* The twin's loop body for the 8 tokens from position i, their ratios and selection flags
+ * (`selected`, a byte per token) given. */
 PPO_INLINE void PPO_ROW(ppo_kl_cov_block)(
     int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
-    const ppo_real* advantages, const ppo_real* penalties, const ppo_real* weights,
+    const ppo_real* advantages, const uint8_t* selected, const ppo_real* weights,
     const uint8_t* mask, ptrdiff_t i, ppo_vec ratio, const PPO_ROW(ppo_kl_cov_params) * p,
     ppo_real* grad, PPO_ROW(ppo_kl_cov_sums) * sums) {
     ppo_mask valid = has_mask ? PPO_M(from_bytes)(mask + i) : PPO_M(all)();
     ppo_vec log_ratio = PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
-    ppo_vec penalty = PPO_V(load)(penalties + i);
-    /* penalty != 0: NaN too */
-    ppo_mask penalised = PPO_M(and_not)(PPO_M(all)(), PPO_V(eq)(penalty, p->zero));
+    ppo_mask penalised = p->penalise ? PPO_M(from_bytes)(selected + i) : PPO_M(first)(0);
     ppo_vec distance = PPO_V(abs)(log_ratio); /* numba's abs: |-0| = +0 */
     /* sign: 0 at 0, NaN at NaN (the log-ratio itself, where it is neither < nor > 0) */
     ppo_vec sign = PPO_V(select)(
@@ -269,8 +269,8 @@ PPO_INLINE void PPO_ROW(ppo_kl_cov_block)(
         PPO_V(select)(PPO_V(lt)(log_ratio, p->zero), p->negative_one, log_ratio));
     ppo_vec base = PPO_V(mul)(PPO_V(load)(advantages + i), ratio);
     ppo_vec objective =
-        PPO_V(select)(penalised, PPO_V(sub)(base, PPO_V(mul)(penalty, distance)), base);
-    ppo_vec slope = PPO_V(select)(penalised, PPO_V(sub)(base, PPO_V(mul)(penalty, sign)), base);
+        PPO_V(select)(penalised, PPO_V(sub)(base, PPO_V(mul)(p->coef, distance)), base);
+    ppo_vec slope = PPO_V(select)(penalised, PPO_V(sub)(base, PPO_V(mul)(p->coef, sign)), base);
     sums->loss = PPO_ROW(ppo_policy_gradient)(
         has_weights, weights, i, valid, slope, PPO_V(select)(valid, objective, p->zero), p->zero,
         p->token_scale, p->scale, grad, sums->loss);
@@ -281,7 +281,7 @@ PPO_INLINE void PPO_ROW(ppo_kl_cov_block)(
 
 PPO_INLINE void PPO_ROW(ppo_kl_cov_cases)(
     int has_mask, int has_weights, const ppo_real* logprobs, const ppo_real* old_logprobs,
-    const ppo_real* advantages, const ppo_real* weights, const ppo_real* penalties,
+    const ppo_real* advantages, const ppo_real* weights, const uint8_t* selected,
     ptrdiff_t start, ptrdiff_t span, ptrdiff_t length, const uint8_t* mask,
     const PPO_ROW(ppo_kl_cov_params) * p, ppo_real* grad, double* row_loss,
     double* row_penalised, double* row_abs_kl) {
@@ -297,30 +297,30 @@ PPO_INLINE void PPO_ROW(ppo_kl_cov_cases)(
         for (i = first; i < whole_end; i += 8) {
             ptrdiff_t ahead = ppo_ahead(i, valid_end, start + span);
             PPO_ROW(ppo_prefetch_ahead)(
-                logprobs, old_logprobs, advantages, penalties, has_mask ? mask : NULL, first, i,
-                ahead);
-            if (has_weights && (i - first) % (64 / sizeof(ppo_real)) == 0) {
-                ppo_prefetch(weights, ahead * (ptrdiff_t)sizeof(ppo_real));
-            }
+                logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
+                has_mask ? mask : NULL, first, i, ahead);
+            if ((i - first) % 64 == 0) ppo_prefetch(selected, ahead); /* a byte a token */
             ppo_vec log_ratio =
                 PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
             PPO_V(store)(ratios + (i - first), PPO_V(exp)(log_ratio));
         }
         for (i = first; i < whole_end; i += 8) {
             PPO_ROW(ppo_kl_cov_block)(
-                has_mask, has_weights, logprobs, old_logprobs, advantages, penalties, weights,
+                has_mask, has_weights, logprobs, old_logprobs, advantages, selected, weights,
                 mask, i, PPO_V(load)(ratios + (i - first)), p, grad, &sums);
         }
         if (i < end) {
             const ppo_real* const arrays[PPO_TAIL_ARRAYS] = {
-                logprobs, old_logprobs, advantages, penalties, has_weights ? weights : NULL};
+                logprobs, old_logprobs, advantages, has_weights ? weights : NULL};
             PPO_ROW(ppo_tail) tail;
+            uint8_t tail_selected[8] = {0};
             PPO_ROW(ppo_tail_fill)(&tail, arrays, has_mask, mask, i, end - i);
+            memcpy(tail_selected, selected + i, (size_t)(end - i));
             ppo_vec ratio = PPO_V(exp)(PPO_V(sub)(PPO_V(load)(tail.tokens[0]),
                                                   PPO_V(load)(tail.tokens[1])));
             PPO_ROW(ppo_kl_cov_block)(
-                1, has_weights, tail.tokens[0], tail.tokens[1], tail.tokens[2], tail.tokens[3],
-                tail.tokens[4], tail.mask, 0, ratio, p, tail.grad, &sums);
+                1, has_weights, tail.tokens[0], tail.tokens[1], tail.tokens[2], tail_selected,
+                tail.tokens[3], tail.mask, 0, ratio, p, tail.grad, &sums);
             memcpy(grad + i, tail.grad, (size_t)(end - i) * sizeof(ppo_real));
         }
         loss = sums.loss;
@@ -335,18 +335,20 @@ PPO_INLINE void PPO_ROW(ppo_kl_cov_cases)(
 
 static void PPO_ROW(ppo_kl_cov_row)(
     const ppo_real* logprobs, const ppo_real* old_logprobs, const ppo_real* advantages,
-    const ppo_real* weights, int has_weights, const ppo_real* penalties, ptrdiff_t start,
+    const ppo_real* weights, int has_weights, const uint8_t* selected, ptrdiff_t start,
     ptrdiff_t span, ptrdiff_t length, const uint8_t* mask, int has_mask, ppo_real scale,
-    ppo_real* grad, double* row_loss, double* row_penalised, double* row_abs_kl) {
+    ppo_real coef, ppo_real* grad, double* row_loss, double* row_penalised, double* row_abs_kl) {
     const ppo_real zero = scale - scale, one = 1; /* 0 in the dtype, as the twin */
     PPO_ROW(ppo_kl_cov_params) p;
     p.zero = PPO_V(splat)(zero);
     p.one = PPO_V(splat)(one);
     p.negative_one = PPO_V(splat)(-one);
+    p.coef = PPO_V(splat)(coef);
+    p.penalise = coef != 0;
     p.scale = ppo_f64x8_splat((double)scale);
     p.token_scale = PPO_V(splat)(scale);
     PPO_TOKEN_CASES(
-        PPO_ROW(ppo_kl_cov_cases), logprobs, old_logprobs, advantages, weights, penalties, start,
+        PPO_ROW(ppo_kl_cov_cases), logprobs, old_logprobs, advantages, weights, selected, start,
         span, length, mask, &p, grad, row_loss, row_penalised, row_abs_kl);
 }
 

@@ -16,7 +16,7 @@ import numpy as np
 from batches import Batch
 
 from ppo_fast import _examples, _groups, _validate
-from ppo_fast._spec import CODE, ELEMENTWISE, GROUPS, KERNELS, Kernel
+from ppo_fast._spec import CODE, ELEMENTWISE, FLAGS, GROUPS, KERNELS, Kernel
 
 
 @dataclass
@@ -30,8 +30,9 @@ class Case:
         arguments = dict(self.arguments)
         written = [a.name for a in (*self.kernel.outputs, *self.kernel.row_outputs)]
         for name in written:
-            # NaN-filled, so that a position a kernel fails to write shows.
-            arguments[name] = np.full_like(arguments[name], np.nan)
+            # NaN-filled (flags: 0xAB), so that a position a kernel fails to write shows.
+            junk = 0xAB if arguments[name].dtype == np.uint8 else np.nan
+            arguments[name] = np.full_like(arguments[name], junk)
         arguments["n_threads"] = n_threads
         getattr(backend_module, self.kernel.name)(*self.kernel.bind(arguments))
         return {name: arguments[name] for name in written}
@@ -96,7 +97,10 @@ def cases(batch: Batch, kernels=None, nonfinite: bool = False) -> list[Case]:
                 )
                 for array in kernel.inputs:
                     values = arguments[array.name]
-                    junk = np.array([np.nan, np.inf, -np.inf], dtype=values.dtype)
+                    if array.dtype == FLAGS:  # any nonzero byte is a set flag
+                        junk = np.array([1, 0xFF, 0x80], dtype=values.dtype)
+                    else:
+                        junk = np.array([np.nan, np.inf, -np.inf], dtype=values.dtype)
                     poisoned = invalid.copy() if values.size else np.zeros(0, bool)
                     if nonfinite and values.size:
                         poisoned |= batch.rng.random(values.size) < 1 / 8

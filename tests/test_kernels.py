@@ -19,7 +19,7 @@ from kernel_cases import cases
 
 import ppo_fast
 from ppo_fast import _backend, _reference
-from ppo_fast._spec import KERNELS, ROWS
+from ppo_fast._spec import FLAGS, KERNELS, ROWS, TOKEN
 
 
 def _parameters(function) -> list[str]:
@@ -51,6 +51,12 @@ def test_the_table_and_the_stage_modules_agree():
             assert kernel.scalar(kernel.specialise).choices, kernel.name
         if kernel.common:  # a common case is padded rows, one value of each row input
             assert kernel.layout == ROWS and kernel.specialise is None, kernel.name
+            # and token arrays in the token dtype (the common entries take no flags)
+            arrays = (*kernel.inputs, *kernel.outputs)
+            assert all(a.dtype == TOKEN for a in arrays), kernel.name
+        # flags are token arrays: an input or an output, never a row's
+        for array in (*kernel.row_inputs, *kernel.row_outputs):
+            assert array.dtype != FLAGS, (kernel.name, array.name)
 
 
 def test_binding_a_kernel_without_an_argument_names_it():
