@@ -584,23 +584,33 @@ def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
 
 
 def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened):
-    """Twin: src/rows_moments.h ppo_whiten_row, split as it is so that LLVM vectorizes it: the
-    valid prefix with or without a mask (every position computed, the mask selecting), then the
-    padding."""
+    """Twin: src/rows_moments.h ppo_whiten_row: the valid prefix 8 tokens at a time in float64
+    lanes, ((double)x - mean) * scale + offset rounded to the dtype at the store, 0 where masked,
+    prefetching x 8 KiB ahead and across the padding (as the moments'); the last positions one
+    by one; then the padding's zeros."""
     has_mask = mask.shape[0] > 0
+    distance = np.uint64(_STREAM_AHEAD_BYTES // x.itemsize)
     for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
-        valid_end = start + min(np.uint64(lengths[b]), span)
-        if has_mask:
-            for i in range(start, valid_end):
-                value = (np.float64(x[i]) - mean) * scale + offset
-                whitened[i] = _select(mask[i] != 0, value, 0.0)
-        else:
-            for i in range(start, valid_end):
-                whitened[i] = (np.float64(x[i]) - mean) * scale + offset
-        for i in range(valid_end, start + span):
+        length = min(np.uint64(max(lengths[b], 0)), span)
+        means = _lanes_splat(mean)
+        scales = _lanes_splat(scale)
+        offsets = _lanes_splat(offset)
+        whole = start + length // _U8 * _U8
+        for i in range(start, whole, _U8):
+            if (i - start) % _PREFETCH_BLOCK == 0:
+                ahead = _ahead_by(i, start, span, length, distance)
+                _prefetch_ahead(x, x, x, x, False, mask, has_mask, ahead)  # one array: x
+            centred = _lanes_sub(_lanes_load(x, i), means)
+            value = _lanes_add(_lanes_mul(centred, scales), offsets)
+            if has_mask:  # a masked position gets +0.0
+                value = _lanes_where_valid(mask, i, value)
+            _lanes_store(whitened, i, value)
+        for i in range(whole, start + length):
+            value = (np.float64(x[i]) - mean) * scale + offset
+            whitened[i] = _select(not has_mask or mask[i] != 0, value, 0.0)
+        for i in range(start + length, start + span):
             whitened[i] = 0.0
 
 

@@ -66,17 +66,30 @@ static void PPO_ROW(ppo_moments_row)(
 /* The twin's loop, split so that the compiler vectorizes it: the valid prefix with or without a
  * mask, then the padding. Under a mask every position is computed and the mask selects (which
  * -fno-trapping-math allows on every lane); each store is the twin's. */
+/* The valid prefix 8 tokens at a time in explicit lanes (gcc's own vectorization of the scalar
+ * loop ran 1.6-1.8 times numba's time on rows in the cache), prefetching x 8 KiB ahead and across
+ * the padding (as the moments'), then the padding's zeros. Each token's value is the twin's:
+ * ((double)x - mean) * scale + offset, rounded to the dtype, 0 where masked. */
 static void PPO_ROW(ppo_whiten_row)(
     const ppo_real* x, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length, const uint8_t* mask,
     int has_mask, double mean, double scale, double offset, ppo_real* whitened) {
-    ptrdiff_t valid_end = start + (length < span ? (length > 0 ? length : 0) : span), i;
-    if (has_mask) {
-        for (i = start; i < valid_end; i++) {
-            ppo_real value = (ppo_real)(((double)x[i] - mean) * scale + offset);
-            whitened[i] = mask[i] != 0 ? value : 0;
-        }
-    } else {
-        for (i = start; i < valid_end; i++) whitened[i] = (ppo_real)(((double)x[i] - mean) * scale + offset);
+    ptrdiff_t valid_end = ppo_valid_stop(start, span, length), i;
+    const ptrdiff_t distance = PPO_STREAM_AHEAD_BYTES / (ptrdiff_t)sizeof(ppo_real);
+    ppo_f64x8 means = ppo_f64x8_splat(mean), scales = ppo_f64x8_splat(scale);
+    ppo_f64x8 offsets = ppo_f64x8_splat(offset);
+    ppo_vec zero = PPO_V(splat)(0);
+    for (i = start; i + 8 <= valid_end; i += 8) {
+        PPO_ROW(ppo_prefetch_ahead)(
+            x, NULL, NULL, NULL, has_mask ? mask : NULL, start, i,
+            ppo_ahead_by(i, valid_end, start + span, distance));
+        ppo_f64x8 centred = ppo_f64x8_sub(PPO_V(to_f64)(PPO_V(load)(x + i)), means);
+        ppo_vec value = PPO_V(from_f64)(ppo_f64x8_add(ppo_f64x8_mul(centred, scales), offsets));
+        if (has_mask) value = PPO_V(select)(PPO_M(from_bytes)(mask + i), value, zero);
+        PPO_V(store)(whitened + i, value);
+    }
+    for (; i < valid_end; i++) {
+        ppo_real value = (ppo_real)(((double)x[i] - mean) * scale + offset);
+        whitened[i] = !has_mask || mask[i] != 0 ? value : 0;
     }
     for (i = valid_end; i < start + span; i++) whitened[i] = 0;
 }
