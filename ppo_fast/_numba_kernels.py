@@ -285,7 +285,9 @@ def optimal_token_baseline(
 ):
     """Twin: src/rows_returns.h ppo_optimal_token_baseline_group. prange over groups; a group's
     sums run over its rows in order, in a float64 scratch of 3 x its longest row's valid tokens
-    (the baseline's numerators and denominators by valid-token index, and one row's returns)."""
+    (the baseline's numerators and denominators by valid-token index, and one row's returns),
+    and one row's exp(old_logprobs) by position, computed first in a loop LLVM vectorizes (the
+    kernels' exp, _exp64: math.exp is a call per token)."""
     has_mask = mask.shape[0] > 0
     has_is_weights = is_weights.shape[0] > 0
     for g in prange(group_starts.shape[0] - 1):
@@ -296,8 +298,10 @@ def optimal_token_baseline(
         second = np.uint64(0)
         n_longest = 0
         n_reaching = 0
+        widest = np.uint64(0)  # the longest valid extent (positions before the length)
         for j in range(first, end):
             b = group_rows[j]
+            widest = max(widest, min(np.uint64(lengths[b]), np.uint64(spans[b])))
             count = _valid_count(
                 np.uint64(starts[b]), np.uint64(spans[b]), np.uint64(lengths[b]), mask, has_mask
             )
@@ -319,6 +323,7 @@ def optimal_token_baseline(
         else:
             baseline_end = longest
         scratch = np.empty(np.uint64(3) * longest)
+        exps = np.empty(widest)
         numerators = scratch[:baseline_end]
         denominators = scratch[longest : longest + baseline_end]
         row_returns = scratch[np.uint64(2) * longest :]
@@ -338,13 +343,16 @@ def optimal_token_baseline(
                     running = fma(gamma, running, np.float64(rewards[i]))
                     slot -= _U1
                     row_returns[slot] = running
+            reach = valid_end if baseline_end > 0 else np.uint64(0)  # the exps read below
+            for k in range(reach):
+                exps[k] = _exp64(np.float64(old_logprobs[start + k]))
             cumulative = 0.0
             index = np.uint64(0)
             for i in range(start, start + valid_end):
                 if index == baseline_end:
                     break
                 if not has_mask or mask[i] != 0:
-                    weight = 1.0 - 2.0 * math.exp(np.float64(old_logprobs[i]))
+                    weight = 1.0 - 2.0 * exps[i - start]
                     weight = weight + np.float64(sum_pi_squared[i])
                     if has_is_weights:
                         is_weight = np.float64(is_weights[i])

@@ -233,6 +233,8 @@ def optimal_token_baseline(
     """Per group, at each index k of the rows' valid tokens (k = 0, 1, ...):
 
         w_k = (1 - 2 exp(old_logprobs_k) + sum_pi_squared_k) * is_weights_k^2
+
+    (exp in float64 as the kernels compute it, ``saturated_exp``)
         W_k = w_0 + ... + w_k,    G_k = the return of ``discounted_returns``
         B_k = sum(G_k W_k) / (sum(W_k) + eps)
 
@@ -264,7 +266,8 @@ def optimal_token_baseline(
         for b in rows:
             cumulative = 0.0
             for k, i in enumerate(positions[b][:baseline_end]):
-                weight = 1.0 - 2.0 * safe_exp(float(old_logprobs[i])) + float(sum_pi_squared[i])
+                exp_old = saturated_exp(float(old_logprobs[i]), np.float64)
+                weight = 1.0 - 2.0 * exp_old + float(sum_pi_squared[i])
                 if is_weights.shape[0]:
                     weight *= float(is_weights[i]) * float(is_weights[i])
                 cumulative += weight

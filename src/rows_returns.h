@@ -141,7 +141,9 @@ static void PPO_ROW(ppo_remax_row)(
 
 /* One group: its rows are rows[0 .. n_rows-1] (in row order). The scratch holds, by valid-token
  * index, the baseline's numerators and denominators (summed over the group's rows in order),
- * and one row's returns at a time. Returns 1 when the scratch cannot be allocated, else 0. */
+ * and one row's returns at a time; and by position, one row's exp(old_logprobs), computed 8 at
+ * a time first (the kernels' exp, ppo_f64x8_exp: libm's one call a token was a quarter of the
+ * kernel's time). Returns 1 when the scratch cannot be allocated, else 0. */
 static int PPO_ROW(ppo_optimal_token_baseline_group)(
     const ppo_real* rewards, const ppo_real* old_logprobs, const ppo_real* sum_pi_squared,
     const ppo_real* is_weights, int has_is_weights, const int64_t* starts, const int64_t* spans,
@@ -150,8 +152,11 @@ static int PPO_ROW(ppo_optimal_token_baseline_group)(
     ppo_real* advantages, ppo_real* returns) {
     /* The longest and second-longest rows (by valid tokens), and how many are that long. */
     ptrdiff_t longest = 0, second = 0, n_longest = 0, n_reaching = 0, baseline_end, j, k;
+    ptrdiff_t widest = 0; /* the longest valid extent (positions before the length) */
     for (j = 0; j < n_rows; j++) {
         int64_t b = rows[j];
+        ptrdiff_t extent = ppo_valid_end(spans[b], lengths[b]);
+        if (extent > widest) widest = extent;
         ptrdiff_t count = ppo_valid_count(starts[b], spans[b], lengths[b], mask, has_mask);
         if (count == 0) continue;
         n_reaching++;
@@ -172,12 +177,14 @@ static int PPO_ROW(ppo_optimal_token_baseline_group)(
     else
         baseline_end = longest;
     double *scratch = NULL, *numerators = NULL, *denominators = NULL, *row_returns = NULL;
+    double* exps = NULL;
     if (longest > 0) {
-        scratch = (double*)malloc(3 * (size_t)longest * sizeof(double));
+        scratch = (double*)malloc((3 * (size_t)longest + (size_t)widest) * sizeof(double));
         if (scratch == NULL) return 1;
         numerators = scratch;
         denominators = scratch + longest;
         row_returns = scratch + 2 * longest;
+        exps = scratch + 3 * longest;
         for (k = 0; k < baseline_end; k++) numerators[k] = denominators[k] = 0.0;
     }
     for (j = 0; j < n_rows; j++) {
@@ -192,9 +199,15 @@ static int PPO_ROW(ppo_optimal_token_baseline_group)(
                 row_returns[--slot] = running;
             }
         }
+        ptrdiff_t reach = baseline_end > 0 ? valid_end : 0; /* the exps the loop below reads */
+        for (k = 0; k + 8 <= reach; k += 8) {
+            ppo_f64x8 x = PPO_V(to_f64)(PPO_V(load)(old_logprobs + start + k));
+            ppo_f64x8_store(exps + k, ppo_f64x8_exp(x));
+        }
+        for (; k < reach; k++) exps[k] = ppo_exp64((double)old_logprobs[start + k]);
         for (i = start; i < start + valid_end && index < baseline_end; i++) {
             if (!has_mask || mask[i] != 0) {
-                double weight = 1.0 - 2.0 * exp((double)old_logprobs[i]);
+                double weight = 1.0 - 2.0 * exps[i - start];
                 weight = weight + (double)sum_pi_squared[i];
                 if (has_is_weights) {
                     double is_weight = is_weights[i];
