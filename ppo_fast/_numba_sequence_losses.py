@@ -11,8 +11,9 @@ from numba import prange
 
 from ._numba_core import (
     _PREFETCH_BLOCK,
+    _STREAM_AHEAD_BYTES,
     _U1,
-    _ahead,
+    _ahead_by,
     _mask_stop,
     _prefer_wide_vectors,
     _prefetch_ahead,
@@ -54,6 +55,7 @@ def gspo(
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     detached = form == 0
+    distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
     lo, hi, dual, cap = ratio_low, ratio_high, dual_clip, log_ratio_max
     for b in prange(starts.shape[0]):
         _prefer_wide_vectors()
@@ -67,10 +69,22 @@ def gspo(
         in_dtype = np.empty(1, logprobs.dtype)  # a float64 rounded to the dtype by a store
         count = 0.0
         log_ratio_total = 0.0
-        for i in range(start, end):
-            valid = (not has_mask) or mask[i] != 0
-            count += _select(valid, 1.0, 0.0)
-            log_ratio_total += _select(valid, np.float64(logprobs[i] - old_logprobs[i]), 0.0)
+        for i0 in range(start, end, _PREFETCH_BLOCK):
+            # a fast pass: prefetched _STREAM_AHEAD_BYTES ahead, then the token pass's inputs
+            ahead = i0 + distance
+            if ahead < end:
+                _prefetch_ahead(
+                    logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask, ahead
+                )
+            else:
+                _prefetch_ahead(
+                    advantages, weights, advantages, advantages, False, mask, False,
+                    ahead - end + start,
+                )  # fmt: skip
+            for i in range(i0, min(i0 + _PREFETCH_BLOCK, end)):
+                valid = (not has_mask) or mask[i] != 0
+                count += _select(valid, 1.0, 0.0)
+                log_ratio_total += _select(valid, np.float64(logprobs[i] - old_logprobs[i]), 0.0)
         in_dtype[0] = log_ratio_total / max(count, 1.0)
         mean = in_dtype[0]
         inside = not (mean > cap)  # torch.clamp passes the gradient at its bound, and NaN's
@@ -148,6 +162,7 @@ def geo_mean(
     kepts = np.empty(_CHUNK, np.float64)
     advantage_terms = np.empty(_CHUNK, np.float64)
     kls = np.empty(_CHUNK, np.float64)
+    distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
     for b in prange(starts.shape[0]):
         _prefer_wide_vectors()
         start = np.uint64(starts[b])
@@ -174,7 +189,7 @@ def geo_mean(
                 # the token pass rereads the row from the cache: ahead of it, the next row
                 _prefetch_ahead(
                     logprobs, old_logprobs, advantages, weights, False, mask, has_mask,
-                    _ahead(start + first + j0, start, span, valid_end),
+                    _ahead_by(start + first + j0, start, span, valid_end, distance),
                 )  # fmt: skip
                 for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
                     i = start + first + j

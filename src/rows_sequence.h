@@ -108,7 +108,7 @@ PPO_INLINE void PPO_ROW(ppo_gspo_cases)(
         sums.valid = PPO_C(zero)(); /* int32 lanes: totalled every chunk */
         for (i = first; i < whole_end; i += 8) {
             /* ahead: this pass's inputs, then the token pass's from the row's start */
-            ptrdiff_t ahead = i + PPO_CHUNK;
+            ptrdiff_t ahead = i + PPO_STREAM_AHEAD_BYTES / (ptrdiff_t)sizeof(ppo_real);
             if (ahead < valid_end)
                 PPO_ROW(ppo_prefetch_ahead)(
                     logprobs, old_logprobs, NULL, NULL, has_mask ? mask : NULL, first, i, ahead);
@@ -149,7 +149,7 @@ PPO_INLINE void PPO_ROW(ppo_gspo_cases)(
         sums.lower = PPO_C(zero)();
         for (i = first; i < whole_end; i += 8) {
             /* ahead: this pass's inputs, then the next row's pre-pass's */
-            ptrdiff_t ahead = i + PPO_CHUNK;
+            ptrdiff_t ahead = i + PPO_STREAM_AHEAD_BYTES / (ptrdiff_t)sizeof(ppo_real);
             if (ahead < valid_end)
                 PPO_ROW(ppo_prefetch_ahead)(
                     advantages, has_weights ? weights : NULL, NULL, NULL, has_mask ? mask : NULL,
@@ -304,6 +304,7 @@ PPO_INLINE void PPO_ROW(ppo_geo_mean_cases)(
     PPO_ROW(ppo_geo_mean_sums) sums = {f64_zero, f64_zero, f64_zero,
                                        PPO_C(zero)(), PPO_C(zero)(), PPO_C(zero)()};
     int64_t count = 0, upper_count = 0, lower_count = 0;
+    const ptrdiff_t distance = PPO_STREAM_AHEAD_BYTES / (ptrdiff_t)sizeof(ppo_real);
     for (ptrdiff_t first = start; first < valid_end; first += PPO_CHUNK) {
         ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
         ptrdiff_t whole_end = end - (end - first) % 8, i;
@@ -314,7 +315,7 @@ PPO_INLINE void PPO_ROW(ppo_geo_mean_cases)(
             /* the token pass rereads the row from the cache: ahead of the row, the next row */
             PPO_ROW(ppo_prefetch_ahead)(
                 logprobs, old_logprobs, advantages, NULL, has_mask ? mask : NULL, first, i,
-                ppo_ahead(i, valid_end, start + span));
+                ppo_ahead_by(i, valid_end, start + span, distance));
             PPO_ROW(ppo_geo_mean_sum_block)(
                 has_mask, logprobs, old_logprobs, advantages, mask, i, &p, &sums);
         }
