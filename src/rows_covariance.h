@@ -69,6 +69,22 @@ PPO_INLINE void ppo_offer(
 }
 #endif
 
+/* A row's last valid positions, fewer than 8 from position i (`count` of them), in zero-padded
+ * lanes with their mask bytes, for the two passes' last blocks. */
+typedef struct {
+    ppo_real logprobs[8], advantages[8];
+    uint8_t mask[8];
+} PPO_ROW(ppo_kl_cov_tail);
+
+PPO_INLINE void PPO_ROW(ppo_kl_cov_tail_fill)(
+    PPO_ROW(ppo_kl_cov_tail) * tail, const ppo_real* logprobs, const ppo_real* advantages,
+    const uint8_t* mask, int has_mask, ptrdiff_t i, ptrdiff_t count) {
+    memset(tail, 0, sizeof *tail);
+    memcpy(tail->logprobs, logprobs + i, (size_t)count * sizeof(ppo_real));
+    memcpy(tail->advantages, advantages + i, (size_t)count * sizeof(ppo_real));
+    if (has_mask) memcpy(tail->mask, mask + i, (size_t)count);
+}
+
 /* The 8 tokens from position i of a row: valid ones add their advantage and log-prob to the
  * lanes (and 1 to the count's); the others add +0.0, which leaves a sum that starts at +0.0
  * unchanged (NaN and inf included), so nothing stored at a masked position reaches the means. */
@@ -129,15 +145,12 @@ static int PPO_ROW(ppo_kl_cov_top_k_group)(
                 &count_lanes, &adv_lanes, &logp_lanes);
         }
         if (i < valid_end) { /* the row's last valid positions, fewer than 8 */
-            ppo_real tail_logp[8] = {0}, tail_adv[8] = {0};
-            uint8_t tail_mask[8] = {0};
-            size_t tail = (size_t)(valid_end - i);
-            memcpy(tail_logp, logprobs + i, tail * sizeof(ppo_real));
-            memcpy(tail_adv, advantages + i, tail * sizeof(ppo_real));
-            if (has_mask) memcpy(tail_mask, mask + i, tail);
+            PPO_ROW(ppo_kl_cov_tail) tail;
+            PPO_ROW(ppo_kl_cov_tail_fill)(
+                &tail, logprobs, advantages, mask, has_mask, i, valid_end - i);
             PPO_ROW(ppo_kl_cov_sums_block)(
-                ppo_valid_lanes(tail_mask, has_mask, 0, i - start, length), tail_logp, tail_adv, 0,
-                &count_lanes, &adv_lanes, &logp_lanes);
+                ppo_valid_lanes(tail.mask, has_mask, 0, i - start, length), tail.logprobs,
+                tail.advantages, 0, &count_lanes, &adv_lanes, &logp_lanes);
         }
     }
     double count = ppo_f64x8_total(count_lanes); /* exact: an integer below 2^53 */
@@ -166,14 +179,11 @@ static int PPO_ROW(ppo_kl_cov_top_k_group)(
                 mean_logps, keys, positions, &size, k);
         }
         if (i < valid_end) {
-            ppo_real tail_logp[8] = {0}, tail_adv[8] = {0};
-            uint8_t tail_mask[8] = {0};
-            size_t tail = (size_t)(valid_end - i);
-            memcpy(tail_logp, logprobs + i, tail * sizeof(ppo_real));
-            memcpy(tail_adv, advantages + i, tail * sizeof(ppo_real));
-            if (has_mask) memcpy(tail_mask, mask + i, tail);
+            PPO_ROW(ppo_kl_cov_tail) tail;
+            PPO_ROW(ppo_kl_cov_tail_fill)(
+                &tail, logprobs, advantages, mask, has_mask, i, valid_end - i);
             PPO_ROW(ppo_kl_cov_offer_block)(
-                tail_logp, tail_adv, tail_mask, has_mask, 0, i - start, length, start,
+                tail.logprobs, tail.advantages, tail.mask, has_mask, 0, i - start, length, start,
                 mean_advs, mean_logps, keys, positions, &size, k);
         }
     }
