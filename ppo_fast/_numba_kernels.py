@@ -443,16 +443,6 @@ def _offer(keys, positions, size, k, key, position):
     return size
 
 
-@_jit
-def _prefetch_pair(a, b, mask, has_mask, i, start, span, length, distance):
-    """At the first position of each _PREFETCH_BLOCK of a row's pass: prefetch two token arrays
-    and the mask ``distance`` positions ahead (_ahead_by; _prefetch_ahead takes three arrays:
-    the third given is the second again)."""
-    if (i - start) % _PREFETCH_BLOCK == 0:
-        ahead = _ahead_by(i, start, span, length, distance)
-        _prefetch_ahead(a, b, b, b, False, mask, has_mask, ahead)
-
-
 def kl_cov_top_k(
     logprobs, advantages, starts, spans, lengths, mask, group_rows, group_starts, ratio, selected
 ):
@@ -482,9 +472,12 @@ def kl_cov_top_k(
             for i in range(start, start + span):
                 selected[i] = 0
             for i in range(start, whole, _U8):
-                _prefetch_pair(
-                    logprobs, advantages, mask, has_mask, i, start, span, length, distance
-                )
+                if (i - start) % _PREFETCH_BLOCK == 0:
+                    # two arrays to prefetch: the third given is the second again
+                    _prefetch_ahead(
+                        logprobs, advantages, advantages, advantages, False, mask, has_mask,
+                        _ahead_by(i, start, span, length, distance),
+                    )  # fmt: skip
                 adv = _lanes_load(advantages, i)
                 logp = _lanes_load(logprobs, i)
                 if has_mask:
@@ -526,9 +519,11 @@ def kl_cov_top_k(
             length = min(np.uint64(max(lengths[b], 0)), span)
             whole = start + length // _U8 * _U8
             for i in range(start, whole, _U8):
-                _prefetch_pair(
-                    logprobs, advantages, mask, has_mask, i, start, span, length, distance
-                )
+                if (i - start) % _PREFETCH_BLOCK == 0:
+                    _prefetch_ahead(
+                        logprobs, advantages, advantages, advantages, False, mask, has_mask,
+                        _ahead_by(i, start, span, length, distance),
+                    )  # fmt: skip
                 covariances = _lanes_mul(
                     _lanes_sub(_lanes_load(advantages, i), mean_advs),
                     _lanes_sub(_lanes_load(logprobs, i), mean_logps),
