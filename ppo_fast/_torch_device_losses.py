@@ -3,7 +3,7 @@ kernels' formulas in torch on the tensors' own device, with the same closed-form
 statistics (per-token arithmetic in the compute dtype, sums in float64), nothing copied to the
 host but the one bool of the layout's value check (``torch._torch_rows``). What
 ``ppo_fast.torch.clipped_surrogate`` and ``value_loss`` run for such tensors (tests force it on
-CPU tensors with ``_DEVICE_PATH_ON_CPU``); untested on real GPUs until one is measured.
+CPU tensors with ``_DEVICE_PATH_ON_CPU``, and tests/test_torch_cuda.py on a CUDA device).
 
 One difference from the kernels, as in the rest of the family's torch path: exp is torch's, which
 overflows to inf beyond float32's (or float64's) range where the kernels' saturates (a log-ratio

@@ -1,8 +1,9 @@
 """``ppo_fast.torch``'s DPPO and KL-Cov losses and the KL-Cov and Clip-Cov selections (re-exported
 there: call them from there). The losses, as the rest of the policy-loss family: CPU tensors on
 the kernels, zero-copy; a tensor on another device computed there by the kernel's formula in
-torch, with the same closed-form gradient and statistics (tested on CPU by forcing that path;
-untested on real GPUs). The selections: CPU tensors read without a copy, others through the host.
+torch, with the same closed-form gradient and statistics (tested on CPU by forcing that path, and
+on a CUDA device by tests/test_torch_cuda.py). The selections: CPU tensors read without a copy,
+others through the host.
 """
 
 from __future__ import annotations

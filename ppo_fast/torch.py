@@ -20,8 +20,8 @@ How tensors reach the kernels:
   a torch implementation of the kernel's formula, with the same closed-form gradient and
   statistics (per-token arithmetic in the input dtype, sums in float64), and nothing is copied to
   the host. Checking the values of a mask that is not bool, of lengths or of cu_seqlens reads one
-  bool back (one synchronisation). Tested on CPU by forcing that path (``_DEVICE_PATH_ON_CPU``);
-  untested on real GPUs until one is measured.
+  bool back (one synchronisation). Tested on CPU by forcing that path (``_DEVICE_PATH_ON_CPU``),
+  and on a CUDA device by tests/test_torch_cuda.py (run on an NVIDIA H200: README, "On a GPU").
 - Inputs that require grad are read through ``.detach()``: rewards, GAE and whitening are not
   differentiated (trainers run them under ``torch.no_grad()``). The losses are:
   ``clipped_surrogate``, ``value_loss`` and the policy-loss family return a ``loss`` tensor with

@@ -111,6 +111,20 @@ def test_what_cannot_run_here_says_why():
         assert expected in reason or "does not import" in reason, (implementation.name, reason)
 
 
+def test_the_gpu_benchmark_says_it_needs_a_cuda_device(monkeypatch, capsys):
+    """bench/cuda_losses.py (run on a GPU machine: README, "On a GPU") parses its arguments and,
+    where torch sees no CUDA device, says so and exits 2 rather than timing the CPU."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cuda_losses", ROOT / "bench" / "cuda_losses.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert module.main(["--shape", "8x16", "--repeats", "1"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
 def test_every_kernel_of_the_table_has_a_benchmark_entry():
     exercised = {name for kernel in engine.KERNELS.values() for name in kernel.table_kernels}
     assert set(TABLE_KERNELS) <= exercised, set(TABLE_KERNELS) - exercised
