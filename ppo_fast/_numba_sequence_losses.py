@@ -14,7 +14,9 @@ from ._numba_core import (
     _STREAM_AHEAD_BYTES,
     _U1,
     _ahead_by,
+    _jit,
     _mask_stop,
+    _one_like,
     _prefer_wide_vectors,
     _prefetch_ahead,
     _select,
@@ -22,6 +24,30 @@ from ._numba_core import (
 )
 from ._numba_lanes import _add_lanes, _lane_total, _lanes_splat
 from ._numba_losses import _CHUNK, _UCHUNK
+
+
+@_jit
+def _gspo_token(advantage, weight, valid, p):
+    """One token of GSPO's token pass on its row's ratio: (grad, loss term, slope term, clipped,
+    clipped below), the terms 0 where not valid; as _numba_losses._policy_token, the arithmetic
+    runs in the input dtype and a weight comes in float64 (a weight of 1 in the dtype gives the
+    bits of 1.0 in float64). The slope term is the sequence form's, the grad the detached
+    form's: beyond the clamp its slope is 0 (not inf * 0), times the weight, so that a NaN weight
+    still says so."""
+    ratio, clipped_ratio, dual, inside, scale, zero = p
+    unclipped = ratio * advantage
+    clipped = clipped_ratio * advantage
+    is_clipped = clipped < unclipped
+    objective = _select(is_clipped, clipped, unclipped)
+    is_dual = (advantage < zero) & (dual * advantage > objective)
+    objective = _select(is_dual, dual * advantage, objective)
+    slope = _select(is_clipped | is_dual, zero, advantage)
+    sloped = _select(inside, slope * ratio, zero)
+    grad = _select(valid, -weight * sloped * scale, zero)
+    loss = _select(valid, -weight * objective, zero)
+    slope_term = _select(valid, -weight * slope, zero)
+    counted = valid & is_clipped
+    return grad, loss, slope_term, counted, counted & (advantage < zero)
 
 
 def gspo(
@@ -46,17 +72,26 @@ def gspo(
     row_kl,
 ):
     """Twin: src/rows_sequence.h ppo_gspo_row. Two passes over a row's valid prefix: the sum of
-    its log-ratios (the sequence ratio s), then the token pass with selects, as
-    clipped_surrogate's body on s; the "sequence" form then writes the row's one gradient to its
-    valid tokens in a third. Positions past the length, and a mask's trailing words of 8 invalid
-    bytes, get a zero gradient. The `reassoc` build
-    vectorizes the float64 sums; their order is that of the compiled loop, never of the
-    threads, so results stay identical on any number of threads."""
+    its log-ratios (the sequence ratio s), then the token pass (_gspo_token: clipped_surrogate's
+    body on s); the "sequence" form then writes the row's one gradient to its valid tokens in a
+    third. Both passes run in chunks of _CHUNK tokens as the token losses do: the per-token terms
+    in the dtype (in float64 with weights) into L1 scratch rows, one loop per case of mask and
+    weights, then their float64 sums in short loops of their own, so that float64 stays out of
+    the main loops; counts per chunk in the dtype (whole numbers below 2^24: exact). The row's
+    KL is minus its log-ratios' sum (negation is exact). Positions past the length, and a mask's
+    trailing words of 8 invalid bytes, get a zero gradient. The `reassoc` build vectorizes the
+    float64 sums; their order is that of the compiled loop, never of the threads, so results stay
+    identical on any number of threads."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     detached = form == 0
     distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
     lo, hi, dual, cap = ratio_low, ratio_high, dual_clip, log_ratio_max
+    losses = np.empty(_CHUNK, logprobs.dtype)
+    slopes = np.empty(_CHUNK, logprobs.dtype)
+    weighted_losses = np.empty(_CHUNK, np.float64)
+    weighted_slopes = np.empty(_CHUNK, np.float64)
+    in_dtype = np.empty(1, logprobs.dtype)  # a float64 rounded to the dtype by a store
     for b in prange(starts.shape[0]):
         _prefer_wide_vectors()
         start = np.uint64(starts[b])
@@ -66,58 +101,125 @@ def gspo(
             end = start + _mask_stop(mask, start, np.uint64(0), end - start)
         scale = scales[b]
         zero = scale - scale  # 0 in the input dtype (the scale is finite)
-        in_dtype = np.empty(1, logprobs.dtype)  # a float64 rounded to the dtype by a store
+        one = _one_like(zero)
         count = 0.0
         log_ratio_total = 0.0
-        for i0 in range(start, end, _PREFETCH_BLOCK):
-            # a fast pass: prefetched _STREAM_AHEAD_BYTES ahead, then the token pass's inputs
-            ahead = i0 + distance
-            if ahead < end:
-                _prefetch_ahead(
-                    logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask, ahead
-                )
-            else:
-                _prefetch_ahead(
-                    advantages, weights, advantages, advantages, False, mask, False,
-                    ahead - end + start,
-                )  # fmt: skip
-            for i in range(i0, min(i0 + _PREFETCH_BLOCK, end)):
-                valid = (not has_mask) or mask[i] != 0
-                count += _select(valid, 1.0, 0.0)
-                log_ratio_total += _select(valid, np.float64(logprobs[i] - old_logprobs[i]), 0.0)
+        for chunk in range((end - start + _UCHUNK - _U1) // _UCHUNK):
+            first = start + chunk * _UCHUNK
+            n = min(_UCHUNK, end - first)
+            chunk_count = zero
+            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+                # prefetched _STREAM_AHEAD_BYTES ahead, then the token pass's inputs
+                ahead = first + j0 + distance
+                if ahead < end:
+                    _prefetch_ahead(
+                        logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask, ahead
+                    )
+                else:
+                    _prefetch_ahead(
+                        advantages, advantages, advantages, weights, has_weights, mask, False,
+                        ahead - end + start,
+                    )  # fmt: skip
+                # the log-ratios in the dtype to a scratch row, their float64 sum below
+                if has_mask:
+                    for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+                        i = first + j
+                        valid = mask[i] != 0
+                        chunk_count += _select(valid, one, zero)
+                        losses[j] = _select(valid, logprobs[i] - old_logprobs[i], zero)
+                else:
+                    for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+                        i = first + j
+                        losses[j] = logprobs[i] - old_logprobs[i]
+                    chunk_count += np.float64(min(j0 + _PREFETCH_BLOCK, n) - j0)
+            for j in range(n):
+                log_ratio_total += np.float64(losses[j])
+            count += np.float64(chunk_count)
         in_dtype[0] = log_ratio_total / max(count, 1.0)
         mean = in_dtype[0]
         inside = not (mean > cap)  # torch.clamp passes the gradient at its bound, and NaN's
         ratio = exp_poly(_select(mean > cap, cap, mean))
         clipped_ratio = _select(ratio < lo, lo, _select(ratio > hi, hi, ratio))
         gradient_ratio = _select(inside, ratio, zero)  # d s / d mean: 0 beyond the clamp
+        p = (ratio, clipped_ratio, dual, inside, scale, zero)
         total = 0.0
         clipped_count = 0.0
         lower_count = 0.0
-        kl_total = 0.0
         slope_total = 0.0
-        for i in range(start, end):
-            valid = (not has_mask) or mask[i] != 0
-            advantage = advantages[i]
-            weight = np.float64(weights[i]) if has_weights else 1.0
-            unclipped = ratio * advantage
-            clipped = clipped_ratio * advantage
-            is_clipped = clipped < unclipped
-            objective = _select(is_clipped, clipped, unclipped)
-            is_dual = (advantage < zero) & (dual * advantage > objective)
-            objective = _select(is_dual, dual * advantage, objective)
-            slope = _select(is_clipped | is_dual, zero, advantage)
-            if detached:
-                # Beyond the clamp the slope is 0 (not inf * 0), times the weight: a NaN
-                # weight still says so.
-                sloped = _select(inside, slope * ratio, zero)
-                grad[i] = _select(valid, -weight * sloped * scale, zero)
+        for chunk in range((end - start + _UCHUNK - _U1) // _UCHUNK):
+            first = start + chunk * _UCHUNK
+            n = min(_UCHUNK, end - first)
+            chunk_clipped = zero
+            chunk_lower = zero
+            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+                # ahead: this pass's inputs, then the next row's pre-pass's
+                ahead = first + j0 + distance
+                if ahead < end:
+                    _prefetch_ahead(
+                        advantages, advantages, advantages, weights, has_weights, mask, has_mask,
+                        ahead,
+                    )  # fmt: skip
+                else:
+                    _prefetch_ahead(
+                        logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask,
+                        ahead - end + start + span,
+                    )  # fmt: skip
+                j1 = min(j0 + _PREFETCH_BLOCK, n)
+                # One loop per case, so that nothing is loaded for an absent mask or weights.
+                if has_mask and has_weights:
+                    for j in range(j0, j1):
+                        i = first + j
+                        g, loss, slope, c, low = _gspo_token(
+                            advantages[i], np.float64(weights[i]), mask[i] != 0, p
+                        )
+                        grad[i] = g
+                        weighted_losses[j] = loss
+                        weighted_slopes[j] = slope
+                        chunk_clipped += _select(c, one, zero)
+                        chunk_lower += _select(low, one, zero)
+                elif has_mask:
+                    for j in range(j0, j1):
+                        i = first + j
+                        g, loss, slope, c, low = _gspo_token(advantages[i], one, mask[i] != 0, p)
+                        grad[i] = g
+                        losses[j] = loss
+                        slopes[j] = slope
+                        chunk_clipped += _select(c, one, zero)
+                        chunk_lower += _select(low, one, zero)
+                elif has_weights:
+                    for j in range(j0, j1):
+                        i = first + j
+                        g, loss, slope, c, low = _gspo_token(
+                            advantages[i], np.float64(weights[i]), True, p
+                        )
+                        grad[i] = g
+                        weighted_losses[j] = loss
+                        weighted_slopes[j] = slope
+                        chunk_clipped += _select(c, one, zero)
+                        chunk_lower += _select(low, one, zero)
+                else:
+                    for j in range(j0, j1):
+                        i = first + j
+                        g, loss, slope, c, low = _gspo_token(advantages[i], one, True, p)
+                        grad[i] = g
+                        losses[j] = loss
+                        slopes[j] = slope
+                        chunk_clipped += _select(c, one, zero)
+                        chunk_lower += _select(low, one, zero)
+            if has_weights:
+                for j in range(n):
+                    total += weighted_losses[j]
+                if not detached:
+                    for j in range(n):
+                        slope_total += weighted_slopes[j]
             else:
-                slope_total += _select(valid, -weight * slope, 0.0)
-            total += _select(valid, -weight * objective, 0.0)
-            clipped_count += _select(valid & is_clipped, 1.0, 0.0)
-            lower_count += _select(valid & is_clipped & (advantage < zero), 1.0, 0.0)
-            kl_total += _select(valid, -np.float64(logprobs[i] - old_logprobs[i]), 0.0)
+                for j in range(n):
+                    total += np.float64(losses[j])
+                if not detached:
+                    for j in range(n):
+                        slope_total += np.float64(slopes[j])
+            clipped_count += np.float64(chunk_clipped)
+            lower_count += np.float64(chunk_lower)
         if not detached:
             row_grad = slope_total * gradient_ratio * scale / max(count, 1.0)
             for i in range(start, end):
@@ -128,7 +230,7 @@ def gspo(
         row_loss[b] = total
         row_clipped[b] = clipped_count
         row_lower[b] = lower_count
-        row_kl[b] = kl_total
+        row_kl[b] = -log_ratio_total  # the sum of -log-ratio: negation is exact
 
 
 def geo_mean(
