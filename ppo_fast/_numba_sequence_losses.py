@@ -74,14 +74,16 @@ def gspo(
     """Twin: src/rows_sequence.h ppo_gspo_row. Two passes over a row's valid prefix: the sum of
     its log-ratios (the sequence ratio s), then the token pass (_gspo_token: clipped_surrogate's
     body on s); the "sequence" form then writes the row's one gradient to its valid tokens in a
-    third. Both passes run in chunks of _CHUNK tokens as the token losses do: the per-token terms
-    in the dtype (in float64 with weights) into L1 scratch rows, one loop per case of mask and
-    weights, then their float64 sums in short loops of their own, so that float64 stays out of
-    the main loops; counts per chunk in the dtype (whole numbers below 2^24: exact). The row's
-    KL is minus its log-ratios' sum (negation is exact). Positions past the length, and a mask's
-    trailing words of 8 invalid bytes, get a zero gradient. The `reassoc` build vectorizes the
-    float64 sums; their order is that of the compiled loop, never of the threads, so results stay
-    identical on any number of threads."""
+    third. The pre-pass sums in float64 in its loop, prefetching every _PREFETCH_BLOCK positions
+    (as a chunked pass with scratch rows it measured twice as slow). The token pass runs in
+    chunks of _CHUNK tokens as the token losses do: the chunk's lines prefetched at once, then the
+    per-token terms in the dtype (in float64 with weights) into L1 scratch rows, one loop per case
+    of mask and weights, and their float64 sums in short loops of their own; counts per chunk in
+    the dtype (whole numbers below 2^24: exact). The row's KL is minus its log-ratios' sum
+    (negation is exact). Positions past the length, and a mask's trailing words of 8 invalid
+    bytes, get a zero gradient. The `reassoc` build vectorizes the float64 sums; their order is
+    that of the compiled loop, never of the threads, so results stay identical on any number of
+    threads."""
     has_mask = mask.shape[0] > 0
     has_weights = weights.shape[0] > 0
     detached = form == 0
@@ -104,37 +106,22 @@ def gspo(
         one = _one_like(zero)
         count = 0.0
         log_ratio_total = 0.0
-        for chunk in range((end - start + _UCHUNK - _U1) // _UCHUNK):
-            first = start + chunk * _UCHUNK
-            n = min(_UCHUNK, end - first)
-            chunk_count = zero
-            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
-                # prefetched _STREAM_AHEAD_BYTES ahead, then the token pass's inputs
-                ahead = first + j0 + distance
-                if ahead < end:
-                    _prefetch_ahead(
-                        logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask, ahead
-                    )
-                else:
-                    _prefetch_ahead(
-                        advantages, advantages, advantages, weights, has_weights, mask, False,
-                        ahead - end + start,
-                    )  # fmt: skip
-                # the log-ratios in the dtype to a scratch row, their float64 sum below
-                if has_mask:
-                    for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
-                        i = first + j
-                        valid = mask[i] != 0
-                        chunk_count += _select(valid, one, zero)
-                        losses[j] = _select(valid, logprobs[i] - old_logprobs[i], zero)
-                else:
-                    for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
-                        i = first + j
-                        losses[j] = logprobs[i] - old_logprobs[i]
-                    chunk_count += np.float64(min(j0 + _PREFETCH_BLOCK, n) - j0)
-            for j in range(n):
-                log_ratio_total += np.float64(losses[j])
-            count += np.float64(chunk_count)
+        for i0 in range(start, end, _PREFETCH_BLOCK):
+            # a fast pass: prefetched _STREAM_AHEAD_BYTES ahead, then the token pass's inputs
+            ahead = i0 + distance
+            if ahead < end:
+                _prefetch_ahead(
+                    logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask, ahead
+                )
+            else:
+                _prefetch_ahead(
+                    advantages, weights, advantages, advantages, False, mask, False,
+                    ahead - end + start,
+                )  # fmt: skip
+            for i in range(i0, min(i0 + _PREFETCH_BLOCK, end)):
+                valid = (not has_mask) or mask[i] != 0
+                count += _select(valid, 1.0, 0.0)
+                log_ratio_total += _select(valid, np.float64(logprobs[i] - old_logprobs[i]), 0.0)
         in_dtype[0] = log_ratio_total / max(count, 1.0)
         mean = in_dtype[0]
         inside = not (mean > cap)  # torch.clamp passes the gradient at its bound, and NaN's
@@ -151,8 +138,9 @@ def gspo(
             n = min(_UCHUNK, end - first)
             chunk_clipped = zero
             chunk_lower = zero
-            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
-                # ahead: this pass's inputs, then the next row's pre-pass's
+            for j0 in range(np.uint64(0), _UCHUNK, _PREFETCH_BLOCK):
+                # ahead, the chunk's lines at once: this pass's inputs, then the next row's
+                # pre-pass's (prefetching inside the loops below keeps them from vectorizing)
                 ahead = first + j0 + distance
                 if ahead < end:
                     _prefetch_ahead(
@@ -164,48 +152,47 @@ def gspo(
                         logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask,
                         ahead - end + start + span,
                     )  # fmt: skip
-                j1 = min(j0 + _PREFETCH_BLOCK, n)
-                # One loop per case, so that nothing is loaded for an absent mask or weights.
-                if has_mask and has_weights:
-                    for j in range(j0, j1):
-                        i = first + j
-                        g, loss, slope, c, low = _gspo_token(
-                            advantages[i], np.float64(weights[i]), mask[i] != 0, p
-                        )
-                        grad[i] = g
-                        weighted_losses[j] = loss
-                        weighted_slopes[j] = slope
-                        chunk_clipped += _select(c, one, zero)
-                        chunk_lower += _select(low, one, zero)
-                elif has_mask:
-                    for j in range(j0, j1):
-                        i = first + j
-                        g, loss, slope, c, low = _gspo_token(advantages[i], one, mask[i] != 0, p)
-                        grad[i] = g
-                        losses[j] = loss
-                        slopes[j] = slope
-                        chunk_clipped += _select(c, one, zero)
-                        chunk_lower += _select(low, one, zero)
-                elif has_weights:
-                    for j in range(j0, j1):
-                        i = first + j
-                        g, loss, slope, c, low = _gspo_token(
-                            advantages[i], np.float64(weights[i]), True, p
-                        )
-                        grad[i] = g
-                        weighted_losses[j] = loss
-                        weighted_slopes[j] = slope
-                        chunk_clipped += _select(c, one, zero)
-                        chunk_lower += _select(low, one, zero)
-                else:
-                    for j in range(j0, j1):
-                        i = first + j
-                        g, loss, slope, c, low = _gspo_token(advantages[i], one, True, p)
-                        grad[i] = g
-                        losses[j] = loss
-                        slopes[j] = slope
-                        chunk_clipped += _select(c, one, zero)
-                        chunk_lower += _select(low, one, zero)
+            # One loop per case, so that nothing is loaded for an absent mask or weights.
+            if has_mask and has_weights:
+                for j in range(n):
+                    i = first + j
+                    g, loss, slope, c, low = _gspo_token(
+                        advantages[i], np.float64(weights[i]), mask[i] != 0, p
+                    )
+                    grad[i] = g
+                    weighted_losses[j] = loss
+                    weighted_slopes[j] = slope
+                    chunk_clipped += _select(c, one, zero)
+                    chunk_lower += _select(low, one, zero)
+            elif has_mask:
+                for j in range(n):
+                    i = first + j
+                    g, loss, slope, c, low = _gspo_token(advantages[i], one, mask[i] != 0, p)
+                    grad[i] = g
+                    losses[j] = loss
+                    slopes[j] = slope
+                    chunk_clipped += _select(c, one, zero)
+                    chunk_lower += _select(low, one, zero)
+            elif has_weights:
+                for j in range(n):
+                    i = first + j
+                    g, loss, slope, c, low = _gspo_token(
+                        advantages[i], np.float64(weights[i]), True, p
+                    )
+                    grad[i] = g
+                    weighted_losses[j] = loss
+                    weighted_slopes[j] = slope
+                    chunk_clipped += _select(c, one, zero)
+                    chunk_lower += _select(low, one, zero)
+            else:
+                for j in range(n):
+                    i = first + j
+                    g, loss, slope, c, low = _gspo_token(advantages[i], one, True, p)
+                    grad[i] = g
+                    losses[j] = loss
+                    slopes[j] = slope
+                    chunk_clipped += _select(c, one, zero)
+                    chunk_lower += _select(low, one, zero)
             if has_weights:
                 for j in range(n):
                     total += weighted_losses[j]
