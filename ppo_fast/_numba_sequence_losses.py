@@ -118,10 +118,18 @@ def gspo(
                     advantages, weights, advantages, advantages, False, mask, False,
                     ahead - end + start,
                 )  # fmt: skip
-            for i in range(i0, min(i0 + _PREFETCH_BLOCK, end)):
-                valid = (not has_mask) or mask[i] != 0
-                count += _select(valid, 1.0, 0.0)
-                log_ratio_total += _select(valid, np.float64(logprobs[i] - old_logprobs[i]), 0.0)
+            # one loop per mask case: a test of has_mask in the loop keeps it from vectorizing
+            if has_mask:
+                for i in range(i0, min(i0 + _PREFETCH_BLOCK, end)):
+                    valid = mask[i] != 0
+                    count += _select(valid, 1.0, 0.0)
+                    log_ratio_total += _select(
+                        valid, np.float64(logprobs[i] - old_logprobs[i]), 0.0
+                    )
+            else:
+                for i in range(i0, min(i0 + _PREFETCH_BLOCK, end)):
+                    count += 1.0
+                    log_ratio_total += np.float64(logprobs[i] - old_logprobs[i])
         in_dtype[0] = log_ratio_total / max(count, 1.0)
         mean = in_dtype[0]
         inside = not (mean > cap)  # torch.clamp passes the gradient at its bound, and NaN's
