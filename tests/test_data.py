@@ -287,6 +287,53 @@ def test_files_in_every_format_equal_the_table_api(tmp_path):
     np.testing.assert_array_equal(flat(written.read(), "advantages"), flat(expected, "advantages"))
 
 
+def test_a_parquet_input_of_one_batch_is_read_once(tmp_path, monkeypatch):
+    """A whitened run (two passes) over a Parquet file of no more rows than a batch reads it
+    once: the first pass keeps every column for the second. The results are those of the same
+    run reading it twice, bit for bit; a file of more rows than a batch, and an Arrow file
+    (memory-mapped: reading it again costs no decoding), are read twice."""
+    from ppo_fast.data import _stream
+
+    table = rollouts(n_rows=40, seed=21)
+    source = tmp_path / "in.parquet"
+    pq.write_table(table, source, row_group_size=16)
+    opened = []
+    original = _stream.ParquetSource.batches
+
+    def counted(self, columns):
+        opened.append(columns)
+        return original(self, columns)
+
+    monkeypatch.setattr(_stream.ParquetSource, "batches", counted)
+
+    def run(batch_rows, name, **options):
+        opened.clear()
+        out = tmp_path / f"{name}-{batch_rows}.parquet"
+        summary = data.advantages_file(source, out, batch_rows=batch_rows, **options)
+        assert summary["reads"] == len(opened)
+        return summary, pq.read_table(out)
+
+    for batch_rows, reads in ((40, 1), (64, 1), (39, 2), (8, 2)):
+        summary, once = run(batch_rows, "default", kl_coef=0.05)
+        assert (summary["passes"], summary["reads"]) == (2, reads)
+        assert (opened[0] is None) == (reads == 1)  # else the first pass's columns alone
+        with monkeypatch.context() as forced:  # the same run, reading the file twice
+            forced.setattr(_stream.ParquetSource, "rereading_costs", False)
+            summary, twice = run(batch_rows, "twice", kl_coef=0.05)
+        assert summary["reads"] == 2 and twice.equals(once)
+    expected = data.advantages(table, kl_coef=0.05, batch_rows=10)  # the pieces of 40 rows
+    np.testing.assert_array_equal(
+        flat(run(40, "one", kl_coef=0.05)[1], "advantages"), flat(expected, "advantages")
+    )
+    summary, _ = run(40, "one-pass", whiten=False)
+    assert (summary["passes"], summary["reads"]) == (1, 1)
+    arrow = tmp_path / "in.arrow"
+    with pa.OSFile(str(arrow), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    summary = data.advantages_file(arrow, tmp_path / "o.arrow", kl_coef=0.05, batch_rows=64)
+    assert (summary["passes"], summary["reads"]) == (2, 2)
+
+
 def test_a_row_group_larger_than_the_batch_is_read_in_pieces_in_bounded_memory(
     tmp_path, monkeypatch
 ):

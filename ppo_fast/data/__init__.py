@@ -17,7 +17,9 @@ The list columns are read as ppo_fast's packed layout without a copy: a column's
 are the public ones (``shape_rewards``, ``gae``, ``discounted_returns``, ``whiten`` with global
 ``Moments``, the group estimators of ``ppo_fast.outcome``). Statistics over the whole input (the
 whitening moments, merged in float64; the groups) come from a first pass that reads only the
-columns they need, so results do not depend on ``batch_rows``: they equal one call of the stages
+columns they need (every column of a Parquet input of no more rows than a batch, kept for the
+second pass, which then does not read the file again), so results do not depend on
+``batch_rows``: they equal one call of the stages
 on the whole input, to the last bits of the merged moments (about 1e-15 relative, see
 ``_compute.merge_moments``).
 

@@ -4,9 +4,10 @@ output written whole or not at all.
 
 Memory: a pass holds one record batch (and, for Parquet, a page of each column being decoded,
 whatever the row groups) and its results; between the passes it keeps the statistics (three floats,
-or one float64 a row for the group estimators). Arrow IPC files are memory-mapped, so their batches
-are read in place. JSON lines are parsed whole by ``pyarrow.json`` (there is no streaming JSON
-reader in pyarrow), then cut into batches.
+or one float64 a row for the group estimators), and, for a Parquet input of no more rows than a
+batch, that batch (``run``: the input is then read once). Arrow IPC files are memory-mapped, so
+their batches are read in place. JSON lines are parsed whole by ``pyarrow.json`` (there is no
+streaming JSON reader in pyarrow), then cut into batches.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class _Source:
 
     schema: Any
     compression: dict[str, str] = {}  # noqa: RUF012 - column -> codec of a Parquet input
+    # Whether reading the input again costs a decoding (Parquet), where a second pass over an
+    # in-memory table or a memory-mapped Arrow file does not.
+    rereading_costs = False
 
     def batches(self, columns: list[str] | None) -> Iterator[Any]:
         raise NotImplementedError
@@ -88,6 +92,7 @@ class ParquetSource(_Source):
     and outputs)."""
 
     format = "parquet"
+    rereading_costs = True
 
     def __init__(self, path: str, batch_rows: int) -> None:
         import pyarrow.parquet as pq
@@ -356,7 +361,8 @@ def run(
     statistics: Statistics | None = None,
 ) -> dict[str, Any]:
     """Both passes over ``source``; ``emit`` receives every output batch in order. Returns the
-    summary (rows, tokens, batches, passes, and the whitening moments where there are some).
+    summary (rows, tokens, batches, passes, reads of the input, and the whitening moments where
+    there are some).
     ``statistics`` given (by ``ppo_fast.data.ray``, from the whole dataset): no first pass."""
     used = fields_used(options, columns)
     _columns.require(source.schema, used)
@@ -368,7 +374,8 @@ def run(
                 f"the output column {name!r} is an input column of the computation; name the "
                 "outputs otherwise (--advantages-column, --returns-column)"
             )
-    passes = 1
+    passes = reads = 1
+    kept = None  # the input's batches, when the first pass read them whole (see below)
     if statistics is None and not options.needs_first_pass:
         statistics = Statistics()
     elif statistics is None:
@@ -381,10 +388,19 @@ def run(
             totals[1] += tokens
             progress("statistics", *totals)
 
-        statistics = first_pass(source.batches(order), options, wanted, counted)
+        if source.rereading_costs and source.num_rows <= source.batch_rows:
+            # The whole input is no more than one batch: the first pass reads every column and
+            # keeps them for the second, which so does not read the file again (memory: one
+            # batch, the bound of any run). Decoding is most of a run's time on Parquet.
+            kept = list(source.batches(None))
+            first_batches = (batch.select(order) for batch in kept)
+        else:
+            first_batches = source.batches(order)
+            reads = 2
+        statistics = first_pass(first_batches, options, wanted, counted)
         passes = 2
     rows = tokens = batches = 0
-    for batch in source.batches(None):
+    for batch in kept if kept is not None else source.batches(None):
         out, batch_tokens = _second_pass_batch(batch, options, used, statistics, rows, names)
         emit(out)
         rows, tokens, batches = rows + batch.num_rows, tokens + batch_tokens, batches + 1
@@ -397,6 +413,7 @@ def run(
         "tokens": tokens,
         "batches": batches,
         "passes": passes,
+        "reads": reads,
         "estimator": options.estimator,
     }
     if statistics.moments is not None:
