@@ -226,7 +226,7 @@ def check_paths(source_path: str, output: str) -> str:
         if os.path.samefile(source_path, output):
             raise DataError(
                 f"-o {output} is the input file; write to another path (the input is read "
-                "twice and must stay as it is)"
+                "while the output is written, and must stay as it is)"
             )
     problem = output_problem(output)
     if problem is not None:
