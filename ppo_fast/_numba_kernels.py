@@ -27,6 +27,7 @@ from ._numba_core import (
     _blocks_per_line,
     _exp64,
     _jit,
+    _mask_stop,
     _prefer_wide_vectors,
     _prefetch,
     _prefetch_ahead,
@@ -164,14 +165,16 @@ def _shape_rewards_rows(code):
             start = np.uint64(starts[b])
             span = np.uint64(spans[b])
             length = np.uint64(lengths[b])
+            end = start + min(length, span)
+            if has_mask:  # the twin's: the padding's words are zeros, not computed or searched
+                end = start + _mask_stop(mask, start, np.uint64(0), end - start)
             last = start + span  # one past the row when it has no valid position
-            for k in range(span):
-                t = span - _U1 - k
-                if t < length and (not has_mask or mask[start + t] != 0):
+            for k in range(end - start):
+                t = end - start - _U1 - k
+                if not has_mask or mask[start + t] != 0:
                     last = start + t
                     break
             score = np.float64(scores[b])
-            end = start + min(length, span)
             # Every position of the valid prefix computed and the mask selecting, one loop per
             # mask case (a branch per token kept LLVM from vectorizing the loop: 2.1x slower than
             # the C twin); past the length, 0.
