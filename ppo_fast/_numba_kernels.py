@@ -315,6 +315,83 @@ def remax(rewards, starts, spans, lengths, mask, gammas, bootstrap, baselines, a
         )  # fmt: skip
 
 
+@_jit
+def _valid_prefix(mask, has_mask, start, count):
+    """Twin: src/rows_returns.h ppo_valid_prefix. Whether a row's valid tokens are its first
+    ``count`` positions."""
+    if not has_mask:
+        return True
+    valid = np.uint64(0)
+    for i in range(start, start + count):
+        valid += np.uint64(mask[i] != 0)
+    return valid == count
+
+
+@_jit
+def _returns_in_place(r, n, gamma, running, mask):
+    """Twin: src/rows_returns.h ppo_returns_in_place: _returns_row on n contiguous float64
+    rewards without a mask (``mask``: an empty uint8 array), in place."""
+    _returns_row(r, np.uint64(0), n, n, mask[:0], False, gamma, running, 0.0, r[:0], r)
+
+
+@_jit
+def _valid_returns(rewards, mask, prefix, start, valid_end, count, gamma, bootstrap, row_returns):
+    """Twin: src/rows_returns.h ppo_valid_returns. The returns of a row's valid tokens back to
+    back: gathered (a copy for a prefix), then _returns_in_place."""
+    if prefix:
+        for k in range(count):
+            row_returns[k] = np.float64(rewards[start + k])
+    else:
+        k = np.uint64(0)
+        for i in range(start, start + valid_end):
+            if mask[i] != 0:
+                row_returns[k] = np.float64(rewards[i])
+                k += _U1
+    _returns_in_place(row_returns, count, gamma, bootstrap, mask)
+
+
+@_jit
+def _baseline_sums(
+    rewards, old_logprobs, sum_pi_squared, is_weights, has_is_weights, mask, prefix, start,
+    valid_end, count, reached, gamma, bootstrap, row_returns, exps, cumulatives, numerators,
+    denominators,
+):  # fmt: skip
+    """Twin: src/rows_returns.h ppo_baseline_sums (whose comment says how)."""
+    _valid_returns(rewards, mask, prefix, start, valid_end, count, gamma, bootstrap, row_returns)
+    reach = reached if prefix else valid_end  # the exps read below
+    for k in range(reach):
+        exps[k] = _exp64(np.float64(old_logprobs[start + k]))
+    if prefix:
+        for k in range(reached):
+            weight = 1.0 - 2.0 * exps[k]
+            exps[k] = weight + np.float64(sum_pi_squared[start + k])
+        if has_is_weights:
+            for k in range(reached):
+                is_weight = np.float64(is_weights[start + k])
+                exps[k] = exps[k] * (is_weight * is_weight)
+    else:
+        k = np.uint64(0)
+        i = start
+        while k < reached:
+            if mask[i] != 0:
+                weight = 1.0 - 2.0 * exps[i - start]
+                weight = weight + np.float64(sum_pi_squared[i])
+                if has_is_weights:
+                    is_weight = np.float64(is_weights[i])
+                    weight = weight * (is_weight * is_weight)
+                exps[k] = weight
+                k += _U1
+            i += _U1
+    for k in range(reached):
+        cumulatives[reached - _U1 - k] = exps[k]
+    _returns_in_place(cumulatives, reached, 1.0, 0.0, mask)
+    for k in range(reached):
+        exps[k] = cumulatives[reached - _U1 - k]
+    for k in range(reached):
+        numerators[k] = numerators[k] + row_returns[k] * exps[k]
+        denominators[k] = denominators[k] + exps[k]
+
+
 def optimal_token_baseline(
     rewards,
     old_logprobs,
@@ -333,11 +410,12 @@ def optimal_token_baseline(
     advantages,
     returns,
 ):
-    """Twin: src/rows_returns.h ppo_optimal_token_baseline_group. prange over groups; a group's
-    sums run over its rows in order, in a float64 scratch of 3 x its longest row's valid tokens
-    (the baseline's numerators and denominators by valid-token index, and one row's returns),
-    and one row's exp(old_logprobs) by position, computed first in a loop LLVM vectorizes (the
-    kernels' exp, _exp64: math.exp is a call per token)."""
+    """Twin: src/rows_returns.h ppo_optimal_token_baseline_group (whose comment says why the
+    chains run as block scans on the gathered valid tokens). prange over groups; a group's sums
+    run over its rows in order, in a float64 scratch of 4 x its longest row's valid tokens (the
+    baseline's numerators and denominators by valid-token index, one row's returns and
+    cumulative weights), and one row's exp(old_logprobs) by position, computed first in a loop
+    LLVM vectorizes (the kernels' exp, _exp64: math.exp is a call per token)."""
     has_mask = mask.shape[0] > 0
     has_is_weights = is_weights.shape[0] > 0
     for g in prange(group_starts.shape[0] - 1):
@@ -372,45 +450,27 @@ def optimal_token_baseline(
             baseline_end = second
         else:
             baseline_end = longest
-        scratch = np.empty(np.uint64(3) * longest)
+        scratch = np.empty(np.uint64(4) * longest)
         exps = np.empty(widest)
         numerators = scratch[:baseline_end]
         denominators = scratch[longest : longest + baseline_end]
-        row_returns = scratch[np.uint64(2) * longest :]
+        row_returns = scratch[np.uint64(2) * longest : np.uint64(3) * longest]
+        cumulatives = scratch[np.uint64(3) * longest :]
         numerators[:] = 0.0
         denominators[:] = 0.0
         for j in range(first, end):
             b = group_rows[j]
             start = np.uint64(starts[b])
             valid_end = min(np.uint64(lengths[b]), np.uint64(spans[b]))
-            gamma = gammas[b]
-            running = bootstrap[b]
-            # The row's returns by valid-token index, from the end of the scratch row back.
-            slot = longest
-            for k in range(valid_end):
-                i = start + valid_end - _U1 - k
-                if not has_mask or mask[i] != 0:
-                    running = fma(gamma, running, np.float64(rewards[i]))
-                    slot -= _U1
-                    row_returns[slot] = running
-            reach = valid_end if baseline_end > 0 else np.uint64(0)  # the exps read below
-            for k in range(reach):
-                exps[k] = _exp64(np.float64(old_logprobs[start + k]))
-            cumulative = 0.0
-            index = np.uint64(0)
-            for i in range(start, start + valid_end):
-                if index == baseline_end:
-                    break
-                if not has_mask or mask[i] != 0:
-                    weight = 1.0 - 2.0 * exps[i - start]
-                    weight = weight + np.float64(sum_pi_squared[i])
-                    if has_is_weights:
-                        is_weight = np.float64(is_weights[i])
-                        weight = weight * (is_weight * is_weight)
-                    cumulative = cumulative + weight
-                    numerators[index] = numerators[index] + row_returns[slot + index] * cumulative
-                    denominators[index] = denominators[index] + cumulative
-                    index += _U1
+            count = _valid_count(start, np.uint64(spans[b]), np.uint64(lengths[b]), mask, has_mask)
+            reached = min(count, baseline_end)  # the tokens summed
+            if reached > 0:
+                _baseline_sums(
+                    rewards, old_logprobs, sum_pi_squared, is_weights, has_is_weights, mask,
+                    _valid_prefix(mask, has_mask, start, count), start, valid_end, count,
+                    reached, gammas[b], bootstrap[b], row_returns, exps, cumulatives,
+                    numerators, denominators,
+                )  # fmt: skip
         for k in range(baseline_end):
             numerators[k] = numerators[k] / (denominators[k] + eps)
         baselines = numerators
@@ -420,23 +480,38 @@ def optimal_token_baseline(
             span = np.uint64(spans[b])
             length = np.uint64(lengths[b])
             valid_end = min(length, span)
-            gamma = gammas[b]
-            running = bootstrap[b]
-            index = _valid_count(start, span, length, mask, has_mask)
-            for i in range(start + valid_end, start + span):
-                advantages[i] = 0.0
-                returns[i] = 0.0
-            for k in range(valid_end):
-                i = start + valid_end - _U1 - k
-                if not has_mask or mask[i] != 0:
-                    running = fma(gamma, running, np.float64(rewards[i]))
-                    index -= _U1
-                    baseline = baselines[index] if index < baseline_end else 0.0
-                    advantages[i] = running - baseline
-                    returns[i] = running
+            count = _valid_count(start, span, length, mask, has_mask)
+            based = min(count, baseline_end)
+            prefix = _valid_prefix(mask, has_mask, start, count)
+            if count > 0:
+                _valid_returns(
+                    rewards, mask, prefix, start, valid_end, count, gammas[b], bootstrap[b],
+                    row_returns,
+                )  # fmt: skip
+            if prefix:
+                for k in range(based):
+                    advantages[start + k] = row_returns[k] - baselines[k]
+                    returns[start + k] = row_returns[k]
+                for k in range(based, count):
+                    advantages[start + k] = row_returns[k] - 0.0
+                    returns[start + k] = row_returns[k]
+                for i in range(start + count, start + span):
+                    advantages[i] = 0.0
+                    returns[i] = 0.0
+                continue
+            k = np.uint64(0)
+            for i in range(start, start + valid_end):
+                if mask[i] != 0:
+                    baseline = baselines[k] if k < baseline_end else 0.0
+                    advantages[i] = row_returns[k] - baseline
+                    returns[i] = row_returns[k]
+                    k += _U1
                 else:
                     advantages[i] = 0.0
                     returns[i] = 0.0
+            for i in range(start + valid_end, start + span):
+                advantages[i] = 0.0
+                returns[i] = 0.0
 
 
 @_jit
