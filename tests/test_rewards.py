@@ -43,6 +43,39 @@ def test_k3_past_the_saturation_of_exp_is_exp(backend, log_ratio):
     np.testing.assert_allclose(actual, [math.exp(-log_ratio) - 1.0 + log_ratio], rtol=1e-13)
 
 
+@pytest.mark.parametrize("layout", ["mask", "lengths"])
+def test_k3_rewards_past_the_saturation_of_exp_in_a_long_row(compiled_backend, layout):
+    """A row with one token past exp(708) among ordinary ones: the kernels compute a row without
+    the correction past 708 and redo the rows that needed it. Every reward, the corrected one
+    and the row's others, equals the oracle's; a row without such a token is untouched."""
+    rng = np.random.default_rng(7)
+    logp = rng.uniform(-3.0, 0.0, (3, 40))
+    ref = logp + rng.normal(0.0, 0.3, (3, 40))
+    ref[0, 17] = logp[0, 17] + 709.5  # -log_ratio = 709.5: past the saturation
+    ref[1, 3] = logp[1, 3] + 708.5
+    scores = np.array([1.0, -2.0, 0.5])
+    layout_kwargs = (
+        {"mask": np.arange(40)[None, :] < np.array([[30], [40], [25]])}
+        if layout == "mask"
+        else {"lengths": np.array([30, 40, 25])}
+    )
+    if layout == "mask":
+        layout_kwargs["mask"][0, 5] = False  # a hole before the corrected token
+    for estimator in ("k3", "k1"):
+        arguments = (scores, logp, ref)
+        options = {"kl_coef": 0.1, "estimator": estimator, **layout_kwargs}
+        actual = ppo_fast.shape_rewards(*arguments, **options, backend=compiled_backend)
+        oracle = ppo_fast.shape_rewards(*arguments, **options, backend="python")
+        np.testing.assert_allclose(actual, oracle, rtol=1e-13, atol=0.0)
+        if estimator == "k3":
+            expected = -0.1 * (math.exp(709.5) - 1.0 - 709.5)
+            np.testing.assert_allclose(actual[0, 17], expected, rtol=1e-13)
+    kl = ppo_fast.kl_penalty(logp, ref, "k3", backend=compiled_backend)
+    np.testing.assert_allclose(
+        kl, ppo_fast.kl_penalty(logp, ref, "k3", backend="python"), rtol=1e-13
+    )
+
+
 @pytest.mark.parametrize("log_ratio", [-709.79, -710.0, -1000.0])
 def test_k3_is_inf_where_exp_overflows(backend, log_ratio):
     with pytest.raises(OverflowError):
