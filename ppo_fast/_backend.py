@@ -30,7 +30,7 @@ from types import ModuleType
 import numpy as np
 
 from . import _threads, _validate
-from ._spec import KERNELS, SCALES, TOKEN, Kernel
+from ._spec import CODE, KERNELS, SCALES, TOKEN, Kernel
 
 BACKENDS = ("cython", "numba", "python")  # the order auto tries them
 _MODULES = {
@@ -165,12 +165,15 @@ def _numpy_totals(row_outputs: np.ndarray, weight: float) -> list[float]:
     return row_outputs.sum(axis=1).tolist()
 
 
-def _common_from_kernel(kernel: Kernel, function: Callable, totals: Callable) -> Callable:
+def _common_from_kernel(
+    kernel: Kernel, function: Callable, totals: Callable, serial: Callable | None = None
+) -> Callable:
     """A backend's entry for the common case of ``kernel`` (``Kernel.common_arguments``) made from
     its table ``function``, for a backend without its own (numba, the oracle): the flat arrays,
     the padded layout, each row input repeated over the rows and the row outputs, as the general
     way makes them, and the row outputs totalled by ``totals`` (numba's ``row_totals``, which
-    sums as NumPy does, or NumPy's own).
+    sums as NumPy does, or NumPy's own). A call on one thread goes to ``serial`` where the
+    backend has one (numba's ``serial_common``: the same steps, compiled).
 
     Its source is written from the table, one line a step, and compiled once per kernel and
     backend: a loop over the table's arguments on every call cost 1.5 to 2 times these straight
@@ -183,6 +186,12 @@ def _common_from_kernel(kernel: Kernel, function: Callable, totals: Callable) ->
         "    starts, spans = padded_layout(n_rows, width)",
         "    flat_mask = EMPTY_MASK if mask is None else mask.ravel().view(UINT8)",
     ]
+    if serial is not None:
+        # numba types a NumPy scalar argument about 0.2 us slower than a float: the scalars
+        # pass as floats (exact: a float32 widens exactly) and the entry rounds them back.
+        scalars = {s.name for s in kernel.scalars if s.dtype != CODE}
+        passed = (f"float({a})" if a in scalars else a for a in kernel.common_arguments[:-1])
+        lines[1:1] = ["    if n_threads == 1:", f"        return serial({', '.join(passed)})"]
     if kernel.token_mean:  # as loss._row_scales counts: mask != 0
         lines += [
             "    valid = float(count_nonzero(flat_mask) if mask is not None else n_rows * width)",
@@ -220,6 +229,7 @@ def _common_from_kernel(kernel: Kernel, function: Callable, totals: Callable) ->
         "FLOAT64": np.dtype(np.float64),
         "count_nonzero": np.count_nonzero,
         "empty": np.empty,
+        "serial": serial,
     }
     exec("\n".join(lines), namespace)
     return namespace[f"{kernel.name}_common"]
@@ -243,7 +253,10 @@ def common(name: str, backend: str | None) -> Callable:
         function = getattr(module, f"{name}_common", None)
         if function is None:
             totals = getattr(module, "row_totals", _numpy_totals)
-            function = _common_from_kernel(KERNELS[name], getattr(module, name), totals)
+            serial = getattr(module, "serial_common", None)
+            function = _common_from_kernel(
+                KERNELS[name], getattr(module, name), totals, serial and serial(name)
+            )
         if len(_commons) > 256:  # bounded, as _resolved
             _commons.clear()
         _commons[key] = function

@@ -437,6 +437,8 @@ class _GAE:
         self.whole_rows = _Kernel(whole_rows, kernel, row_chunks=_gae_chunks)
         self.chunked = _Kernel(chunked)
         self.kernels = [self.whole_rows, self.chunked]
+        # The common case has no long row (gae.py's fast path): the whole rows' entry.
+        self.serial_common = self.whole_rows.serial_common
 
     def __call__(self, *args):
         if self.whole_rows(*args):

@@ -779,3 +779,9 @@ def row_totals(row_outputs, weight):
     NumPy's pairwise sum), as Python floats: the general way's ``loss._totals`` bit for bit.
     Twin: src/totals.h ppo_numpy_sum."""
     return _row_totals(row_outputs, weight).tolist()
+
+
+def serial_common(name):
+    """The one-thread entry for the common case of kernel ``name`` (a kernel with ``common``):
+    ``_backend.common`` calls it when the thread policy gives one thread."""
+    return globals()[name].serial_common()

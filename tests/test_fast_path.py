@@ -263,16 +263,18 @@ def test_every_common_entry_equals_its_table_kernel_and_numpys_sums(name, dtype,
                 for array in kernel.inputs:  # non-finite values, at valid positions or not
                     if named[array.name].size > 4:
                         named[array.name].flat[rng.integers(0, 4, 2)] = [np.nan, np.inf]
-                n_threads = 2 if shape[0] > 2 else 1
-                expected, expected_totals = _kernel_way(kernel, backend, named, n_threads)
-                arguments = [named[argument] for argument in kernel.common_arguments[:-1]]
-                totals = entry(*arguments, n_threads)
-                what = f"{name} {backend} {np.dtype(dtype)} {shape} optional={optional}"
-                same_bits([named[output] for output in expected], list(expected.values()), what)
-                if expected_totals is None:
-                    assert totals is None, what
-                else:
-                    same_bits(totals, expected_totals, what)
+                # one thread: numba's compiled entry (serial_common); two: the table kernel's
+                for n_threads in (1, 2):
+                    expected, expected_totals = _kernel_way(kernel, backend, named, n_threads)
+                    arguments = [named[argument] for argument in kernel.common_arguments[:-1]]
+                    totals = entry(*arguments, n_threads)
+                    what = f"{name} {backend} {np.dtype(dtype)} {shape} {optional=} {n_threads=}"
+                    outputs = [named[output] for output in expected]
+                    same_bits(outputs, list(expected.values()), what)
+                    if expected_totals is None:
+                        assert totals is None, what
+                    else:
+                        same_bits(totals, expected_totals, what)
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
