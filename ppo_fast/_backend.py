@@ -30,7 +30,7 @@ from types import ModuleType
 import numpy as np
 
 from . import _threads, _validate
-from ._spec import CODE, KERNELS, SCALES, TOKEN, Kernel
+from ._spec import KERNELS, SCALES, TOKEN, Kernel
 
 BACKENDS = ("cython", "numba", "python")  # the order auto tries them
 _MODULES = {
@@ -187,11 +187,8 @@ def _common_from_kernel(
         "    flat_mask = EMPTY_MASK if mask is None else mask.ravel().view(UINT8)",
     ]
     if serial is not None:
-        # numba types a NumPy scalar argument about 0.2 us slower than a float: the scalars
-        # pass as floats (exact: a float32 widens exactly) and the entry rounds them back.
-        scalars = {s.name for s in kernel.scalars if s.dtype != CODE}
-        passed = (f"float({a})" if a in scalars else a for a in kernel.common_arguments[:-1])
-        lines[1:1] = ["    if n_threads == 1:", f"        return serial({', '.join(passed)})"]
+        arguments = ", ".join(kernel.common_arguments[:-1])
+        lines[1:1] = ["    if n_threads == 1:", f"        return serial({arguments})"]
     if kernel.token_mean:  # as loss._row_scales counts: mask != 0
         lines += [
             "    valid = float(count_nonzero(flat_mask) if mask is not None else n_rows * width)",

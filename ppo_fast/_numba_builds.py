@@ -14,7 +14,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 from ._numba_core import _CACHE, _row_totals
-from ._spec import FLOAT64, GROUPS, SCALES, TOKEN, Kernel
+from ._spec import FLOAT64, GROUPS, SCALES, Kernel
 
 _parallel_lock = threading.Lock()
 
@@ -187,16 +187,6 @@ def _valid_positions_overload(mask, n_positions):
     return lambda mask, n_positions: float(_count_valid(_flat_mask(mask)))
 
 
-def _as_token(number, like):
-    """``number`` (a float) in the dtype of the array ``like``: a token scalar's own value."""
-
-
-@overload(_as_token, inline="always")
-def _as_token_overload(number, like):
-    dtype = like.dtype
-    return lambda number, like: dtype(number)
-
-
 def _serial_common_build(serial, kernel: Kernel):
     """numba's entry for the common case of ``kernel`` on one thread (``Kernel.common_arguments``
     without n_threads): what ``_backend._common_from_kernel`` does around a serial call, compiled
@@ -213,9 +203,6 @@ def _serial_common_build(serial, kernel: Kernel):
         "    spans = np.full(n_rows, width, dtype=np.int64)",
         "    flat_mask = _flat_mask(mask)",
     ]
-    # the token scalars come as floats (_backend._common_from_kernel): back to the token dtype
-    tokens = [s.name for s in kernel.scalars if s.dtype == TOKEN]
-    lines += [f"    {name} = _as_token({name}, {first})" for name in tokens]
     if kernel.token_mean:  # as loss._row_scales counts: mask != 0
         lines += [
             "    valid = _valid_positions(mask, n_rows * width)",
@@ -250,7 +237,6 @@ def _serial_common_build(serial, kernel: Kernel):
         "_flat_mask": _flat_mask,
         "_valid_positions": _valid_positions,
         "_row_totals": _row_totals,
-        "_as_token": _as_token,
     }
     exec("\n".join(lines), namespace)  # the source is made from the kernel table
     return numba.njit(nogil=True)(namespace[f"{kernel.name}_serial_common"])
