@@ -17,8 +17,8 @@ T/2 .. T tokens, right-padded) moved to the device, timed with CUDA events (medi
   written once) at the device's copy bandwidth, measured in the same run as 2 x bytes / time of
   ``Tensor.copy_`` over 1 GiB (best of 10).
 
-KL-Cov's rows include its token selection, as verl's function does: on a device, ppo_fast's
-selection takes a host round trip (its kernel runs on the CPU), so that row measures the copy.
+KL-Cov's rows include its token selection, as verl's function does (``ppo_fast.torch``'s runs on
+the device: torch's top-k, one synchronisation for the count of valid tokens).
 """
 
 from __future__ import annotations

@@ -2,16 +2,19 @@
 there: call them from there). The losses, as the rest of the policy-loss family: CPU tensors on
 the kernels, zero-copy; a tensor on another device computed there by the kernel's formula in
 torch, with the same closed-form gradient and statistics (tested on CPU by forcing that path, and
-on a CUDA device by tests/test_torch_cuda.py). The selections: CPU tensors read without a copy,
-others through the host.
+on a CUDA device by tests/test_torch_cuda.py). The selections: CPU tensors read without a copy;
+on another device, KL-Cov's is computed there (``_kl_cov_selection_in_torch``) and Clip-Cov's,
+whose draw is NumPy's, goes through the host.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
+from . import _validate
 from . import torch as _pt
 from ._policy_scalars import _dppo_scalars
 from .policy import dppo_loss as _numpy_dppo_loss
@@ -188,6 +191,40 @@ for _function in (dppo_loss, kl_cov_loss):
     _function.__doc__ = (_function.__doc__ or "") + _pt._FAMILY_DOC
 
 
+def _kl_cov_selection_in_torch(
+    logprobs: torch.Tensor, advantages: torch.Tensor, ratio: float, layout: dict[str, Any]
+) -> torch.Tensor:
+    """The kl_cov_top_k kernel's selection (the whole batch one group) in torch on the tensors'
+    device, read back as nothing but the number of valid tokens (one synchronisation: k, the
+    size of the top-k, depends on it).
+
+    The covariances are the kernel's (float64, a NaN counting as -inf, ties at the k-th value to
+    the lowest positions of the flat storage), but their means are torch's float64 sums, whose
+    order is not the kernel's 8 lanes: they may differ from the kernel's in the last bits, and
+    the tokens with them only where the k-th and (k + 1)-th largest covariances are that close.
+    """
+    device = logprobs.device
+    logp, adv = _pt._torch_tokens({"logprobs": logprobs, "advantages": advantages}, device)
+    valid = _pt._torch_rows(tuple(logprobs.shape), device, layout).valid.reshape(-1)
+    n_valid = int(valid.sum())
+    if n_valid == 0:
+        return torch.zeros(logprobs.shape, dtype=torch.bool, device=device)
+    wanted = ratio * n_valid
+    k = n_valid if wanted >= n_valid else max(int(wanted), 1)
+    logp, adv = logp.reshape(-1).double(), adv.reshape(-1).double()
+    mean_adv = torch.where(valid, adv, 0.0).sum() / n_valid
+    mean_logp = torch.where(valid, logp, 0.0).sum() / n_valid
+    covariances = (adv - mean_adv) * (logp - mean_logp)
+    keys = torch.where(valid & ~covariances.isnan(), covariances, -math.inf)
+    # The k-th largest key of the valid tokens: the invalid ones' -inf never exceeds it.
+    kth = torch.topk(keys, k, sorted=True).values[k - 1]
+    above = valid & (keys > kth)
+    tied = valid & (keys == kth)
+    room = k - above.sum()
+    chosen = above | (tied & (torch.cumsum(tied, 0) <= room))
+    return chosen.reshape(logprobs.shape)
+
+
 @_pt._speaks_torch
 def kl_cov_selection(
     logprobs: torch.Tensor,
@@ -200,11 +237,18 @@ def kl_cov_selection(
     backend: str | None = None,
 ) -> torch.Tensor:
     """``ppo_fast.kl_cov_selection`` on tensors: a bool tensor on ``logprobs``' device, True at
-    the valid tokens of largest covariance. CPU tensors are read without a copy; a tensor on
-    another device takes a host round trip (no gradient flows through a selection)."""
+    the valid tokens of largest covariance (no gradient flows through a selection). CPU tensors
+    are read without a copy. On another device it is computed there, nothing copied to the host
+    but the count of valid tokens: its means are torch's float64 sums, so that it may differ
+    from the kernels' selection where the k-th and (k + 1)-th largest covariances are within
+    the last bits of each other (``_kl_cov_selection_in_torch``)."""
     from .covariance import kl_cov_selection as _numpy_kl_cov_selection
 
     like = _pt._main_tensor("logprobs", logprobs)
+    if like.device.type != "cpu" or _pt._DEVICE_PATH_ON_CPU:
+        ratio = _validate.scalar("ratio", ratio, lo=0.0, open_lo=True)
+        layout = {"mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens}
+        return _kl_cov_selection_in_torch(logprobs, advantages, ratio, layout)
     picked = _numpy_kl_cov_selection(
         _pt.to_numpy(logprobs, "logprobs"),
         _pt.to_numpy(advantages, "advantages"),

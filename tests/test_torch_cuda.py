@@ -228,3 +228,38 @@ def test_selections_return_on_the_device(layout):
         picks.append((kl.cpu(), clip.cpu()))
     assert torch.equal(picks[0][0], picks[1][0]) and torch.equal(picks[0][1], picks[1][1])
     assert picks[0][0].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kl_cov_selection_runs_on_the_device(layout, dtype):
+    """KL-Cov's selection on the device picks the kernels' tokens, reading back only the count
+    of valid tokens (one synchronisation; one more for a layout whose values are checked)."""
+    for seed in range(4):
+        case = Case(layout, dtype, seed, rows=64, width=257)
+        for ratio in (0.0002, 0.01, 0.2, 1.0):
+            tokens, given, _ = case.on("cpu")
+            expected = pt.kl_cov_selection(tokens["logp"], tokens["adv"], ratio=ratio, **given)
+            tokens, given, _ = case.on("cuda")
+            torch.cuda.synchronize()
+            actual, syncs = synchronisations(
+                lambda: pt.kl_cov_selection(tokens["logp"], tokens["adv"], ratio=ratio, **given)  # noqa: B023
+            )
+            what = f"{layout} {dtype} seed={seed} ratio={ratio}"
+            assert actual.device.type == "cuda" and actual.dtype == torch.bool, what
+            assert torch.equal(actual.cpu(), expected), what
+            allowed = 1 if layout == "mask-bool" else 2
+            assert syncs <= allowed, f"{what}: {syncs} synchronisations, expected <= {allowed}"
+
+
+def test_kl_cov_selection_on_the_device_at_the_bench_size():
+    """At 1024 x 4096 (the benchmark's batch), the device's selection equals the kernels'."""
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(2048, 4097, 1024)
+    mask = torch.tensor(np.arange(4096)[None, :] < lengths[:, None])
+    logp = torch.tensor(rng.uniform(-3.0, 0.0, (1024, 4096)), dtype=torch.float32)
+    adv = torch.tensor(rng.normal(0.0, 1.0, (1024, 4096)), dtype=torch.float32)
+    for ratio in (0.0002, 0.002):
+        expected = pt.kl_cov_selection(logp, adv, ratio=ratio, mask=mask)
+        actual = pt.kl_cov_selection(logp.cuda(), adv.cuda(), ratio=ratio, mask=mask.cuda())
+        assert torch.equal(actual.cpu(), expected), ratio

@@ -120,3 +120,79 @@ def test_dppo_and_kl_cov_device_path_equals_the_kernels(dtype, monkeypatch):
                 weights=weights, **layout, **scale,
             )  # fmt: skip
             _assert_same(kernel, device, dtype)
+
+
+def _selections(monkeypatch, logp, adv, **options):
+    """kl_cov_selection on the kernels and on the device path (forced on CPU tensors)."""
+    picks = []
+    for forced in (False, True):
+        monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", forced)
+        picks.append(pt.kl_cov_selection(logp, adv, **options))
+    return picks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_kl_cov_selection_device_path_picks_the_kernels_tokens(dtype, monkeypatch):
+    rng = np.random.default_rng(8)
+    for rows, width in ((5, 11), (64, 300)):
+        for shape, layout in _layouts(rng, rows, width):
+            logp = torch.tensor(rng.uniform(-3, 0, shape), dtype=dtype)
+            adv = torch.tensor(rng.normal(size=shape), dtype=dtype)
+            for ratio in (0.0002, 0.05, 0.3, 1.0, 7.0):
+                kernel, device = _selections(monkeypatch, logp, adv, ratio=ratio, **layout)
+                assert device.dtype == torch.bool and device.shape == logp.shape
+                assert torch.equal(device, kernel), (shape, list(layout), ratio)
+                n_valid = int(
+                    layout["mask"].sum()
+                    if "mask" in layout
+                    else layout["lengths"].sum()
+                    if "lengths" in layout
+                    else shape[0]
+                )
+                k = min(n_valid, max(int(ratio * n_valid), 1)) if n_valid else 0
+                assert int(device.sum()) == k
+
+
+def test_kl_cov_selection_device_path_breaks_ties_and_nans_as_the_kernels(monkeypatch):
+    rng = np.random.default_rng(9)
+    shape = (6, 40)
+    mask = torch.tensor(rng.random(shape) < 0.8)
+    # two values each: the covariances take four values, so the k-th is tied across many tokens
+    logp = torch.tensor(rng.choice([-1.0, -2.0], shape), dtype=torch.float32)
+    adv = torch.tensor(rng.choice([-1.0, 1.0], shape), dtype=torch.float32)
+    for ratio in (0.01, 0.1, 0.3, 0.5, 0.9):
+        kernel, device = _selections(monkeypatch, logp, adv, ratio=ratio, mask=mask)
+        assert torch.equal(device, kernel), ratio
+    # a NaN at a valid token makes every covariance NaN, which counts as -inf: the first k valid
+    # tokens; a NaN where the mask is 0 changes nothing
+    for where, valid in (((0, 3), True), ((1, 2), False)):
+        hole = mask.clone()
+        hole[where] = valid
+        broken = adv.clone()
+        broken[where] = float("nan")
+        kernel, device = _selections(monkeypatch, logp, broken, ratio=0.1, mask=hole)
+        assert torch.equal(device, kernel), where
+        clean_kernel, _ = _selections(monkeypatch, logp, adv, ratio=0.1, mask=hole)
+        assert torch.equal(kernel, clean_kernel) != valid
+    # infinities: the means are inf, the covariances inf, -inf or NaN on both paths
+    wild = adv.clone()
+    wild[2, 5], wild[4, 7] = float("inf"), float("-inf")
+    for pair in ((wild, logp), (adv, logp.clone().fill_(float("inf")))):
+        kernel, device = _selections(monkeypatch, pair[1], pair[0], ratio=0.2, mask=mask)
+        assert torch.equal(device, kernel)
+    # no valid token: nothing selected
+    kernel, device = _selections(monkeypatch, logp, adv, mask=torch.zeros(shape, dtype=torch.bool))
+    assert not device.any() and not kernel.any()
+
+
+def test_kl_cov_selection_device_path_refuses_what_the_kernel_path_refuses(monkeypatch):
+    monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", True)
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="ratio must"):
+        pt.kl_cov_selection(x, x, ratio=0.0)
+    with pytest.raises(ValueError, match="shape"):
+        pt.kl_cov_selection(x, torch.zeros(2, 4))
+    with pytest.raises(ValueError):
+        pt.kl_cov_selection(x, x, mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError):
+        pt.kl_cov_selection(x, x, lengths=torch.tensor([1, 9]))
