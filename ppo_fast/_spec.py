@@ -338,6 +338,7 @@ KERNELS: dict[str, Kernel] = {
             outputs=(Array("grad"),),
             row_outputs=(Array("row_loss", FLOAT64), Array("row_kl", FLOAT64)),
             gradients={"grad": "logprobs"},
+            common=True,
         ),
         Kernel(
             "cispo",
@@ -358,6 +359,7 @@ KERNELS: dict[str, Kernel] = {
                 Array("row_kl", FLOAT64),
             ),
             gradients={"grad": "logprobs"},
+            common=True,
         ),
         Kernel(
             "sapo",
@@ -373,6 +375,7 @@ KERNELS: dict[str, Kernel] = {
             outputs=(Array("grad"),),
             row_outputs=(Array("row_loss", FLOAT64), Array("row_kl", FLOAT64)),
             gradients={"grad": "logprobs"},
+            common=True,
         ),
         Kernel(
             "gspo",
@@ -395,6 +398,7 @@ KERNELS: dict[str, Kernel] = {
                 Array("row_kl", FLOAT64),
             ),
             gradients={"grad": "logprobs"},
+            common=True,
         ),
         Kernel(
             "geo_mean",
@@ -417,6 +421,7 @@ KERNELS: dict[str, Kernel] = {
                 Array("row_kl", FLOAT64),
             ),
             gradients={"grad": "logprobs"},
+            common=True,
         ),
         Kernel(
             "dppo",
@@ -440,6 +445,7 @@ KERNELS: dict[str, Kernel] = {
                 Array("row_kl", FLOAT64),
             ),
             gradients={"grad": "logprobs"},
+            common=True,
         ),
         Kernel(
             "kl_cov",

@@ -99,7 +99,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _validate
+from . import _backend, _threads, _validate
 from ._policy_scalars import (
     _cispo_scalars,
     _dppo_scalars,
@@ -109,10 +109,13 @@ from ._policy_scalars import (
     _reinforce_scalars,
     _sapo_scalars,
 )
+from ._spec import KERNELS
 from .loss import (
     _NO_WEIGHTS,
     Aggregation,
     PolicyLossResult,
+    _common_arrays,
+    _common_count,
     _mean,
     _row_scales,
     _totals,
@@ -134,7 +137,25 @@ def _run(
 ) -> tuple[np.ndarray, list[float], float]:
     """Validate, run ``kernel`` and reduce: (grad, [loss, other row sums...], valid tokens).
     ``selected`` (KL-Cov's): a selection shaped like ``logprobs``, checked here and handed to
-    the kernel as its flags (a byte a token, bool's own bytes: no copy of a C-contiguous one)."""
+    the kernel as its flags (a byte a token, bool's own bytes: no copy of a C-contiguous one).
+    The common case (``loss._common_count``, ``loss._common_arrays``, no weights) goes to the
+    kernel's common-case entry (``_run_common``), as ``clipped_surrogate``'s does."""
+    if (
+        KERNELS[kernel].common
+        and selected is None
+        and arrays.get("weights") is None
+        and _common_count(
+            normalisers["agg"],
+            layout["lengths"],
+            layout["cu_seqlens"],
+            normalisers["num_tokens"],
+            normalisers["num_seqs"],
+            normalisers["loss_scale"],
+        )
+    ):
+        inputs = (arrays["logprobs"], arrays["old_logprobs"], arrays["advantages"])
+        if _common_arrays(inputs, layout["mask"], grad_out):
+            return _run_common(kernel, inputs, layout["mask"], grad_out, backend, scalars, codes)
     # weights alone are optional: a None for any other array is for _validate to name
     given = {k: v for k, v in arrays.items() if k != "weights" or v is not None}
     checked, rows = _validate.batch(given, **layout)
@@ -169,6 +190,40 @@ def _run(
         **extra,
     )
     return grad, _totals(outputs, scales), valid
+
+
+def _run_common(
+    kernel: str,
+    inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    mask: np.ndarray | None,
+    grad_out: np.ndarray | None,
+    backend: str | None,
+    scalars: dict[str, float],
+    codes: dict[str, int] | None,
+) -> tuple[np.ndarray, list[float], float]:
+    """``_run`` in the common case, checked by the caller: the same arrays and scalars handed to
+    the backend's common-case entry (``_backend.common``), which counts the valid tokens and
+    totals the row outputs as the general way does (tests/test_fast_path.py compares the two).
+    At 8 x 128 it saves the general way's validation, about 10 us of a 12-23 us call."""
+    logprobs = inputs[0]
+    shape, dtype = logprobs.shape, logprobs.dtype
+    token = dtype.type  # the per-token arithmetic runs in the input dtype
+    grad = np.empty(shape, dtype) if grad_out is None else grad_out
+    named = {name: token(value) for name, value in scalars.items()}
+    if codes:
+        named.update(codes)
+    named.update(
+        logprobs=logprobs,
+        old_logprobs=inputs[1],
+        advantages=inputs[2],
+        weights=_NO_WEIGHTS[dtype],
+        mask=mask,
+        grad=grad,
+    )
+    arguments = KERNELS[kernel].common_arguments[:-1]
+    n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
+    valid, *totals = _backend.common(kernel, backend)(*map(named.__getitem__, arguments), n_threads)
+    return grad, totals, valid
 
 
 def _selection(selected: Any, shape: tuple[int, ...]) -> np.ndarray:
