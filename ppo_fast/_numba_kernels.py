@@ -16,6 +16,7 @@ from numba import prange
 
 from ._numba_builds import _Kernel, _Specialised
 from ._numba_core import (
+    _CACHE,
     _PREFETCH_BLOCK,
     _PREFETCH_DISTANCE,
     _STREAM_AHEAD_BYTES,
@@ -783,5 +784,11 @@ def row_totals(row_outputs, weight):
 
 def serial_common(name):
     """The one-thread entry for the common case of kernel ``name`` (a kernel with ``common``):
-    ``_backend.common`` calls it when the thread policy gives one thread."""
+    ``_backend.common`` calls it when the thread policy gives one thread. None with the on-disk
+    cache on (``PPO_FAST_NUMBA_CACHE=1``): the entry calls the serial build by address, which
+    numba cannot cache, so every process would compile it again (0.3-1 s a kernel on its first
+    call, against a few ms from the cache), undoing what the cache is for; the common case then
+    calls the table kernel from Python (1.5-6 us more a call at 8 x 128)."""
+    if _CACHE:
+        return None
     return globals()[name].serial_common()

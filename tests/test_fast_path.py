@@ -511,3 +511,29 @@ def test_numbas_row_totals_load_from_its_on_disk_cache(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip() == "[44850.0, 134850.0]"
     assert any(tmp_path.rglob("*_pairwise_sum*.nbi"))  # it was cached, and read back
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_numbas_compiled_entries_stay_off_with_its_on_disk_cache(tmp_path):
+    """With the on-disk cache on, the common case runs the table kernels from Python (the
+    compiled entries call the serial builds by address, which numba cannot cache), with the
+    same bits as the compiled entry of a process without the cache."""
+    script = (
+        "import numpy as np, ppo_fast; from ppo_fast import _numba_kernels as k; "
+        "rng = np.random.default_rng(3); r, v = rng.normal(size=(2, 4, 37)).astype(np.float32); "
+        "m = rng.random((4, 37)) < 0.8; "
+        "out = ppo_fast.gae(r, v, gamma=0.99, mask=m, backend='numba'); "
+        "loss = ppo_fast.clipped_surrogate(r, v, r, mask=m, backend='numba'); "
+        "print(k.serial_common('gae') is None, out.advantages.tobytes().hex()[:64], "
+        "np.float64(loss.loss).tobytes().hex(), loss.grad.tobytes().hex()[-64:])"
+    )
+    outputs = []
+    for cache in ("1", "0"):
+        env = {**os.environ, "PPO_FAST_NUMBA_CACHE": cache, "NUMBA_CACHE_DIR": str(tmp_path)}
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", script], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs.append(done.stdout.split())
+    assert outputs[0][0] == "True" and outputs[1][0] == "False"
+    assert outputs[0][1:] == outputs[1][1:]
