@@ -19,6 +19,7 @@ matplotlib load when a row, a table or a plot needs them.
 from __future__ import annotations
 
 from .batch import ALL_SHAPES, DEFAULT_SHAPES, Batch, parse_shape, scaling_shape, shape_name
+from .checks import BENCH_EXTRA, CHECK_RTOL, compare, unavailable, why_not
 from .cli import add_arguments, plan_from, run_command
 from .probes import (
     FIRST_CALL_KERNELS,
@@ -34,8 +35,6 @@ from .probes import (
     run_probe,
 )
 from .registry import (
-    BENCH_EXTRA,
-    CHECK_RTOL,
     FLOOR,
     KERNELS,
     OURS,
@@ -44,10 +43,7 @@ from .registry import (
     TABLE_KERNELS,
     Implementation,
     Kernel,
-    compare,
     table_entry,
-    unavailable,
-    why_not,
 )
 from .report import (
     environment,

@@ -17,7 +17,8 @@ from typing import Any
 
 from .._threads import MIN_POSITIONS_PER_THREAD
 from .batch import Batch
-from .registry import KERNELS, PEER, TABLE_KERNELS, table_entry, unavailable, why_not
+from .checks import unavailable, why_not
+from .registry import KERNELS, PEER, TABLE_KERNELS, table_entry
 from .timing import Plan, Progress, check, reference_outputs, set_threads
 
 _PROBE = """

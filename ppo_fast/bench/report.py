@@ -19,8 +19,9 @@ from typing import Any
 from .. import _threads
 from .._atomic import atomic_write
 from .batch import shape_name
+from .checks import BENCH_EXTRA
 from .probes import FIRST_CALL_KERNELS
-from .registry import BENCH_EXTRA, FLOOR, KERNELS, OURS, PEER, PYTHON_MAX_TOKENS
+from .registry import FLOOR, KERNELS, OURS, PEER, PYTHON_MAX_TOKENS
 from .timing import exponents
 
 

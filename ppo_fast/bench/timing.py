@@ -19,16 +19,8 @@ import numpy as np
 
 from .. import _threads
 from .batch import DEFAULT_SHAPES, Batch, scaling_shape, shape_name
-from .registry import (
-    FLOOR,
-    KERNELS,
-    OURS,
-    Implementation,
-    Kernel,
-    compare,
-    unavailable,
-    why_not,
-)
+from .checks import compare, unavailable, why_not
+from .registry import FLOOR, KERNELS, OURS, Implementation, Kernel
 from .roofline import copy_bandwidth, floor_seconds
 
 DEFAULT_THREADS = (1, 2)
