@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 
@@ -127,9 +128,14 @@ def test_trace_reports_bad_batches_without_a_traceback(text, message):
 
 
 def test_console_script_is_installed():
-    out = subprocess.run(["ppo-fast", "trace"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "0.4212" in out.stdout
+    """The ``ppo-fast`` script pip wrote next to this interpreter's (found there, not on PATH:
+    under pyenv its shim appears only after a rehash), and ``python -m ppo_fast``."""
+    script = os.path.join(sysconfig.get_path("scripts"), "ppo-fast")
+    assert os.access(script, os.X_OK), f"{script}: reinstall with python -m pip install -e ."
+    for command in ([script, "trace"], [sys.executable, "-m", "ppo_fast", "trace"]):
+        out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "0.4212" in out.stdout
 
 
 # The hardening issue: every input error is one line naming the argument and the fix, status 2;
