@@ -158,11 +158,33 @@ def run(name: str, backend: str | None, **arguments) -> None:
     getattr(_cached_resolve(backend), name)(*kernel.bind(arguments))
 
 
-def _numpy_totals(row_outputs: np.ndarray, weight: float) -> list[float]:
-    """The totals of a common case's (k, B) row outputs, the first weighted by ``weight``, as the
-    general way sums them (``loss._totals`` with one scale for every row)."""
-    row_outputs[0] *= weight
+def _numpy_totals(row_outputs: np.ndarray) -> list[float]:
+    """The totals of a common case's (k, B) row outputs, as the general way sums them
+    (``loss._totals``, after its weighting of the first by the row scales)."""
     return row_outputs.sum(axis=1).tolist()
+
+
+def common_scales(agg: int, flat_mask: np.ndarray | None, n_rows: int, width: int):
+    """(valid positions, row scales) of a loss's common case with aggregation mode ``agg`` (a
+    code of ``_spec.AGGREGATIONS``) over (B, T) = (``n_rows``, ``width``) padded rows: what
+    ``loss._row_scales`` gives with the batch's own counts, counted as it counts (mask != 0).
+    Twins: src/totals.h ppo_common_scales, ppo_fast/_numba_core.py _common_scales."""
+    if flat_mask is None:
+        counts = np.full(n_rows, width, dtype=np.int64)
+    else:
+        counts = np.count_nonzero(flat_mask.reshape(n_rows, width), axis=1)
+    valid = float(counts.sum())
+    if agg == 0:  # token-mean
+        return valid, np.full(n_rows, 1.0 / valid if valid else 0.0)
+    if agg == 3:  # seq-mean-token-sum-norm: T is the loss scale
+        return valid, np.full(n_rows, 1.0 / width if width else 0.0)
+    seqs = float(np.count_nonzero(counts))
+    if not seqs:
+        return valid, np.zeros(n_rows)
+    if agg == 2:  # seq-mean-token-sum
+        return valid, np.full(n_rows, 1.0 / seqs)
+    with np.errstate(divide="ignore"):  # seq-mean-token-mean
+        return valid, np.where(counts > 0, 1.0 / (seqs * counts), 0.0)
 
 
 def _common_from_kernel(
@@ -189,13 +211,15 @@ def _common_from_kernel(
     if serial is not None:
         arguments = ", ".join(kernel.common_arguments[:-1])
         lines[1:1] = ["    if n_threads == 1:", f"        return serial({arguments})"]
-    if kernel.token_mean:  # as loss._row_scales counts: mask != 0
-        lines += [
-            "    valid = float(count_nonzero(flat_mask) if mask is not None else n_rows * width)",
-            "    scale = 1.0 / valid if valid else 0.0",
-        ]
+    if kernel.aggregates:
+        lines.append(
+            "    valid, scales = common_scales(agg, None if mask is None else flat_mask, "
+            "n_rows, width)"
+        )
     row_inputs = [
-        f"constant_rows({'scale' if a.name == SCALES else a.name}, n_rows, "
+        f"scales.astype({first}.dtype)"
+        if a.name == SCALES
+        else f"constant_rows({a.name}, n_rows, "
         f"{first + '.dtype' if a.dtype == TOKEN else 'FLOAT64'})"
         for a in kernel.row_inputs
     ]
@@ -212,10 +236,10 @@ def _common_from_kernel(
         "n_threads",
     ]
     lines.append(f"    function({', '.join(arguments)})")
-    if kernel.token_mean:
-        lines.append("    return (valid, *totals(row_outputs, scale))")
-    elif n_row_outputs:  # times 1.0 changes no value: the row outputs summed as they are
-        lines.append("    return tuple(totals(row_outputs, 1.0))")
+    if kernel.aggregates:  # the general way's row_outputs[0] *= scales
+        lines += ["    row_outputs[0] *= scales", "    return (valid, *totals(row_outputs))"]
+    elif n_row_outputs:
+        lines.append("    return tuple(totals(row_outputs))")
     namespace = {
         "function": function,
         "totals": totals,
@@ -224,7 +248,7 @@ def _common_from_kernel(
         "EMPTY_MASK": _validate.EMPTY_MASK,
         "UINT8": np.dtype(np.uint8),
         "FLOAT64": np.dtype(np.float64),
-        "count_nonzero": np.count_nonzero,
+        "common_scales": common_scales,
         "empty": np.empty,
         "serial": serial,
     }

@@ -13,7 +13,7 @@ from llvmlite import binding as llvm
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
-from ._numba_core import _CACHE, _row_totals
+from ._numba_core import _CACHE, _common_scales, _row_totals
 from ._spec import FLOAT64, GROUPS, SCALES, Kernel
 
 _parallel_lock = threading.Lock()
@@ -167,26 +167,6 @@ def _flat_mask_overload(mask):
     return lambda mask: mask.reshape(mask.size)
 
 
-@numba.njit(nogil=True, cache=_CACHE)
-def _count_valid(flat_mask):
-    """The nonzero bytes of a mask (``np.count_nonzero``), in one vectorized pass."""
-    count = 0
-    for i in range(flat_mask.shape[0]):
-        count += flat_mask[i] != 0
-    return count
-
-
-def _valid_positions(mask, n_positions):
-    """A common case's valid positions, as a float: the mask's nonzero bytes, or every one."""
-
-
-@overload(_valid_positions, inline="always")
-def _valid_positions_overload(mask, n_positions):
-    if isinstance(mask, types.NoneType):
-        return lambda mask, n_positions: float(n_positions)
-    return lambda mask, n_positions: float(_count_valid(_flat_mask(mask)))
-
-
 def _serial_common_build(serial, kernel: Kernel):
     """numba's entry for the common case of ``kernel`` on one thread (``Kernel.common_arguments``
     without n_threads): what ``_backend._common_from_kernel`` does around a serial call, compiled
@@ -203,13 +183,14 @@ def _serial_common_build(serial, kernel: Kernel):
         "    spans = np.full(n_rows, width, dtype=np.int64)",
         "    flat_mask = _flat_mask(mask)",
     ]
-    if kernel.token_mean:  # as loss._row_scales counts: mask != 0
-        lines += [
-            "    valid = _valid_positions(mask, n_rows * width)",
-            "    scale = 1.0 / valid if valid else 0.0",
-        ]
+    if kernel.aggregates:
+        lines.append(
+            "    valid, scales = _common_scales(agg, flat_mask, mask is not None, n_rows, width)"
+        )
     row_inputs = [
-        f"np.full(n_rows, {'scale' if a.name == SCALES else a.name}, "
+        f"scales.astype({first}.dtype)"
+        if a.name == SCALES
+        else f"np.full(n_rows, {a.name}, "
         f"dtype={'np.float64' if a.dtype == FLOAT64 else first + '.dtype'})"
         for a in kernel.row_inputs
     ]
@@ -227,15 +208,19 @@ def _serial_common_build(serial, kernel: Kernel):
     ]
     lines.append(f"    serial({', '.join(call)})")
     totals = ", ".join(f"totals[{k}]" for k in range(n_row_outputs))
-    if kernel.token_mean:
-        lines += ["    totals = _row_totals(row_outputs, scale)", f"    return (valid, {totals})"]
+    if kernel.aggregates:  # the general way's row_outputs[0] *= scales
+        lines += [
+            "    row_outputs[0] *= scales",
+            "    totals = _row_totals(row_outputs)",
+            f"    return (valid, {totals})",
+        ]
     elif n_row_outputs:
-        lines += ["    totals = _row_totals(row_outputs, 1.0)", f"    return ({totals},)"]
+        lines += ["    totals = _row_totals(row_outputs)", f"    return ({totals},)"]
     namespace = {
         "np": np,
         "serial": _compiled_caller(serial, kernel.arguments[:-1]),
         "_flat_mask": _flat_mask,
-        "_valid_positions": _valid_positions,
+        "_common_scales": _common_scales,
         "_row_totals": _row_totals,
     }
     exec("\n".join(lines), namespace)  # the source is made from the kernel table

@@ -580,10 +580,39 @@ def _pairwise_sum(values, first, n):
 
 
 @numba.njit(nogil=True, cache=_CACHE)
-def _row_totals(row_outputs, weight):
-    n_rows = row_outputs.shape[1]
+def _common_scales(agg, flat_mask, has_mask, n_rows, width):
+    """(valid positions, row scales) of a loss's common case: the twin of
+    ``_backend.common_scales`` (which says what they are) and src/totals.h ppo_common_scales."""
+    counts = np.empty(n_rows, dtype=np.int64)
+    total = 0
+    seqs = 0.0
     for b in range(n_rows):
-        row_outputs[0, b] = row_outputs[0, b] * weight
+        count = width
+        if has_mask:
+            count = 0
+            for i in range(b * width, (b + 1) * width):
+                count += flat_mask[i] != 0
+        counts[b] = count
+        total += count
+        if count > 0:
+            seqs += 1.0
+    valid = float(total)
+    scales = np.zeros(n_rows)
+    for b in range(n_rows):
+        if agg == 0:  # token-mean
+            scales[b] = 1.0 / valid if valid else 0.0
+        elif agg == 3:  # seq-mean-token-sum-norm
+            scales[b] = 1.0 / width if width else 0.0
+        elif agg == 2:  # seq-mean-token-sum
+            scales[b] = 1.0 / seqs if seqs else 0.0
+        elif counts[b] > 0:  # seq-mean-token-mean
+            scales[b] = 1.0 / (seqs * counts[b])
+    return valid, scales
+
+
+@numba.njit(nogil=True, cache=_CACHE)
+def _row_totals(row_outputs):
+    n_rows = row_outputs.shape[1]
     totals = np.empty(row_outputs.shape[0])
     for k in range(row_outputs.shape[0]):
         totals[k] = 0.0 + _pairwise_sum(row_outputs[k], 0, n_rows)

@@ -774,12 +774,11 @@ kl_cov = _Kernel(kl_cov, KERNELS["kl_cov"], fastmath={"reassoc"})
 kl_cov_top_k = _Kernel(kl_cov_top_k, KERNELS["kl_cov_top_k"])
 
 
-def row_totals(row_outputs, weight):
-    """The totals of the (k, B) float64 row outputs of a common case (``_backend.common``), the
-    first weighted row by row by ``weight``, each summed as ``row_output.sum()`` sums (0.0 plus
-    NumPy's pairwise sum), as Python floats: the general way's ``loss._totals`` bit for bit.
-    Twin: src/totals.h ppo_numpy_sum."""
-    return _row_totals(row_outputs, weight).tolist()
+def row_totals(row_outputs):
+    """The totals of the (k, B) float64 row outputs of a common case (``_backend.common``), each
+    summed as ``row_output.sum()`` sums (0.0 plus NumPy's pairwise sum), as Python floats: the
+    general way's ``loss._totals`` bit for bit. Twin: src/totals.h ppo_numpy_sum."""
+    return _row_totals(row_outputs).tolist()
 
 
 def serial_common(name):

@@ -47,6 +47,14 @@ ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
 FLOAT64, TOKEN, CODE = "float64", "token", "code"
 FLAGS = "flags"  # a token array of uint8 flags (nonzero: set): a token selection
 SCALES = "scales"  # a loss's row input: each row's aggregation weight, in the token dtype
+# A loss's aggregation modes (``ppo_fast.loss``), by code: the code is the position. The common-case
+# entry of a loss takes the code as ``agg``.
+AGGREGATIONS: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 ROWS, ELEMENTWISE, GROUPS = "rows", "elementwise", "groups"
 ROW_LAYOUT = ("starts", "spans", "lengths", "mask")
 GROUP_LAYOUT = (*ROW_LAYOUT, "group_rows", "group_starts")
@@ -140,9 +148,9 @@ class Kernel:
         )
 
     @property
-    def token_mean(self) -> bool:
+    def aggregates(self) -> bool:
         """Whether the kernel weights its rows by row scales (``SCALES``: a loss), which its
-        common case takes as token-mean's: 1 / (the valid positions) for every row."""
+        common-case entry works out itself from the aggregation mode it is given (``agg``)."""
         return any(a.name == SCALES for a in self.row_inputs)
 
     @property
@@ -151,19 +159,24 @@ class Kernel:
         ``common``, layout "rows"; ``_backend.common``, the Cython kernels' ``<name>_common``).
 
         They are: the token arrays, (B, T), C-contiguous, of one float dtype (an optional one
-        empty, (0,), when absent); the mask, None or a bool or uint8 (B, T) array; one value of
-        each row input, the same for every row, but for a loss's row scales (``token_mean``),
-        which are not passed: every row's is 1 / (the valid positions), or 0 with none; the
-        scalars; the (B, T) outputs; n_threads. The entry returns None when the kernel has no
-        row outputs, else the totals of its row outputs over the rows, each summed as
-        ``row_output.sum()`` sums (NumPy's order), the first weighted row by row by a
-        ``token_mean`` kernel's scale, and before them, for a ``token_mean`` kernel, the valid
-        positions (a float). Those are the general way's numbers (``loss._totals``), bit for bit
-        but for the payload of a NaN (tests/test_fast_path.py).
+        empty, (0,), when absent); the mask, None or a bool or uint8 (B, T) array; for a loss
+        (``aggregates``), ``agg``, the code of its aggregation mode (``AGGREGATIONS``); one value
+        of each row input, the same for every row, but for a loss's row scales, which are not
+        passed: the entry works them out as ``loss._row_scales`` does from the mode and the valid
+        positions with the batch's own counts (token-mean: 1 / (the valid positions);
+        seq-mean-token-mean: 1 / (the non-empty rows x the row's valid positions);
+        seq-mean-token-sum: 1 / (the non-empty rows); seq-mean-token-sum-norm: 1 / T; 0 where
+        that divides by 0); the scalars; the (B, T) outputs; n_threads. The entry returns None
+        when the kernel has no row outputs, else the totals of its row outputs over the rows,
+        each summed as ``row_output.sum()`` sums (NumPy's order), the first weighted row by row
+        by a loss's row scale, and before them, for a loss, the valid positions (a float). Those
+        are the general way's numbers (``loss._totals``), bit for bit but for the payload of a
+        NaN (tests/test_fast_path.py).
         """
         return (
             *(a.name for a in self.inputs),
             "mask",
+            *(["agg"] if self.aggregates else []),
             *(a.name for a in self.row_inputs if a.name != SCALES),
             *(s.name for s in self.scalars),
             *(a.name for a in self.outputs),

@@ -61,16 +61,11 @@ from numpy.typing import ArrayLike
 
 from . import _backend, _threads, _validate
 from ._policy_scalars import _surrogate_scalars
+from ._spec import AGGREGATIONS
 
 Aggregation = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
 ]
-AGGREGATIONS: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-)
 
 # The aggregation modes each normaliser applies to.
 _APPLIES_TO = {
@@ -248,12 +243,13 @@ def clipped_surrogate(
         and (dual_clip is None or (type(dual_clip) is float and dual_clip > 1.0))
         and (log_ratio_clamp is None or (type(log_ratio_clamp) is float and log_ratio_clamp > 0.0))
         and weights is None
-        and _common_count(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale)
+        and (code := _common_agg(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale))
+        is not None
     ):
         inputs = (logprobs, old_logprobs, advantages)
         if _common_arrays(inputs, mask, grad_out):
             bounds = (clip_low, clip_high, dual_clip, log_ratio_clamp)
-            return _clipped_surrogate_common(*inputs, bounds, mask, grad_out, backend)
+            return _clipped_surrogate_common(*inputs, bounds, mask, code, grad_out, backend)
     arrays: dict[str, Any] = {
         "logprobs": logprobs,
         "old_logprobs": old_logprobs,
@@ -306,24 +302,32 @@ def clipped_surrogate(
     )
 
 
-def _common_count(
-    agg: str,
+# Each aggregation mode's code, as the common-case entries take it (``_spec.AGGREGATIONS``).
+_AGG_CODES = {name: code for code, name in enumerate(AGGREGATIONS)}
+
+
+def _common_agg(
+    agg: Any,
     lengths: Any,
     cu_seqlens: Any,
     num_tokens: Any,
     num_seqs: Any,
     loss_scale: Any,
-) -> bool:
-    """Whether a loss is asked for the common case's layout and normaliser: padded rows (a mask
-    or none) and token-mean over the batch's own valid count."""
-    return (
-        agg == "token-mean"
+) -> int | None:
+    """The code of ``agg`` when a loss is asked for the common case's layout and normalisers:
+    padded rows (a mask or none) and any aggregation mode over the batch's own counts (no
+    num_tokens, num_seqs or loss_scale); None otherwise (the general way, which also names a bad
+    mode)."""
+    if (
+        type(agg) is str
         and lengths is None
         and cu_seqlens is None
         and num_tokens is None
         and num_seqs is None
         and loss_scale is None
-    )
+    ):
+        return _AGG_CODES.get(agg)
+    return None
 
 
 def _common_arrays(inputs: tuple[Any, ...], mask: Any, grad_out: Any) -> bool:
@@ -345,16 +349,18 @@ def _clipped_surrogate_common(
     advantages: np.ndarray,
     bounds: tuple[float, float | None, float | None, float | None],
     mask: np.ndarray | None,
+    agg: int,
     grad_out: np.ndarray | None,
     backend: str | None,
 ) -> PolicyLossResult:
     """The common case, checked by the caller (``_validate.common_case``: three C-contiguous
     (B, T) arrays of one float dtype, no mask or a bool one; float hyperparameters in range
     (``bounds``: clip_low, clip_high, dual_clip, log_ratio_clamp; None as the general way reads
-    it), token-mean with its default count; no weights; ``grad_out`` None or as
-    ``_validate.common_outputs`` accepts it): what the general way computes, from the same arrays,
-    in the backend's common-case entry, which counts the valid positions and totals the row
-    outputs as the general way does (tests/test_fast_path.py compares the two)."""
+    it), the code of an aggregation mode over the batch's own counts (``_common_agg``); no
+    weights; ``grad_out`` None or as ``_validate.common_outputs`` accepts it): what the general
+    way computes, from the same arrays, in the backend's common-case entry, which counts the
+    valid positions, scales the rows and totals the row outputs as the general way does
+    (tests/test_fast_path.py compares the two)."""
     shape, dtype = logprobs.shape, logprobs.dtype
     key = (dtype, *bounds)
     scalars = _common_bounds.get(key)
@@ -374,7 +380,7 @@ def _clipped_surrogate_common(
     grad = np.empty(shape, dtype) if grad_out is None else grad_out
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
     valid, loss, clipped, dual_clipped, kl = _backend.common("clipped_surrogate", backend)(
-        logprobs, old_logprobs, advantages, _NO_WEIGHTS[dtype], mask, *scalars, grad, n_threads
+        logprobs, old_logprobs, advantages, _NO_WEIGHTS[dtype], mask, agg, *scalars, grad, n_threads
     )
     if not valid:
         return _new_policy_result((loss, grad, math.nan, math.nan, math.nan))
@@ -434,11 +440,12 @@ def value_loss(
     """
     if (
         (clip is None or (type(clip) is float and clip >= 0.0))  # NaN: the general way
-        and _common_count(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale)
+        and (code := _common_agg(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale))
+        is not None
     ):
         inputs = (values, old_values, returns)
         if _common_arrays(inputs, mask, grad_out):
-            return _value_loss_common(*inputs, clip, mask, grad_out, backend)
+            return _value_loss_common(*inputs, clip, mask, code, grad_out, backend)
     (new, old, target), rows = _validate.batch(
         {"values": values, "old_values": old_values, "returns": returns},
         mask=mask,
@@ -489,20 +496,21 @@ def _value_loss_common(
     returns: np.ndarray,
     clip: float | None,
     mask: np.ndarray | None,
+    agg: int,
     grad_out: np.ndarray | None,
     backend: str | None,
 ) -> ValueLossResult:
     """The common case, checked by the caller (``_validate.common_case``: three C-contiguous
     (B, T) arrays of one float dtype, no mask or a bool one; ``clip`` None or a float >= 0,
-    token-mean with its default count; ``grad_out`` None or as ``_validate.common_outputs``
-    accepts it): what the general way computes, in the backend's common-case entry
-    (tests/test_fast_path.py compares the two)."""
+    the code of an aggregation mode over the batch's own counts; ``grad_out`` None or as
+    ``_validate.common_outputs`` accepts it): what the general way computes, in the backend's
+    common-case entry (tests/test_fast_path.py compares the two)."""
     shape, dtype = values.shape, values.dtype
     grad = np.empty(shape, dtype) if grad_out is None else grad_out
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
     bound = dtype.type(math.inf if clip is None else clip)
     valid, loss, clipped = _backend.common("value_loss", backend)(
-        values, old_values, returns, mask, bound, grad, n_threads
+        values, old_values, returns, mask, agg, bound, grad, n_threads
     )
     return _new_value_result((loss, grad, clipped / valid if valid else math.nan))
 

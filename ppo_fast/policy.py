@@ -114,8 +114,8 @@ from .loss import (
     _NO_WEIGHTS,
     Aggregation,
     PolicyLossResult,
+    _common_agg,
     _common_arrays,
-    _common_count,
     _mean,
     _row_scales,
     _totals,
@@ -138,24 +138,29 @@ def _run(
     """Validate, run ``kernel`` and reduce: (grad, [loss, other row sums...], valid tokens).
     ``selected`` (KL-Cov's): a selection shaped like ``logprobs``, checked here and handed to
     the kernel as its flags (a byte a token, bool's own bytes: no copy of a C-contiguous one).
-    The common case (``loss._common_count``, ``loss._common_arrays``, no weights) goes to the
+    The common case (``loss._common_agg``, ``loss._common_arrays``, no weights) goes to the
     kernel's common-case entry (``_run_common``), as ``clipped_surrogate``'s does."""
     if (
         KERNELS[kernel].common
         and selected is None
         and arrays.get("weights") is None
-        and _common_count(
-            normalisers["agg"],
-            layout["lengths"],
-            layout["cu_seqlens"],
-            normalisers["num_tokens"],
-            normalisers["num_seqs"],
-            normalisers["loss_scale"],
+        and (
+            agg := _common_agg(
+                normalisers["agg"],
+                layout["lengths"],
+                layout["cu_seqlens"],
+                normalisers["num_tokens"],
+                normalisers["num_seqs"],
+                normalisers["loss_scale"],
+            )
         )
+        is not None
     ):
         inputs = (arrays["logprobs"], arrays["old_logprobs"], arrays["advantages"])
         if _common_arrays(inputs, layout["mask"], grad_out):
-            return _run_common(kernel, inputs, layout["mask"], grad_out, backend, scalars, codes)
+            return _run_common(
+                kernel, inputs, layout["mask"], agg, grad_out, backend, scalars, codes
+            )
     # weights alone are optional: a None for any other array is for _validate to name
     given = {k: v for k, v in arrays.items() if k != "weights" or v is not None}
     checked, rows = _validate.batch(given, **layout)
@@ -196,14 +201,16 @@ def _run_common(
     kernel: str,
     inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
     mask: np.ndarray | None,
+    agg: int,
     grad_out: np.ndarray | None,
     backend: str | None,
     scalars: dict[str, float],
     codes: dict[str, int] | None,
 ) -> tuple[np.ndarray, list[float], float]:
     """``_run`` in the common case, checked by the caller: the same arrays and scalars handed to
-    the backend's common-case entry (``_backend.common``), which counts the valid tokens and
-    totals the row outputs as the general way does (tests/test_fast_path.py compares the two).
+    the backend's common-case entry (``_backend.common``) with the aggregation mode's code
+    (``agg``), which counts the valid tokens, scales the rows and totals the row outputs as the
+    general way does (tests/test_fast_path.py compares the two).
     At 8 x 128 it saves the general way's validation: 6-8 us of a 12-16 us call (README, per
     call)."""
     logprobs = inputs[0]
@@ -219,6 +226,7 @@ def _run_common(
         advantages=inputs[2],
         weights=_NO_WEIGHTS[dtype],
         mask=mask,
+        agg=agg,
         grad=grad,
     )
     arguments = KERNELS[kernel].common_arguments[:-1]

@@ -1,22 +1,25 @@
 """The stages' fast paths against the general way: the same bits, the same errors.
 
 ``gae``, ``clipped_surrogate``, ``value_loss``, ``whiten`` and the policy-loss family
-(``reinforce_loss`` ... ``dppo_loss``, token-mean without weights) recognise the common case
+(``reinforce_loss`` ... ``dppo_loss``, any aggregation mode over the batch's own counts, without
+weights) recognise the common case
 (``_validate.common_case``: C-contiguous (B, T) NumPy arrays of one float dtype, no mask or a
 bool one, plain float hyperparameters, preallocated outputs apart from the inputs) and call the
 backend's common-case entries (``_backend.common``: the Cython
-kernels' own ``<kernel>_common``, which counts the valid positions and totals the row outputs in
-C; for numba and the oracle, one written from the table kernel). Turning ``common_case`` off
-sends every call the general way (``batch`` starts from it too), so each test runs a call both
-ways and compares: results bit for bit, errors by type and message. That the fast path was taken
-is checked, so that no comparison is of the general way with itself. The entries themselves are
-compared with their table kernel and NumPy's sums, kernel by kernel.
+kernels' own ``<kernel>_common``, which counts the valid positions, works out a loss's row scales
+and totals the row outputs in C; for numba and the oracle, one written from the table kernel).
+Turning ``common_case`` off sends every call the general way (``batch`` starts from it too), so
+each test runs a call both ways and compares: results bit for bit, errors by type and message.
+That the fast path was taken is checked, so that no comparison is of the general way with
+itself. The entries themselves are compared with their table kernel and NumPy's sums, kernel by
+kernel.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import os
 import subprocess
 import sys
@@ -28,7 +31,8 @@ from conftest import ALL_BACKENDS, COMPILED
 
 import ppo_fast
 from ppo_fast import _backend, _examples, _validate
-from ppo_fast._spec import KERNELS, SCALES, TOKEN
+from ppo_fast._spec import AGGREGATIONS, KERNELS, SCALES, TOKEN
+from ppo_fast.loss import _row_scales, _totals
 
 DTYPES = [np.float32, np.float64]
 COMMON = [name for name, kernel in KERNELS.items() if kernel.common]
@@ -125,8 +129,8 @@ OUT_KEYWORDS = {
         )
     },
 }
-# The policy-loss family's common cases (token-mean over the batch's count, no weights): each
-# loss's defaults, then hyperparameters at or near their bounds.
+# The policy-loss family's common cases (an aggregation mode over the batch's counts, no
+# weights): each loss's defaults, then hyperparameters at or near their bounds.
 FAMILY = [
     (ppo_fast.reinforce_loss, [{}, {"beta": 0.1}]),
     (ppo_fast.cispo_loss, [{}, {"clip_low": 1.0, "clip_high": np.inf, "log_ratio_clamp": 20.0}]),
@@ -135,7 +139,7 @@ FAMILY = [
         ppo_fast.gspo_loss,
         [{}, {"form": "sequence", "clip_low": 0.2, "dual_clip": 3.0, "log_ratio_max": 0.05}],
     ),
-    (ppo_fast.geo_mean_loss, [{"agg": "token-mean"}, {"agg": "token-mean", "clip_low": np.inf}]),
+    (ppo_fast.geo_mean_loss, [{}, {"agg": "token-mean", "clip_low": np.inf}]),
     (
         ppo_fast.dppo_loss,
         [{}, {"divergence": "kl", "divergence_low": 0.0, "divergence_high": 0.3, "ratio_cap": 1.0}],
@@ -155,6 +159,13 @@ def the_stages(arrays):
         yield ppo_fast.clipped_surrogate, dict(**policy, **options, log_ratio_clamp=clamp)
     for clip in [None, 0.2, 0.0, np.inf]:
         yield ppo_fast.value_loss, dict(**value, clip=clip)
+    # every aggregation mode but token-mean (which the rest use: the losses' defaults but
+    # geo_mean's) for every loss with a fast path, with its defaults otherwise
+    for agg in AGGREGATIONS[1:]:
+        yield ppo_fast.clipped_surrogate, dict(**policy, agg=agg)
+        yield ppo_fast.value_loss, dict(**value, agg=agg)
+        for loss, _ in FAMILY:
+            yield loss, dict(**policy, agg=agg)
     for shift_mean, unbiased, eps in [(True, False, 1e-8), (False, True, 0.0), (True, True, 1e30)]:
         options = dict(shift_mean=shift_mean, unbiased=unbiased, eps=eps)
         yield ppo_fast.whiten, dict(x=arrays["a"], **options)
@@ -248,22 +259,27 @@ def test_the_fast_path_gives_the_same_bits_on_one_and_two_threads(backend, fast_
 
 def _kernel_way(kernel, backend, named, n_threads):
     """What a common-case entry must give, from the table kernel itself: the flat arrays, the
-    padded layout, each row input repeated for every row (a loss's scales 1 / valid), then the
-    row outputs summed by NumPy as the general way sums them."""
+    padded layout, each row input repeated for every row (a loss's scales the general way's,
+    ``loss._row_scales``, for the aggregation mode ``agg``), then the row outputs summed by NumPy
+    as the general way sums them (``loss._totals``)."""
     first = named[kernel.inputs[0].name]
     n_rows, width = first.shape
     mask = named["mask"]
     flat_mask = np.zeros(0, np.uint8) if mask is None else mask.reshape(-1).view(np.uint8)
-    valid = float(np.count_nonzero(flat_mask) if mask is not None else n_rows * width)
-    scale = 1.0 / valid if valid else 0.0
+    scales = valid = None
+    if kernel.aggregates:
+        _, rows = _validate.batch({"x": first}, mask=mask)
+        scales, valid = _row_scales(AGGREGATIONS[named["agg"]], rows, None, None, None)
     arguments = {name: named[name].reshape(-1) for name in (a.name for a in kernel.inputs)}
     starts = np.arange(n_rows, dtype=np.int64) * width
     spans = np.full(n_rows, width, dtype=np.int64)
     arguments.update(starts=starts, spans=spans, lengths=spans, mask=flat_mask)
     for array in kernel.row_inputs:
-        value = scale if array.name == SCALES else named[array.name]
         dtype = first.dtype if array.dtype == TOKEN else np.float64
-        arguments[array.name] = np.full(n_rows, value, dtype=dtype)
+        if array.name == SCALES:
+            arguments[array.name] = scales.astype(dtype)
+        else:
+            arguments[array.name] = np.full(n_rows, named[array.name], dtype=dtype)
     arguments.update({s.name: named[s.name] for s in kernel.scalars})
     outputs = {a.name: np.empty_like(first) for a in kernel.outputs}
     arguments.update({name: output.reshape(-1) for name, output in outputs.items()})
@@ -273,10 +289,9 @@ def _kernel_way(kernel, backend, named, n_threads):
     getattr(_backend.resolve(backend), kernel.name)(*kernel.bind(arguments))
     if not kernel.row_outputs:
         return outputs, None
-    if kernel.token_mean:
-        row_outputs[0] *= scale
-    totals = row_outputs.sum(axis=1).tolist()
-    return outputs, (valid, *totals) if kernel.token_mean else tuple(totals)
+    if kernel.aggregates:
+        return outputs, (valid, *_totals(row_outputs, scales))
+    return outputs, tuple(row_outputs.sum(axis=1).tolist())
 
 
 # The inputs hold NaN and inf on purpose: NumPy's sums of the row outputs say so.
@@ -288,11 +303,15 @@ def test_every_common_entry_equals_its_table_kernel_and_numpys_sums(name, dtype,
     kernel = KERNELS[name]
     entry = _backend.common(name, backend)
     rng = np.random.default_rng(7)
+    agg_codes = itertools.cycle(range(len(AGGREGATIONS)))
     for shape in SHAPES if backend != "python" else SHAPES[1:]:
         for mask in masks(rng, shape):
+            # a loss: every aggregation mode, in turn over the masks and optional inputs
             for optional in (False, True):
                 named = _examples.common_arguments(kernel, shape, dtype, rng, optional=optional)
                 named["mask"] = mask
+                if kernel.aggregates:
+                    named["agg"] = next(agg_codes)
                 for array in kernel.inputs:  # non-finite values, at valid positions or not
                     if named[array.name].size > 4:
                         named[array.name].flat[rng.integers(0, 4, 2)] = [np.nan, np.inf]
@@ -354,20 +373,21 @@ def test_the_cython_common_entries_refuse_what_they_cannot_read():
     entry = _backend.resolve("cython").clipped_surrogate_common
     logp = np.zeros((2, 3))
     grad = np.empty((2, 3))
-    bounds = (0.8, 1.2, np.inf, np.inf)
+    bounds = (0.8, 1.2, np.inf, np.inf)  # after the mask and agg (token-mean: 0)
     no_weights = np.zeros(0)
     with pytest.raises(ValueError, match="logprobs must be 2-D"):
-        entry(logp.ravel(), logp.ravel(), logp.ravel(), no_weights, None, *bounds, grad.ravel(), 1)
+        flat = logp.ravel()
+        entry(flat, flat, flat, no_weights, None, 0, *bounds, grad.ravel(), 1)
     with pytest.raises(ValueError, match="old_logprobs must have the shape of the first token"):
-        entry(logp, logp[:1], logp, no_weights, None, *bounds, grad, 1)
+        entry(logp, logp[:1], logp, no_weights, None, 0, *bounds, grad, 1)
     with pytest.raises(ValueError, match="mask must have the"):
-        entry(logp, logp, logp, no_weights, np.ones(5, bool), *bounds, grad, 1)
+        entry(logp, logp, logp, no_weights, np.ones(5, bool), 0, *bounds, grad, 1)
     with pytest.raises(TypeError, match="mask must be a C-contiguous array of bool or uint8"):
-        entry(logp, logp, logp, no_weights, np.ones((2, 3)), *bounds, grad, 1)
+        entry(logp, logp, logp, no_weights, np.ones((2, 3)), 0, *bounds, grad, 1)
     with pytest.raises(TypeError, match="old_logprobs must be a C-contiguous array of float32"):
-        entry(logp, logp.astype(np.float32), logp, no_weights, None, *bounds, grad, 1)
+        entry(logp, logp.astype(np.float32), logp, no_weights, None, 0, *bounds, grad, 1)
     with pytest.raises(ValueError, match="not C-contiguous"):
-        entry(logp, logp, logp, no_weights, None, *bounds, np.empty((2, 6))[:, ::2], 1)
+        entry(logp, logp, logp, no_weights, None, 0, *bounds, np.empty((2, 6))[:, ::2], 1)
 
 
 def _fast_targets():
@@ -501,7 +521,7 @@ def test_numbas_row_totals_load_from_its_on_disk_cache(tmp_path):
     recursive ``_pairwise_sum`` crashed there: numba issue #6061)."""
     script = (
         "import numpy as np; from ppo_fast._numba_core import _row_totals; "
-        "print(_row_totals(np.arange(600.0).reshape(2, 300), 1.0).tolist())"
+        "print(_row_totals(np.arange(600.0).reshape(2, 300)).tolist())"
     )
     env = {**os.environ, "PPO_FAST_NUMBA_CACHE": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
     for _ in ("cold", "warm"):
