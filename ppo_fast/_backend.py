@@ -30,7 +30,7 @@ from types import ModuleType
 import numpy as np
 
 from . import _threads, _validate
-from ._spec import KERNELS, SCALES, TOKEN, Kernel
+from ._spec import FLAGS, KERNELS, SCALES, TOKEN, Kernel
 
 BACKENDS = ("cython", "numba", "python")  # the order auto tries them
 _MODULES = {
@@ -227,7 +227,10 @@ def _common_from_kernel(
     if n_row_outputs:
         lines.append(f"    row_outputs = empty(({n_row_outputs}, n_rows))")
     arguments = [
-        *(f"{a.name}.ravel()" for a in kernel.inputs),
+        *(
+            f"{a.name}.ravel()" + (".view(UINT8)" if a.dtype == FLAGS else "")
+            for a in kernel.inputs
+        ),
         "starts, spans, spans, flat_mask",
         *row_inputs,
         *(s.name for s in kernel.scalars),

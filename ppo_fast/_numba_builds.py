@@ -14,7 +14,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 from ._numba_core import _CACHE, _common_scales, _row_totals
-from ._spec import FLOAT64, GROUPS, SCALES, Kernel
+from ._spec import FLAGS, FLOAT64, GROUPS, SCALES, Kernel
 
 _parallel_lock = threading.Lock()
 
@@ -155,7 +155,8 @@ def _parallel_build(serial, kernel: Kernel, row_chunks=None):
 
 
 def _flat_mask(mask):
-    """A common case's mask as the kernels take it: (B * T,) uint8, empty when None."""
+    """A common case's mask (or a token selection) as the kernels take it: (B * T,) uint8, empty
+    when None."""
 
 
 @overload(_flat_mask, inline="always")
@@ -197,7 +198,10 @@ def _serial_common_build(serial, kernel: Kernel):
     n_row_outputs = len(kernel.row_outputs)
     if n_row_outputs:
         lines.append(f"    row_outputs = np.empty(({n_row_outputs}, n_rows))")
-    flat = [f"{a.name}.reshape({a.name}.size)" for a in kernel.inputs]
+    flat = [
+        f"_flat_mask({a.name})" if a.dtype == FLAGS else f"{a.name}.reshape({a.name}.size)"
+        for a in kernel.inputs
+    ]
     call = [
         *flat,
         "starts, spans, spans, flat_mask",

@@ -159,7 +159,7 @@ class Kernel:
         ``common``, layout "rows"; ``_backend.common``, the Cython kernels' ``<name>_common``).
 
         They are: the token arrays, (B, T), C-contiguous, of one float dtype (an optional one
-        empty, (0,), when absent); the mask, None or a bool or uint8 (B, T) array; for a loss
+        empty, (0,), when absent; a FLAGS input a bool or uint8 (B, T) array); the mask, None or a bool or uint8 (B, T) array; for a loss
         (``aggregates``), ``agg``, the code of its aggregation mode (``AGGREGATIONS``); one value
         of each row input, the same for every row, but for a loss's row scales, which are not
         passed: the entry works them out as ``loss._row_scales`` does from the mode and the valid
@@ -474,6 +474,7 @@ KERNELS: dict[str, Kernel] = {
                 Array("row_abs_kl", FLOAT64),
             ),
             gradients={"grad": "logprobs"},
+            common=True,
         ),
         Kernel(
             "kl_cov_top_k",

@@ -330,11 +330,27 @@ def _common_agg(
     return None
 
 
-def _common_arrays(inputs: tuple[Any, ...], mask: Any, grad_out: Any) -> bool:
-    """Whether a loss's token ``inputs``, ``mask`` and ``grad_out`` are the common case
-    (``_validate.common_case``, ``_validate.common_outputs``)."""
-    return _validate.common_case(inputs, mask) and (
-        grad_out is None or _validate.common_outputs((grad_out,), inputs[0], (*inputs, mask))
+def _common_arrays(inputs: tuple[Any, ...], mask: Any, grad_out: Any, selected: Any = None) -> bool:
+    """Whether a loss's token ``inputs``, ``mask``, ``grad_out`` and KL-Cov's token selection
+    ``selected`` (None for the other losses) are the common case (``_validate.common_case``;
+    ``selected`` a C-contiguous bool NumPy array shaped like the inputs, not a subclass;
+    ``_validate.common_outputs``: ``grad_out`` apart from all of them). Anything else goes the
+    general way, which accepts it or says why not."""
+    return (
+        _validate.common_case(inputs, mask)
+        and (
+            selected is None
+            or (
+                type(selected) is np.ndarray
+                and selected.dtype == np.bool_
+                and selected.shape == inputs[0].shape
+                and selected.flags.c_contiguous
+            )
+        )
+        and (
+            grad_out is None
+            or _validate.common_outputs((grad_out,), inputs[0], (*inputs, mask, selected))
+        )
     )
 
 

@@ -109,7 +109,7 @@ from ._policy_scalars import (
     _reinforce_scalars,
     _sapo_scalars,
 )
-from ._spec import KERNELS
+from ._spec import FLAGS, KERNELS
 from .loss import (
     _NO_WEIGHTS,
     Aggregation,
@@ -120,6 +120,11 @@ from .loss import (
     _row_scales,
     _totals,
     clipped_surrogate,
+)
+
+# The kernels with a token selection input (KL-Cov's): ``_run`` requires ``selected`` for them.
+_SELECTING = frozenset(
+    name for name, kernel in KERNELS.items() if any(a.dtype == FLAGS for a in kernel.inputs)
 )
 
 
@@ -136,14 +141,17 @@ def _run(
     selected: Any = None,
 ) -> tuple[np.ndarray, list[float], float]:
     """Validate, run ``kernel`` and reduce: (grad, [loss, other row sums...], valid tokens).
-    ``selected`` (KL-Cov's): a selection shaped like ``logprobs``, checked here and handed to
-    the kernel as its flags (a byte a token, bool's own bytes: no copy of a C-contiguous one).
-    The common case (``loss._common_agg``, ``loss._common_arrays``, no weights) goes to the
-    kernel's common-case entry (``_run_common``), as ``clipped_surrogate``'s does."""
+    ``selected`` (KL-Cov's, required by a kernel with a token selection input): a selection
+    shaped like ``logprobs``, checked here and handed to the kernel as its flags (a byte a token,
+    bool's own bytes: no copy of a C-contiguous one).
+    The common case (``loss._common_agg``, ``loss._common_arrays``, no weights, no selection or
+    a C-contiguous bool one of the shape of ``logprobs``) goes to the kernel's common-case entry
+    (``_run_common``), as ``clipped_surrogate``'s does."""
+    selects = kernel in _SELECTING
     if (
         KERNELS[kernel].common
-        and selected is None
         and arrays.get("weights") is None
+        and (selected is not None or not selects)
         and (
             agg := _common_agg(
                 normalisers["agg"],
@@ -157,15 +165,15 @@ def _run(
         is not None
     ):
         inputs = (arrays["logprobs"], arrays["old_logprobs"], arrays["advantages"])
-        if _common_arrays(inputs, layout["mask"], grad_out):
+        if _common_arrays(inputs, layout["mask"], grad_out, selected):
             return _run_common(
-                kernel, inputs, layout["mask"], agg, grad_out, backend, scalars, codes
+                kernel, inputs, layout["mask"], agg, grad_out, backend, scalars, codes, selected
             )
     # weights alone are optional: a None for any other array is for _validate to name
     given = {k: v for k, v in arrays.items() if k != "weights" or v is not None}
     checked, rows = _validate.batch(given, **layout)
     extra = {}
-    if selected is not None:
+    if selects:
         flags = np.ascontiguousarray(_selection(selected, checked[0].shape))
         extra["selected"] = flags.view(np.uint8).ravel()
     logp = checked[0]
@@ -206,6 +214,7 @@ def _run_common(
     backend: str | None,
     scalars: dict[str, float],
     codes: dict[str, int] | None,
+    selected: np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[float], float]:
     """``_run`` in the common case, checked by the caller: the same arrays and scalars handed to
     the backend's common-case entry (``_backend.common``) with the aggregation mode's code
@@ -228,6 +237,7 @@ def _run_common(
         mask=mask,
         agg=agg,
         grad=grad,
+        selected=selected,  # KL-Cov's: a bool array's own bytes, as the general way's flags
     )
     arguments = KERNELS[kernel].common_arguments[:-1]
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])

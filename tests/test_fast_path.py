@@ -31,7 +31,7 @@ from conftest import ALL_BACKENDS, COMPILED
 
 import ppo_fast
 from ppo_fast import _backend, _examples, _validate
-from ppo_fast._spec import AGGREGATIONS, KERNELS, SCALES, TOKEN
+from ppo_fast._spec import AGGREGATIONS, FLAGS, KERNELS, SCALES, TOKEN
 from ppo_fast.loss import _row_scales, _totals
 
 DTYPES = [np.float32, np.float64]
@@ -96,6 +96,9 @@ def token_arrays(rng, shape, dtype):
     """The stages' arrays, with NaN, inf and a huge value at a few positions (valid or not)."""
     arrays = {name: rng.normal(size=shape).astype(dtype) for name in ("r", "v", "lp", "a")}
     arrays["old"] = arrays["lp"] + rng.normal(scale=0.3, size=shape).astype(dtype)
+    # KL-Cov's selections: 0/1 bools, and bool bytes other than 0/1
+    arrays["selected"] = rng.random(shape) < 0.3
+    arrays["odd_selected"] = (rng.integers(0, 3, shape).astype(np.uint8) * 127).view(bool)
     if shape[0] * shape[1] > 6:
         for name, value in (("r", np.nan), ("v", np.inf), ("lp", 50.0), ("a", -np.inf)):
             arrays[name].flat[rng.integers(0, arrays[name].size)] = value
@@ -126,6 +129,7 @@ OUT_KEYWORDS = {
             ppo_fast.gspo_loss,
             ppo_fast.geo_mean_loss,
             ppo_fast.dppo_loss,
+            ppo_fast.kl_cov_loss,
         )
     },
 }
@@ -166,12 +170,15 @@ def the_stages(arrays):
         yield ppo_fast.value_loss, dict(**value, agg=agg)
         for loss, _ in FAMILY:
             yield loss, dict(**policy, agg=agg)
+        yield ppo_fast.kl_cov_loss, dict(**policy, selected=arrays["selected"], agg=agg)
     for shift_mean, unbiased, eps in [(True, False, 1e-8), (False, True, 0.0), (True, True, 1e30)]:
         options = dict(shift_mean=shift_mean, unbiased=unbiased, eps=eps)
         yield ppo_fast.whiten, dict(x=arrays["a"], **options)
     for loss, settings in FAMILY:
         for options in settings:
             yield loss, dict(**policy, **options)
+    for selected, coef in [("selected", 0.1), ("odd_selected", 1.5), ("selected", 0.0)]:
+        yield ppo_fast.kl_cov_loss, dict(**policy, selected=arrays[selected], coef=coef)
 
 
 def with_outputs(call, kwargs, shape, dtype):
@@ -313,8 +320,9 @@ def test_every_common_entry_equals_its_table_kernel_and_numpys_sums(name, dtype,
                 if kernel.aggregates:
                     named["agg"] = next(agg_codes)
                 for array in kernel.inputs:  # non-finite values, at valid positions or not
-                    if named[array.name].size > 4:
-                        named[array.name].flat[rng.integers(0, 4, 2)] = [np.nan, np.inf]
+                    if named[array.name].size > 4:  # flags: bytes other than 0 and 1
+                        odd = [255, 2] if array.dtype == FLAGS else [np.nan, np.inf]
+                        named[array.name].flat[rng.integers(0, 4, 2)] = odd
                 # one thread: numba's compiled entry (serial_common); two: the table kernel's
                 for n_threads in (1, 2):
                     expected, expected_totals = _kernel_way(kernel, backend, named, n_threads)
@@ -454,6 +462,14 @@ def _fast_targets():
             )
             for loss, scalars in FAMILY_SCALARS
         ),
+        hostile.Target(
+            "kl_cov_loss[common]",
+            ppo_fast.kl_cov_loss,
+            _family_builder(policy, {"coef": 0.5}, selected=True),
+            ("logprobs", "old_logprobs", "advantages", "selected"),
+            scalars={"coef": 0.5},
+            **rows,
+        ),
     ]
 
 
@@ -467,11 +483,14 @@ FAMILY_SCALARS = [
 ]
 
 
-def _family_builder(policy, scalars):
-    """A valid call of a family loss: the clipped surrogate's arrays, the loss's scalars."""
+def _family_builder(policy, scalars, selected=False):
+    """A valid call of a family loss: the clipped surrogate's arrays, the loss's scalars, and a
+    bool token selection for KL-Cov when ``selected``."""
 
     def build(rng):
         arrays = {k: v for k, v in policy(rng).items() if k not in _SURROGATE_SCALARS}
+        if selected:
+            arrays["selected"] = rng.random(arrays["logprobs"].shape) < 0.3
         return {**arrays, **scalars}
 
     return build

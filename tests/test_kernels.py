@@ -51,9 +51,10 @@ def test_the_table_and_the_stage_modules_agree():
             assert kernel.scalar(kernel.specialise).choices, kernel.name
         if kernel.common:  # a common case is padded rows, one value of each row input
             assert kernel.layout == ROWS and kernel.specialise is None, kernel.name
-            # and token arrays in the token dtype (the common entries take no flags)
-            arrays = (*kernel.inputs, *kernel.outputs)
-            assert all(a.dtype == TOKEN for a in arrays), kernel.name
+            # and token arrays in the token dtype, or input flags (a token selection: the common
+            # entries take a bool or uint8 array for it), never output flags
+            assert all(a.dtype in (TOKEN, FLAGS) for a in kernel.inputs), kernel.name
+            assert all(a.dtype == TOKEN for a in kernel.outputs), kernel.name
         # flags are token arrays: an input or an output, never a row's
         for array in (*kernel.row_inputs, *kernel.row_outputs):
             assert array.dtype != FLAGS, (kernel.name, array.name)
