@@ -164,27 +164,31 @@ def _numpy_totals(row_outputs: np.ndarray) -> list[float]:
     return row_outputs.sum(axis=1).tolist()
 
 
-def common_scales(agg: int, flat_mask: np.ndarray | None, n_rows: int, width: int):
+def common_scales(
+    agg: int, normaliser: float, flat_mask: np.ndarray | None, n_rows: int, width: int
+) -> tuple[float, np.ndarray]:
     """(valid positions, row scales) of a loss's common case with aggregation mode ``agg`` (a
-    code of ``_spec.AGGREGATIONS``) over (B, T) = (``n_rows``, ``width``) padded rows: what
-    ``loss._row_scales`` gives with the batch's own counts, counted as it counts (mask != 0).
+    code of ``_spec.AGGREGATIONS``) and ``normaliser`` (num_tokens, num_seqs or loss_scale, > 0;
+    0.0: none, the batch's own count) over (B, T) = (``n_rows``, ``width``) padded rows: what
+    ``loss._row_scales`` gives, counted as it counts (mask != 0).
     Twins: src/totals.h ppo_common_scales, ppo_fast/_numba_core.py _common_scales."""
+    if agg == 0 or agg == 3:  # the batch's count alone
+        valid = float(n_rows * width if flat_mask is None else np.count_nonzero(flat_mask))
+        # token-mean; seq-mean-token-sum-norm: T is the loss scale
+        divisor = normaliser if normaliser > 0 else (valid if agg == 0 else float(width))
+        return valid, np.full(n_rows, 1.0 / divisor if divisor else 0.0)
     if flat_mask is None:
         counts = np.full(n_rows, width, dtype=np.int64)
     else:
-        counts = np.count_nonzero(flat_mask.reshape(n_rows, width), axis=1)
+        counts = _validate.count_by_row(flat_mask.reshape(n_rows, width))
     valid = float(counts.sum())
-    if agg == 0:  # token-mean
-        return valid, np.full(n_rows, 1.0 / valid if valid else 0.0)
-    if agg == 3:  # seq-mean-token-sum-norm: T is the loss scale
-        return valid, np.full(n_rows, 1.0 / width if width else 0.0)
-    seqs = float(np.count_nonzero(counts))
-    if not seqs:
+    divisor = normaliser if normaliser > 0 else float(np.count_nonzero(counts))
+    if not divisor:
         return valid, np.zeros(n_rows)
     if agg == 2:  # seq-mean-token-sum
-        return valid, np.full(n_rows, 1.0 / seqs)
+        return valid, np.full(n_rows, 1.0 / divisor)
     with np.errstate(divide="ignore"):  # seq-mean-token-mean
-        return valid, np.where(counts > 0, 1.0 / (seqs * counts), 0.0)
+        return valid, np.where(counts > 0, 1.0 / (divisor * counts), 0.0)
 
 
 def _common_from_kernel(
@@ -213,8 +217,8 @@ def _common_from_kernel(
         lines[1:1] = ["    if n_threads == 1:", f"        return serial({arguments})"]
     if kernel.aggregates:
         lines.append(
-            "    valid, scales = common_scales(agg, None if mask is None else flat_mask, "
-            "n_rows, width)"
+            "    valid, scales = common_scales(agg, normaliser, None if mask is None else "
+            "flat_mask, n_rows, width)"
         )
     row_inputs = [
         f"scales.astype({first}.dtype)"

@@ -95,9 +95,9 @@ def common_arguments(
 ) -> dict[str, Any]:
     """Every argument of ``kernel``'s common-case entry (``Kernel.common_arguments``) but
     n_threads, by name, over (B, T) = ``shape`` with no mask: (B, T) inputs drawn as in
-    ``arguments``, a loss's ``agg`` token-mean's code (0), one value of each row input (a
-    float), the table's first example of each scalar, fresh (B, T) outputs; optional inputs
-    present when ``optional``, else empty."""
+    ``arguments``, a loss's ``agg`` token-mean's code (0) and ``normaliser`` 0.0 (its own
+    count), one value of each row input (a float), the table's first example of each scalar,
+    fresh (B, T) outputs; optional inputs present when ``optional``, else empty."""
     token_dtype = np.dtype(dtype)
     named: dict[str, Any] = {}
     for array in kernel.inputs:
@@ -105,7 +105,7 @@ def common_arguments(
         named[array.name] = token_values(array, size, token_dtype, rng)
     named["mask"] = None
     if kernel.aggregates:
-        named["agg"] = 0  # token-mean
+        named["agg"], named["normaliser"] = 0, 0.0  # token-mean over the batch's count
     for array in kernel.row_inputs:
         if array.name != SCALES:
             named[array.name] = float(rng.uniform(array.low, array.high))

@@ -186,7 +186,8 @@ def _serial_common_build(serial, kernel: Kernel):
     ]
     if kernel.aggregates:
         lines.append(
-            "    valid, scales = _common_scales(agg, flat_mask, mask is not None, n_rows, width)"
+            "    valid, scales = _common_scales(agg, normaliser, flat_mask, mask is not None, "
+            "n_rows, width)"
         )
     row_inputs = [
         f"scales.astype({first}.dtype)"

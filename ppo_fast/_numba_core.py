@@ -580,7 +580,7 @@ def _pairwise_sum(values, first, n):
 
 
 @numba.njit(nogil=True, cache=_CACHE)
-def _common_scales(agg, flat_mask, has_mask, n_rows, width):
+def _common_scales(agg, normaliser, flat_mask, has_mask, n_rows, width):
     """(valid positions, row scales) of a loss's common case: the twin of
     ``_backend.common_scales`` (which says what they are) and src/totals.h ppo_common_scales."""
     counts = np.empty(n_rows, dtype=np.int64)
@@ -588,25 +588,28 @@ def _common_scales(agg, flat_mask, has_mask, n_rows, width):
     seqs = 0.0
     for b in range(n_rows):
         count = width
-        if has_mask:
+        if has_mask:  # over a slice: a loop over b * width + i did not vectorize (8x the time)
+            row = flat_mask[b * width : (b + 1) * width]
             count = 0
-            for i in range(b * width, (b + 1) * width):
-                count += flat_mask[i] != 0
+            for i in range(width):
+                count += row[i] != 0
         counts[b] = count
         total += count
         if count > 0:
             seqs += 1.0
     valid = float(total)
+    if agg == 0:  # token-mean
+        divisor = normaliser if normaliser > 0 else valid
+    elif agg == 3:  # seq-mean-token-sum-norm: T is the loss scale
+        divisor = normaliser if normaliser > 0 else float(width)
+    else:
+        divisor = normaliser if normaliser > 0 else seqs
     scales = np.zeros(n_rows)
     for b in range(n_rows):
-        if agg == 0:  # token-mean
-            scales[b] = 1.0 / valid if valid else 0.0
-        elif agg == 3:  # seq-mean-token-sum-norm
-            scales[b] = 1.0 / width if width else 0.0
-        elif agg == 2:  # seq-mean-token-sum
-            scales[b] = 1.0 / seqs if seqs else 0.0
-        elif counts[b] > 0:  # seq-mean-token-mean
-            scales[b] = 1.0 / (seqs * counts[b])
+        if agg != 1:  # one scale for every row
+            scales[b] = 1.0 / divisor if divisor else 0.0
+        elif divisor and counts[b] > 0:  # seq-mean-token-mean
+            scales[b] = 1.0 / (divisor * counts[b])
     return valid, scales
 
 

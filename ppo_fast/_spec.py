@@ -159,24 +159,27 @@ class Kernel:
         ``common``, layout "rows"; ``_backend.common``, the Cython kernels' ``<name>_common``).
 
         They are: the token arrays, (B, T), C-contiguous, of one float dtype (an optional one
-        empty, (0,), when absent; a FLAGS input a bool or uint8 (B, T) array); the mask, None or a bool or uint8 (B, T) array; for a loss
-        (``aggregates``), ``agg``, the code of its aggregation mode (``AGGREGATIONS``); one value
+        empty, (0,), when absent; a FLAGS input a bool or uint8 (B, T) array); the mask, None or
+        a bool or uint8 (B, T) array; for a loss (``aggregates``), ``agg``, the code of its
+        aggregation mode (``AGGREGATIONS``), and ``normaliser``, the float that mode divides by
+        in place of the batch's own count (num_tokens, num_seqs or loss_scale; 0.0: none, the
+        batch's count); one value
         of each row input, the same for every row, but for a loss's row scales, which are not
         passed: the entry works them out as ``loss._row_scales`` does from the mode and the valid
-        positions with the batch's own counts (token-mean: 1 / (the valid positions);
-        seq-mean-token-mean: 1 / (the non-empty rows x the row's valid positions);
-        seq-mean-token-sum: 1 / (the non-empty rows); seq-mean-token-sum-norm: 1 / T; 0 where
-        that divides by 0); the scalars; the (B, T) outputs; n_threads. The entry returns None
-        when the kernel has no row outputs, else the totals of its row outputs over the rows,
-        each summed as ``row_output.sum()`` sums (NumPy's order), the first weighted row by row
-        by a loss's row scale, and before them, for a loss, the valid positions (a float). Those
-        are the general way's numbers (``loss._totals``), bit for bit but for the payload of a
-        NaN (tests/test_fast_path.py).
+        positions (token-mean: 1 / (the valid positions, or num_tokens); seq-mean-token-mean:
+        1 / (the non-empty rows, or num_seqs, x the row's valid positions); seq-mean-token-sum:
+        1 / (the non-empty rows, or num_seqs); seq-mean-token-sum-norm: 1 / (T, or loss_scale);
+        0 where that divides by 0); the scalars; the (B, T) outputs; n_threads. The entry
+        returns None when the kernel has no row outputs, else the totals of its row outputs over
+        the rows, each summed as ``row_output.sum()`` sums (NumPy's order), the first weighted
+        row by row by a loss's row scale, and before them, for a loss, the valid positions (a
+        float). Those are the general way's numbers (``loss._totals``), bit for bit but for the
+        payload of a NaN (tests/test_fast_path.py).
         """
         return (
             *(a.name for a in self.inputs),
             "mask",
-            *(["agg"] if self.aggregates else []),
+            *(["agg", "normaliser"] if self.aggregates else []),
             *(a.name for a in self.row_inputs if a.name != SCALES),
             *(s.name for s in self.scalars),
             *(a.name for a in self.outputs),

@@ -80,6 +80,14 @@ def _cast_hint(name: str, dtype: str) -> str:
 COUNT_BY_ROW = 1024
 
 
+def count_by_row(mask: np.ndarray) -> np.ndarray:
+    """The nonzero bytes of each row of a (B, T) uint8 ``mask``, int64 (B,): a count a row from
+    ``COUNT_BY_ROW`` positions on (``Rows.valid_counts`` says why)."""
+    if mask.shape[1] >= COUNT_BY_ROW:
+        return np.fromiter(map(np.count_nonzero, mask), np.int64, mask.shape[0])
+    return np.count_nonzero(mask, axis=1)
+
+
 class Rows(NamedTuple):
     """A batch of rows over flat token storage; see the module docstring.
 
@@ -124,10 +132,7 @@ class Rows(NamedTuple):
         the same."""
         if not self.mask.shape[0]:
             return self.lengths
-        mask = self.mask.reshape(self.shape)
-        if self.shape[1] >= COUNT_BY_ROW:
-            return np.fromiter(map(np.count_nonzero, mask), np.int64, self.shape[0])
-        return np.count_nonzero(mask, axis=1)
+        return count_by_row(self.mask.reshape(self.shape))
 
     @property
     def group_arguments(self) -> dict[str, np.ndarray]:

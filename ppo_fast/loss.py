@@ -243,13 +243,13 @@ def clipped_surrogate(
         and (dual_clip is None or (type(dual_clip) is float and dual_clip > 1.0))
         and (log_ratio_clamp is None or (type(log_ratio_clamp) is float and log_ratio_clamp > 0.0))
         and weights is None
-        and (code := _common_agg(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale))
+        and (common := _common_agg(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale))
         is not None
     ):
         inputs = (logprobs, old_logprobs, advantages)
         if _common_arrays(inputs, mask, grad_out):
             bounds = (clip_low, clip_high, dual_clip, log_ratio_clamp)
-            return _clipped_surrogate_common(*inputs, bounds, mask, code, grad_out, backend)
+            return _clipped_surrogate_common(*inputs, bounds, mask, common, grad_out, backend)
     arrays: dict[str, Any] = {
         "logprobs": logprobs,
         "old_logprobs": old_logprobs,
@@ -302,8 +302,10 @@ def clipped_surrogate(
     )
 
 
-# Each aggregation mode's code, as the common-case entries take it (``_spec.AGGREGATIONS``).
+# Each aggregation mode's code, as the common-case entries take it (``_spec.AGGREGATIONS``), and
+# which of (num_tokens, num_seqs, loss_scale) applies to it.
 _AGG_CODES = {name: code for code, name in enumerate(AGGREGATIONS)}
+_AGG_NORMALISER = (0, 1, 1, 2)
 
 
 def _common_agg(
@@ -313,20 +315,27 @@ def _common_agg(
     num_tokens: Any,
     num_seqs: Any,
     loss_scale: Any,
-) -> int | None:
-    """The code of ``agg`` when a loss is asked for the common case's layout and normalisers:
-    padded rows (a mask or none) and any aggregation mode over the batch's own counts (no
-    num_tokens, num_seqs or loss_scale); None otherwise (the general way, which also names a bad
-    mode)."""
-    if (
-        type(agg) is str
-        and lengths is None
-        and cu_seqlens is None
-        and num_tokens is None
-        and num_seqs is None
-        and loss_scale is None
-    ):
-        return _AGG_CODES.get(agg)
+) -> tuple[int, float] | None:
+    """(the code of ``agg``, its normaliser) when a loss is asked for the common case's layout
+    and normalisers: padded rows (a mask or none), any aggregation mode, and at most the
+    normaliser that applies to it, a plain float or int in (0, 2**53] (the normaliser 0.0 when
+    none is given: the batch's own count); None otherwise (the general way, which also names a
+    bad mode or normaliser)."""
+    if type(agg) is not str or lengths is not None or cu_seqlens is not None:
+        return None
+    code = _AGG_CODES.get(agg)
+    if code is None:
+        return None
+    normalisers = (num_tokens, num_seqs, loss_scale)
+    applies = _AGG_NORMALISER[code]
+    for k, other in enumerate(normalisers):
+        if other is not None and k != applies:
+            return None
+    value = normalisers[applies]
+    if value is None:
+        return code, 0.0
+    if (type(value) is float or type(value) is int) and 0.0 < value <= 9007199254740992.0:
+        return code, float(value)
     return None
 
 
@@ -365,14 +374,14 @@ def _clipped_surrogate_common(
     advantages: np.ndarray,
     bounds: tuple[float, float | None, float | None, float | None],
     mask: np.ndarray | None,
-    agg: int,
+    agg: tuple[int, float],
     grad_out: np.ndarray | None,
     backend: str | None,
 ) -> PolicyLossResult:
     """The common case, checked by the caller (``_validate.common_case``: three C-contiguous
     (B, T) arrays of one float dtype, no mask or a bool one; float hyperparameters in range
     (``bounds``: clip_low, clip_high, dual_clip, log_ratio_clamp; None as the general way reads
-    it), the code of an aggregation mode over the batch's own counts (``_common_agg``); no
+    it), an aggregation mode's code and normaliser (``agg``, from ``_common_agg``); no
     weights; ``grad_out`` None or as ``_validate.common_outputs`` accepts it): what the general
     way computes, from the same arrays, in the backend's common-case entry, which counts the
     valid positions, scales the rows and totals the row outputs as the general way does
@@ -396,7 +405,11 @@ def _clipped_surrogate_common(
     grad = np.empty(shape, dtype) if grad_out is None else grad_out
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
     valid, loss, clipped, dual_clipped, kl = _backend.common("clipped_surrogate", backend)(
-        logprobs, old_logprobs, advantages, _NO_WEIGHTS[dtype], mask, agg, *scalars, grad, n_threads
+        *(logprobs, old_logprobs, advantages, _NO_WEIGHTS[dtype], mask),
+        *agg,
+        *scalars,
+        grad,
+        n_threads,
     )
     if not valid:
         return _new_policy_result((loss, grad, math.nan, math.nan, math.nan))
@@ -456,12 +469,12 @@ def value_loss(
     """
     if (
         (clip is None or (type(clip) is float and clip >= 0.0))  # NaN: the general way
-        and (code := _common_agg(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale))
+        and (common := _common_agg(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale))
         is not None
     ):
         inputs = (values, old_values, returns)
         if _common_arrays(inputs, mask, grad_out):
-            return _value_loss_common(*inputs, clip, mask, code, grad_out, backend)
+            return _value_loss_common(*inputs, clip, mask, common, grad_out, backend)
     (new, old, target), rows = _validate.batch(
         {"values": values, "old_values": old_values, "returns": returns},
         mask=mask,
@@ -512,13 +525,13 @@ def _value_loss_common(
     returns: np.ndarray,
     clip: float | None,
     mask: np.ndarray | None,
-    agg: int,
+    agg: tuple[int, float],
     grad_out: np.ndarray | None,
     backend: str | None,
 ) -> ValueLossResult:
     """The common case, checked by the caller (``_validate.common_case``: three C-contiguous
     (B, T) arrays of one float dtype, no mask or a bool one; ``clip`` None or a float >= 0,
-    the code of an aggregation mode over the batch's own counts; ``grad_out`` None or as
+    an aggregation mode's code and normaliser (``agg``); ``grad_out`` None or as
     ``_validate.common_outputs`` accepts it): what the general way computes, in the backend's
     common-case entry (tests/test_fast_path.py compares the two)."""
     shape, dtype = values.shape, values.dtype
@@ -526,7 +539,7 @@ def _value_loss_common(
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
     bound = dtype.type(math.inf if clip is None else clip)
     valid, loss, clipped = _backend.common("value_loss", backend)(
-        values, old_values, returns, mask, agg, bound, grad, n_threads
+        values, old_values, returns, mask, *agg, bound, grad, n_threads
     )
     return _new_value_result((loss, grad, clipped / valid if valid else math.nan))
 

@@ -209,7 +209,7 @@ def _run_common(
     kernel: str,
     inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
     mask: np.ndarray | None,
-    agg: int,
+    agg: tuple[int, float],
     grad_out: np.ndarray | None,
     backend: str | None,
     scalars: dict[str, float],
@@ -217,9 +217,10 @@ def _run_common(
     selected: np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[float], float]:
     """``_run`` in the common case, checked by the caller: the same arrays and scalars handed to
-    the backend's common-case entry (``_backend.common``) with the aggregation mode's code
-    (``agg``), which counts the valid tokens, scales the rows and totals the row outputs as the
-    general way does (tests/test_fast_path.py compares the two).
+    the backend's common-case entry (``_backend.common``) with the aggregation mode's code and
+    normaliser (``agg``, from ``loss._common_agg``), which counts the valid tokens, scales the
+    rows and totals the row outputs as the general way does (tests/test_fast_path.py compares
+    the two).
     At 8 x 128 it saves the general way's validation: 6-8 us of a 12-16 us call (README, per
     call)."""
     logprobs = inputs[0]
@@ -235,7 +236,8 @@ def _run_common(
         advantages=inputs[2],
         weights=_NO_WEIGHTS[dtype],
         mask=mask,
-        agg=agg,
+        agg=agg[0],
+        normaliser=agg[1],
         grad=grad,
         selected=selected,  # KL-Cov's: a bool array's own bytes, as the general way's flags
     )

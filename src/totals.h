@@ -59,14 +59,15 @@ static int64_t ppo_count_nonzero(const uint8_t* mask, ptrdiff_t n) {
     return count;
 }
 /* (valid positions, row scales) of a loss's common case with aggregation mode `agg` (a code of
- * ppo_fast/_spec.py AGGREGATIONS) over (n_rows, width) padded rows, the mask NULL when every
+ * ppo_fast/_spec.py AGGREGATIONS) and `normaliser` (num_tokens, num_seqs or loss_scale, > 0;
+ * 0: none, the batch's own count) over (n_rows, width) padded rows, the mask NULL when every
  * position is valid: the scales into scales[0 .. n_rows-1], the valid positions returned.
- * loss._row_scales with the batch's own counts, division for division (twins:
- * ppo_fast/_backend.py common_scales, ppo_fast/_numba_core.py _common_scales). */
-static double ppo_common_scales(int agg, const uint8_t* mask, ptrdiff_t n_rows, ptrdiff_t width,
-                                double* scales) {
+ * loss._row_scales, division for division (twins: ppo_fast/_backend.py common_scales,
+ * ppo_fast/_numba_core.py _common_scales). */
+static double ppo_common_scales(int agg, double normaliser, const uint8_t* mask, ptrdiff_t n_rows,
+                                ptrdiff_t width, double* scales) {
     int64_t total = 0;
-    double seqs = 0.0, valid;
+    double seqs = 0.0, valid, divisor;
     for (ptrdiff_t b = 0; b < n_rows; b++) {
         int64_t count = mask ? ppo_count_nonzero(mask + b * width, width) : (int64_t)width;
         scales[b] = (double)count; /* the row's count, until the second loop */
@@ -74,16 +75,18 @@ static double ppo_common_scales(int agg, const uint8_t* mask, ptrdiff_t n_rows, 
         if (count > 0) seqs += 1.0;
     }
     valid = (double)total;
+    if (agg == 0) /* token-mean */
+        divisor = normaliser > 0 ? normaliser : valid;
+    else if (agg == 3) /* seq-mean-token-sum-norm: T is the loss scale */
+        divisor = normaliser > 0 ? normaliser : (double)width;
+    else
+        divisor = normaliser > 0 ? normaliser : seqs;
     for (ptrdiff_t b = 0; b < n_rows; b++) {
         double count = scales[b];
-        if (agg == 0) /* token-mean */
-            scales[b] = valid ? 1.0 / valid : 0.0;
-        else if (agg == 3) /* seq-mean-token-sum-norm: T is the loss scale */
-            scales[b] = width ? 1.0 / (double)width : 0.0;
-        else if (agg == 2) /* seq-mean-token-sum */
-            scales[b] = seqs ? 1.0 / seqs : 0.0;
+        if (agg != 1) /* one scale for every row */
+            scales[b] = divisor ? 1.0 / divisor : 0.0;
         else /* seq-mean-token-mean */
-            scales[b] = count > 0 ? 1.0 / (seqs * count) : 0.0;
+            scales[b] = divisor && count > 0 ? 1.0 / (divisor * count) : 0.0;
     }
     return valid;
 }

@@ -164,13 +164,25 @@ def the_stages(arrays):
     for clip in [None, 0.2, 0.0, np.inf]:
         yield ppo_fast.value_loss, dict(**value, clip=clip)
     # every aggregation mode but token-mean (which the rest use: the losses' defaults but
-    # geo_mean's) for every loss with a fast path, with its defaults otherwise
+    # geo_mean's) for every loss with a fast path, with its defaults otherwise; then each loss
+    # with a mode and its normaliser given (a float, or an int), in turn
+    losses = [
+        (ppo_fast.clipped_surrogate, policy),
+        (ppo_fast.value_loss, value),
+        *((loss, policy) for loss, _ in FAMILY),
+        (ppo_fast.kl_cov_loss, dict(**policy, selected=arrays["selected"])),
+    ]
     for agg in AGGREGATIONS[1:]:
-        yield ppo_fast.clipped_surrogate, dict(**policy, agg=agg)
-        yield ppo_fast.value_loss, dict(**value, agg=agg)
-        for loss, _ in FAMILY:
-            yield loss, dict(**policy, agg=agg)
-        yield ppo_fast.kl_cov_loss, dict(**policy, selected=arrays["selected"], agg=agg)
+        for loss, inputs in losses:
+            yield loss, dict(**inputs, agg=agg)
+    normalised = [
+        {"agg": "token-mean", "num_tokens": 1000.0},
+        {"agg": "seq-mean-token-mean", "num_seqs": 8},
+        {"agg": "seq-mean-token-sum", "num_seqs": 3.5},
+        {"agg": "seq-mean-token-sum-norm", "loss_scale": 128},
+    ]
+    for k, (loss, inputs) in enumerate(losses):
+        yield loss, dict(**inputs, **normalised[k % len(normalised)])
     for shift_mean, unbiased, eps in [(True, False, 1e-8), (False, True, 0.0), (True, True, 1e30)]:
         options = dict(shift_mean=shift_mean, unbiased=unbiased, eps=eps)
         yield ppo_fast.whiten, dict(x=arrays["a"], **options)
@@ -276,7 +288,10 @@ def _kernel_way(kernel, backend, named, n_threads):
     scales = valid = None
     if kernel.aggregates:
         _, rows = _validate.batch({"x": first}, mask=mask)
-        scales, valid = _row_scales(AGGREGATIONS[named["agg"]], rows, None, None, None)
+        normalisers = [None, None, None]  # num_tokens, num_seqs, loss_scale
+        if named["normaliser"]:
+            normalisers[(0, 1, 1, 2)[named["agg"]]] = named["normaliser"]
+        scales, valid = _row_scales(AGGREGATIONS[named["agg"]], rows, *normalisers)
     arguments = {name: named[name].reshape(-1) for name in (a.name for a in kernel.inputs)}
     starts = np.arange(n_rows, dtype=np.int64) * width
     spans = np.full(n_rows, width, dtype=np.int64)
@@ -310,7 +325,10 @@ def test_every_common_entry_equals_its_table_kernel_and_numpys_sums(name, dtype,
     kernel = KERNELS[name]
     entry = _backend.common(name, backend)
     rng = np.random.default_rng(7)
-    agg_codes = itertools.cycle(range(len(AGGREGATIONS)))
+    # every aggregation mode over the batch's own counts (normaliser 0.0) and a given one
+    agg_codes = itertools.cycle(
+        [(code, normaliser) for normaliser in (0.0, 7.5) for code in range(len(AGGREGATIONS))]
+    )
     for shape in SHAPES if backend != "python" else SHAPES[1:]:
         for mask in masks(rng, shape):
             # a loss: every aggregation mode, in turn over the masks and optional inputs
@@ -318,7 +336,7 @@ def test_every_common_entry_equals_its_table_kernel_and_numpys_sums(name, dtype,
                 named = _examples.common_arguments(kernel, shape, dtype, rng, optional=optional)
                 named["mask"] = mask
                 if kernel.aggregates:
-                    named["agg"] = next(agg_codes)
+                    named["agg"], named["normaliser"] = next(agg_codes)
                 for array in kernel.inputs:  # non-finite values, at valid positions or not
                     if named[array.name].size > 4:  # flags: bytes other than 0 and 1
                         odd = [255, 2] if array.dtype == FLAGS else [np.nan, np.inf]
@@ -381,27 +399,28 @@ def test_the_cython_common_entries_refuse_what_they_cannot_read():
     entry = _backend.resolve("cython").clipped_surrogate_common
     logp = np.zeros((2, 3))
     grad = np.empty((2, 3))
-    bounds = (0.8, 1.2, np.inf, np.inf)  # after the mask and agg (token-mean: 0)
+    bounds = (0.8, 1.2, np.inf, np.inf)  # after the mask, agg and normaliser (token-mean)
     no_weights = np.zeros(0)
     with pytest.raises(ValueError, match="logprobs must be 2-D"):
         flat = logp.ravel()
-        entry(flat, flat, flat, no_weights, None, 0, *bounds, grad.ravel(), 1)
+        entry(flat, flat, flat, no_weights, None, 0, 0.0, *bounds, grad.ravel(), 1)
     with pytest.raises(ValueError, match="old_logprobs must have the shape of the first token"):
-        entry(logp, logp[:1], logp, no_weights, None, 0, *bounds, grad, 1)
+        entry(logp, logp[:1], logp, no_weights, None, 0, 0.0, *bounds, grad, 1)
     with pytest.raises(ValueError, match="mask must have the"):
-        entry(logp, logp, logp, no_weights, np.ones(5, bool), 0, *bounds, grad, 1)
+        entry(logp, logp, logp, no_weights, np.ones(5, bool), 0, 0.0, *bounds, grad, 1)
     with pytest.raises(TypeError, match="mask must be a C-contiguous array of bool or uint8"):
-        entry(logp, logp, logp, no_weights, np.ones((2, 3)), 0, *bounds, grad, 1)
+        entry(logp, logp, logp, no_weights, np.ones((2, 3)), 0, 0.0, *bounds, grad, 1)
     with pytest.raises(TypeError, match="old_logprobs must be a C-contiguous array of float32"):
-        entry(logp, logp.astype(np.float32), logp, no_weights, None, 0, *bounds, grad, 1)
+        entry(logp, logp.astype(np.float32), logp, no_weights, None, 0, 0.0, *bounds, grad, 1)
     with pytest.raises(ValueError, match="not C-contiguous"):
-        entry(logp, logp, logp, no_weights, None, 0, *bounds, np.empty((2, 6))[:, ::2], 1)
+        entry(logp, logp, logp, no_weights, None, 0, 0.0, *bounds, np.empty((2, 6))[:, ::2], 1)
 
 
 def _fast_targets():
     """Hostile-input targets whose valid call is a common case: gae without a bootstrap, the
     clipped surrogate without weights (tests/hostile.py's own target takes them, which the fast
-    path leaves to the general way), the value loss and whiten."""
+    path leaves to the general way), the value loss (with num_tokens), whiten and the policy
+    family (the geometric mean with num_seqs)."""
 
     def gae(rng):
         arrays = hostile._tokens(rng, "rewards", "values")
@@ -414,9 +433,11 @@ def _fast_targets():
         arrays.update(hostile._tokens(rng, "advantages"))
         return {**arrays, **policy_scalars, "mask": hostile.MASK.copy()}
 
+    value_scalars = {"clip": 0.2, "num_tokens": 50.0}  # token-mean over a given count
+
     def value(rng):
         arrays = hostile._tokens(rng, "values", "old_values", "returns")
-        return {**arrays, "clip": 0.2, "mask": hostile.MASK.copy()}
+        return {**arrays, **value_scalars, "mask": hostile.MASK.copy()}
 
     def whiten(rng):
         return {**hostile._tokens(rng, "x"), "eps": 1e-8, "mask": hostile.MASK.copy()}
@@ -445,7 +466,7 @@ def _fast_targets():
             ppo_fast.value_loss,
             value,
             ("values", "old_values", "returns"),
-            scalars={"clip": 0.2},
+            scalars=value_scalars,
             **rows,
         ),
         hostile.Target(
@@ -480,6 +501,8 @@ FAMILY_SCALARS = [
     (ppo_fast.sapo_loss, {"tau_pos": 1.0, "tau_neg": 1.05, "log_ratio_clamp": 20.0}),
     (ppo_fast.gspo_loss, {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0}),
     (ppo_fast.dppo_loss, {"divergence_low": 0.2, "divergence_high": 0.28, "ratio_cap": 20.0}),
+    # its default seq-mean-token-mean over a given count of sequences (verl's call)
+    (ppo_fast.geo_mean_loss, {"clip_low": 0.2, "num_seqs": 8}),
 ]
 
 
