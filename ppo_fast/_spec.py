@@ -163,18 +163,18 @@ class Kernel:
         a bool or uint8 (B, T) array; for a loss (``aggregates``), ``agg``, the code of its
         aggregation mode (``AGGREGATIONS``), and ``normaliser``, the float that mode divides by
         in place of the batch's own count (num_tokens, num_seqs or loss_scale; 0.0: none, the
-        batch's count); one value
-        of each row input, the same for every row, but for a loss's row scales, which are not
-        passed: the entry works them out as ``loss._row_scales`` does from the mode and the valid
-        positions (token-mean: 1 / (the valid positions, or num_tokens); seq-mean-token-mean:
-        1 / (the non-empty rows, or num_seqs, x the row's valid positions); seq-mean-token-sum:
-        1 / (the non-empty rows, or num_seqs); seq-mean-token-sum-norm: 1 / (T, or loss_scale);
-        0 where that divides by 0); the scalars; the (B, T) outputs; n_threads. The entry
-        returns None when the kernel has no row outputs, else the totals of its row outputs over
-        the rows, each summed as ``row_output.sum()`` sums (NumPy's order), the first weighted
-        row by row by a loss's row scale, and before them, for a loss, the valid positions (a
-        float). Those are the general way's numbers (``loss._totals``), bit for bit but for the
-        payload of a NaN (tests/test_fast_path.py).
+        batch's count); one value of each row input, the same for every row, but for a loss's
+        row scales, which are not passed: the entry works them out as ``loss._row_scales`` does
+        from the mode and the valid positions (token-mean: 1 / (the valid positions, or
+        num_tokens); seq-mean-token-mean: 1 / (the non-empty rows, or num_seqs, x the row's valid
+        positions); seq-mean-token-sum: 1 / (the non-empty rows, or num_seqs);
+        seq-mean-token-sum-norm: 1 / (T, or loss_scale); 0 where that divides by 0); the
+        scalars; the (B, T) outputs; n_threads. The entry returns None when the kernel has no
+        row outputs, else the totals of its row outputs over the rows, each summed as
+        ``row_output.sum()`` sums (NumPy's order), the first weighted row by row by a loss's row
+        scale, and before them, for a loss, the valid positions (a float). Those are the general
+        way's numbers (``loss._totals``), bit for bit but for the payload of a NaN
+        (tests/test_fast_path.py).
         """
         return (
             *(a.name for a in self.inputs),
