@@ -29,7 +29,7 @@ from types import ModuleType
 
 import numpy as np
 
-from . import _threads, _validate
+from . import _rows, _threads
 from ._spec import FLAGS, KERNELS, SCALES, TOKEN, Kernel
 
 BACKENDS = ("cython", "numba", "python")  # the order auto tries them
@@ -180,7 +180,7 @@ def common_scales(
     if flat_mask is None:
         counts = np.full(n_rows, width, dtype=np.int64)
     else:
-        counts = _validate.count_by_row(flat_mask.reshape(n_rows, width))
+        counts = _rows.count_by_row(flat_mask.reshape(n_rows, width))
     valid = float(counts.sum())
     divisor = normaliser if normaliser > 0 else float(np.count_nonzero(counts))
     if not divisor:
@@ -250,9 +250,9 @@ def _common_from_kernel(
     namespace = {
         "function": function,
         "totals": totals,
-        "padded_layout": _validate.padded_layout,
-        "constant_rows": _validate.constant_rows,
-        "EMPTY_MASK": _validate.EMPTY_MASK,
+        "padded_layout": _rows.padded_layout,
+        "constant_rows": _rows.constant_rows,
+        "EMPTY_MASK": _rows.EMPTY_MASK,
         "UINT8": np.dtype(np.uint8),
         "FLOAT64": np.dtype(np.float64),
         "common_scales": common_scales,

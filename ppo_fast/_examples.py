@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from . import _groups
+from ._rows import Rows
 from ._spec import CODE, ELEMENTWISE, FLAGS, FLOAT64, GROUPS, SCALES, TOKEN, Array, Kernel
-from ._validate import Rows
 
 
 def argument_dtype(dtype: str, token_dtype: np.dtype) -> np.dtype:

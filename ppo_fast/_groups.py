@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _loops, _validate
+from . import _loops, _rows, _validate
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +81,7 @@ def factorize(groups: Any, n_rows: int) -> Groups:
     return _factorize_sortable(labels, heads)
 
 
-def with_groups(rows: _validate.Rows, groups: Any) -> _validate.Rows:
+def with_groups(rows: _rows.Rows, groups: Any) -> _rows.Rows:
     """``rows`` carrying the factorised ``groups`` (one label per row) of the batch."""
     return rows._replace(groups=factorize(groups, rows.n_rows))
 

@@ -13,7 +13,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _groups, _loops, _validate
+from . import _groups, _loops, _rows, _validate
 from ._groups import Groups, factorize
 
 Singleton = Literal["raw", "zero", "error"]
@@ -41,7 +41,7 @@ class _Batch(NamedTuple):
     scores: np.ndarray  # float64 (B,) or (B, K)
     dtype: np.dtype  # of the result
     groups: _Grouping
-    layout: _validate.Rows | None  # the tokens the advantages go onto, or None for (B,)
+    layout: _rows.Rows | None  # the tokens the advantages go onto, or None for (B,)
 
 
 def _batch(
@@ -90,7 +90,7 @@ def _result(advantages: np.ndarray, batch: _Batch) -> np.ndarray:
 
 
 def _broadcast(
-    per_row: np.ndarray, layout: _validate.Rows, out: np.ndarray | None = None
+    per_row: np.ndarray, layout: _rows.Rows, out: np.ndarray | None = None
 ) -> np.ndarray:
     if out is None:
         out = np.empty(layout.shape, dtype=per_row.dtype)
@@ -120,7 +120,7 @@ def _broadcast(
 
 
 def _row_tokens(
-    layout: _validate.Rows | None, token_counts: ArrayLike | None, n_rows: int
+    layout: _rows.Rows | None, token_counts: ArrayLike | None, n_rows: int
 ) -> np.ndarray | None:
     """int64 (B,): the valid tokens of each row, from the layout or ``token_counts``."""
     if token_counts is not None:

@@ -8,13 +8,13 @@ arguments ``Kernel.arguments`` lists, in that order:
                     float64), or flags (dtype FLAGS: uint8, nonzero = set, one per position); an
                     optional one is passed empty, (0,), when absent
     layout          "rows": starts, spans, lengths (int64 (B,)) and mask (uint8 (N,), or (0,)
-                    when every position within lengths is valid): see ``_validate.Rows``;
+                    when every position within lengths is valid): see ``_rows.Rows``;
                     "elementwise": starts and spans only (the positions are cut into rows only so
                     that threads can share them);
                     "groups": the rows' four, then group_rows (int64 (B,): every row once,
                     ordered by group and, within a group, by row number) and group_starts (int64
                     (n_groups + 1,): group g is group_rows[group_starts[g]:group_starts[g + 1]]),
-                    for a kernel that reduces across the rows of a group (``_validate.Rows``'
+                    for a kernel that reduces across the rows of a group (``_rows.Rows``'
                     ``group_arguments``): it runs in parallel over groups, not rows
     row inputs      (B,) arrays, one value per row, float64 or in the token dtype
     scalars         float64, the token dtype (a NumPy scalar of it), or an integer code

@@ -4,19 +4,11 @@ Every public stage calls in here before it dispatches to a backend, so the kerne
 what they get: C-contiguous float32/float64 token arrays of one shape and dtype, and a `Rows`
 description of the batch. Every error names the argument and says how to fix it.
 
-Rows (DESIGN.md section 2): row b occupies the flat positions ``starts[b] .. starts[b]+spans[b]-1``;
-of those, the first ``lengths[b]`` may be valid, and where a mask is given only those with
-``mask == 1`` are. The three public layouts map onto it as
-
-    padded + mask     starts = b*T, spans = lengths = T, mask = mask.ravel()
-    padded + lengths  starts = b*T, spans = T, lengths = lengths
-    packed            starts = cu_seqlens[:-1], spans = lengths = diff(cu_seqlens)
-    none (2-D)        starts = b*T, spans = lengths = T
-
-Rows may also carry groups (``_groups.with_groups``): the group of each row, for the estimators
-that reduce per group. The outcome estimators take per-row data (``row_data``: one score per row)
-and broadcast their results onto a layout that comes without token arrays (``row_layout``: its
-shape is read from the mask, from lengths and ``padded_length``, or from cu_seqlens).
+The three public layouts (a mask, lengths, or packed cu_seqlens; or none) become ``Rows``
+(``_rows``, the batch model of DESIGN.md section 2), which may also carry groups
+(``_groups.with_groups``). The outcome estimators take per-row data (``row_data``: one score per
+row) and broadcast their results onto a layout that comes without token arrays (``row_layout``:
+its shape is read from the mask, from lengths and ``padded_length``, or from cu_seqlens).
 
 Scalars follow one rule (``scalar``): a real number is a Python int or float, a NumPy integer or
 floating scalar, or a 0-d real array (a 0-d tensor in ``ppo_fast.torch``); bool, str, bytes,
@@ -32,20 +24,17 @@ from __future__ import annotations
 import contextvars
 import math
 import operator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from . import _loops
-
-if TYPE_CHECKING:  # _groups validates through this module: no import at run time
-    from ._groups import Groups
+from ._rows import EMPTY_MASK, Rows, constant_rows, padded_layout
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _FLOAT32, _FLOAT64 = FLOAT_DTYPES
 _FLOAT16 = np.dtype(np.float16)
 _NDARRAY = np.ndarray
-EMPTY_MASK = np.zeros(0, dtype=np.uint8)
 _BOOL, _UINT8 = np.dtype(np.bool_), np.dtype(np.uint8)
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -74,81 +63,6 @@ def _cast_hint(name: str, dtype: str) -> str:
         method = {"float32": "float", "float64": "double", "int64": "long"}[dtype]
         return f"cast it with {name}.{method}() or {name}.to(torch.{dtype})"
     return f"cast it with {name}.astype(np.{dtype})"
-
-
-# From this row width on, a mask's valid positions are counted row by row (``Rows.valid_counts``).
-COUNT_BY_ROW = 1024
-
-
-def count_by_row(mask: np.ndarray) -> np.ndarray:
-    """The nonzero bytes of each row of a (B, T) uint8 ``mask``, int64 (B,): a count a row from
-    ``COUNT_BY_ROW`` positions on (``Rows.valid_counts`` says why)."""
-    if mask.shape[1] >= COUNT_BY_ROW:
-        return np.fromiter(map(np.count_nonzero, mask), np.int64, mask.shape[0])
-    return np.count_nonzero(mask, axis=1)
-
-
-class Rows(NamedTuple):
-    """A batch of rows over flat token storage; see the module docstring.
-
-    A named tuple (immutable, built in a fraction of a microsecond: it is built on every call).
-    Its arrays may be shared between calls (``padded_layout``): nothing writes into them.
-    """
-
-    shape: tuple[int, ...]
-    starts: np.ndarray  # int64 (B,)
-    spans: np.ndarray  # int64 (B,)
-    lengths: np.ndarray  # int64 (B,)
-    mask: np.ndarray  # uint8 (N,), or (0,) when every position within lengths is valid
-    packed: bool
-    groups: Groups | None = None  # the group of each row, when the caller gives them
-
-    @property
-    def n_rows(self) -> int:
-        return len(self.starts)
-
-    @property
-    def n_positions(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def arguments(self) -> dict[str, np.ndarray]:
-        """The layout arguments of a row kernel (``_spec.Kernel.layout_arguments``)."""
-        return {
-            "starts": self.starts,
-            "spans": self.spans,
-            "lengths": self.lengths,
-            "mask": self.mask,
-        }
-
-    @property
-    def valid_counts(self) -> np.ndarray:
-        """Each row's valid positions, int64 (B,): its length, or with a mask its mask != 0.
-
-        ``np.count_nonzero(mask, axis=1)`` copies the mask to bool and sums that through a cast:
-        14 times the time of one count over the whole mask at 1024 x 4096 (measured on an AMD
-        EPYC). ``np.count_nonzero`` of each row runs at the whole count's speed plus about 0.4 us
-        a row, so it takes over from rows of ``COUNT_BY_ROW`` positions, where the two cost about
-        the same."""
-        if not self.mask.shape[0]:
-            return self.lengths
-        return count_by_row(self.mask.reshape(self.shape))
-
-    @property
-    def group_arguments(self) -> dict[str, np.ndarray]:
-        """The group layout arguments of a kernel that reduces per group (``_spec.GROUPS``):
-        ``group_rows``, every row once, ordered by group and within a group by row number (a
-        stable sort of the group ids, so that each group's sums run in row order), and
-        ``group_starts``, where each group's rows begin in it (and the end)."""
-        if self.groups is None:
-            raise ValueError("these rows carry no groups: attach them with _groups.with_groups")
-        ids = self.groups.ids
-        group_starts = np.zeros(self.groups.n_groups + 1, dtype=np.int64)
-        np.cumsum(np.bincount(ids, minlength=self.groups.n_groups), out=group_starts[1:])
-        return {
-            "group_rows": np.argsort(ids, kind="stable").astype(np.int64, copy=False),
-            "group_starts": group_starts,
-        }
 
 
 def _describe(x: Any) -> str:
@@ -417,20 +331,6 @@ def _mask_array(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
 
 # starts and spans of the padded (B, T) layouts met so far: the same few shapes come back on
 # every step of a training loop. Shared by every call of that shape; nothing writes into them.
-_padded_layouts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-
-
-def padded_layout(n_rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """starts = b * T and spans = T, int64 (B,), of the padded (B, T) layout."""
-    layout = _padded_layouts.get((n_rows, width))
-    if layout is None:
-        layout = (np.arange(n_rows, dtype=np.int64) * width, np.full(n_rows, width, dtype=np.int64))
-        if len(_padded_layouts) >= 64:  # bounded: a program whose shapes never repeat
-            _padded_layouts.clear()
-        _padded_layouts[(n_rows, width)] = layout
-    return layout
-
-
 def common_case(arrays: tuple[Any, ...], mask: Any) -> bool:
     """Whether the token ``arrays`` and the ``mask`` are the common case, checked in a few
     attribute reads.
@@ -590,24 +490,6 @@ def rows(
 # np.full(n_rows, value, dtype) by (value, the sign of a zero, n_rows, dtype): a scalar
 # hyperparameter is the same on every call. Shared by every call; nothing writes into them (the
 # kernels read row inputs only).
-_constant_rows: dict[tuple[Any, ...], np.ndarray] = {}
-
-
-def constant_rows(number: float, n_rows: int, dtype: np.dtype = FLOAT_DTYPES[1]) -> np.ndarray:
-    """``np.full(n_rows, number, dtype)`` (float64 by default), from a cache: do not write into
-    it."""
-    # The sign of a zero is part of the key: 0.0 == -0.0, and they may give different bits.
-    key = (number, n_rows, dtype) if number else (number, math.copysign(1.0, number), n_rows, dtype)
-    array = _constant_rows.get(key)
-    if array is None:
-        array = np.full(n_rows, number, dtype=dtype)
-        if number == number:  # NaN is never equal to a key: it would fill the cache
-            if len(_constant_rows) >= 64:  # bounded: a program whose values never repeat
-                _constant_rows.clear()
-            _constant_rows[key] = array
-    return array
-
-
 def per_row(
     name: str,
     value: Any,

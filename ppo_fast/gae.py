@@ -44,7 +44,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _threads, _validate
+from . import _backend, _rows, _threads, _validate
 from ._spec import GAE_CHUNKS
 
 _LONG_ROW = GAE_CHUNKS.long_row
@@ -130,7 +130,7 @@ def gae(
     gammas = _validate.per_row("gamma", gamma, rows.n_rows, lo=0.0, hi=1.0)
     lams = _validate.per_row("lam", lam, rows.n_rows, lo=0.0, hi=1.0)
     if bootstrap is None:
-        next_values = _validate.constant_rows(0.0, rows.n_rows)
+        next_values = _rows.constant_rows(0.0, rows.n_rows)
     else:
         # Values are data: a NaN or inf propagates into the results (DESIGN.md section 3).
         next_values = _validate.per_row(

@@ -59,7 +59,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _threads, _validate
+from . import _backend, _rows, _threads, _validate
 from ._policy_scalars import _surrogate_scalars
 from ._spec import AGGREGATIONS
 
@@ -114,7 +114,7 @@ def _check_agg(
 
 def _row_scales(
     agg: str,
-    rows: _validate.Rows,
+    rows: _rows.Rows,
     num_tokens: float | None,
     num_seqs: float | None,
     loss_scale: float | None,

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _groups, _validate
+from . import _backend, _groups, _rows, _validate
 from .whiten import whiten as _whiten
 
 _OUTPUTS = ("advantages", "returns")
@@ -65,11 +65,11 @@ def _flag(name: str, value: Any) -> bool:
     return bool(value)
 
 
-def _row_parameters(rows: _validate.Rows, gamma: Any, bootstrap: Any) -> dict[str, np.ndarray]:
+def _row_parameters(rows: _rows.Rows, gamma: Any, bootstrap: Any) -> dict[str, np.ndarray]:
     """The kernels' gammas and bootstrap (B,), float64."""
     gammas = _validate.per_row("gamma", gamma, rows.n_rows, lo=0.0, hi=1.0)
     if bootstrap is None:
-        next_values = _validate.constant_rows(0.0, rows.n_rows)
+        next_values = _rows.constant_rows(0.0, rows.n_rows)
     else:
         # Values are data: a NaN or inf propagates into the results (DESIGN.md section 3).
         next_values = _validate.per_row(

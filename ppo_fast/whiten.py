@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _threads, _validate
+from . import _backend, _rows, _threads, _validate
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def masked_moments(
 
 def _row_sums(
     array: np.ndarray,
-    rows: _validate.Rows,
+    rows: _rows.Rows,
     shift: float,
     backend: str | None,
     first_rows: int | None = None,

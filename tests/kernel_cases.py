@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from batches import Batch
 
-from ppo_fast import _examples, _groups, _validate
+from ppo_fast import _examples, _groups, _rows, _validate
 from ppo_fast._spec import CODE, ELEMENTWISE, FLAGS, GROUPS, KERNELS, Kernel
 
 
@@ -48,11 +48,11 @@ class Case:
         return "\n".join(lines)
 
 
-def _rows_of(batch: Batch, kernel: Kernel) -> _validate.Rows:
+def _rows_of(batch: Batch, kernel: Kernel) -> _rows.Rows:
     if kernel.layout == ELEMENTWISE:
         # Elementwise kernels see the positions cut into rows: the batch's rows serve.
         rows = _validate.rows(batch.shape, **batch.layout_kwargs)
-        return _validate.Rows(rows.shape, rows.starts, rows.spans, rows.spans, rows.mask, False)
+        return _rows.Rows(rows.shape, rows.starts, rows.spans, rows.spans, rows.mask, False)
     rows = _validate.rows(batch.shape, **batch.layout_kwargs)
     if kernel.layout == GROUPS:
         labels = batch.rng.integers(0, max(1, (batch.n_rows + 1) // 2), batch.n_rows)

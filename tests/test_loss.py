@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import ppo_fast
 from ppo_fast import _validate
-from ppo_fast._validate import COUNT_BY_ROW
+from ppo_fast._rows import COUNT_BY_ROW
 from ppo_fast.loss import AGGREGATIONS
 
 # --------------------------------------------------------------------------------------------
