@@ -126,7 +126,7 @@ class Kernel:
         with ``chunks`` the chunks its long rows may be cut into too."""
         return n_rows if self.chunks is None else n_rows + n_positions // self.chunks.size
 
-    @property
+    @functools.cached_property
     def layout_arguments(self) -> tuple[str, ...]:
         if self.layout == ROWS:
             return ROW_LAYOUT
@@ -134,7 +134,7 @@ class Kernel:
             return GROUP_LAYOUT
         return ("starts", "spans")
 
-    @property
+    @functools.cached_property
     def arguments(self) -> tuple[str, ...]:
         """The positional arguments of every backend's function, in order."""
         return (
@@ -147,13 +147,13 @@ class Kernel:
             "n_threads",
         )
 
-    @property
+    @functools.cached_property
     def aggregates(self) -> bool:
         """Whether the kernel weights its rows by row scales (``SCALES``: a loss), which its
         common-case entry works out itself from the aggregation mode it is given (``agg``)."""
         return any(a.name == SCALES for a in self.row_inputs)
 
-    @property
+    @functools.cached_property
     def common_arguments(self) -> tuple[str, ...]:
         """The arguments of a backend's entry for the stages' common case (a kernel with
         ``common``, layout "rows"; ``_backend.common``, the Cython kernels' ``<name>_common``).
