@@ -236,19 +236,29 @@ class _Kernel:
     """A row kernel built serial and parallel, compiled on first use: the serial build from its
     source, the parallel build over ranges of rows calling the serial one (``_parallel_build``),
     or, without a table ``kernel`` (a kernel with passes of its own, as GAE's long rows), with
-    ``parallel=True`` from its source, whose prange loops then share the work."""
+    ``parallel=True`` from its source, whose prange loops then share the work; for a kernel that
+    ``splits_groups`` (KL-Cov's selection), with ``parallel=True`` from ``shared``."""
 
-    def __init__(self, function, kernel: Kernel | None = None, fastmath=False, row_chunks=None):
+    def __init__(
+        self, function, kernel: Kernel | None = None, fastmath=False, row_chunks=None, shared=None
+    ):
         self.function = function  # the Python source, for the interface test
         self.serial = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath)(function)
-        if kernel is None:
+        # Both parallel builds take the threads last: the one made from the table cuts the rows
+        # into ranges itself, one a thread; a kernel that ``splits_groups`` has the source
+        # ``shared`` of a group's work in a given number of ranges of rows (its serial build
+        # runs it with one), built with parallel=True.
+        self.takes_threads = kernel is not None
+        if kernel is not None and kernel.splits_groups:
+            self.parallel = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath, parallel=True)(
+                shared
+            )
+        elif kernel is not None:
+            self.parallel = _parallel_build(self.serial, kernel, row_chunks)
+        else:
             self.parallel = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath, parallel=True)(
                 function
             )
-        else:
-            self.parallel = _parallel_build(self.serial, kernel, row_chunks)
-        # The parallel build made from the table cuts the rows into ranges itself, one a thread.
-        self.splits_rows = kernel is not None
         self.kernel = kernel
         self._serial_common = None
 
@@ -265,7 +275,7 @@ class _Kernel:
         if n_threads > 1 and _parallel_lock.acquire(blocking=False):
             try:
                 numba.set_num_threads(n_threads)
-                if self.splits_rows:
+                if self.takes_threads:
                     return self.parallel(*args, n_threads)
                 return self.parallel(*args)
             finally:

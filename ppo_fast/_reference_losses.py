@@ -572,8 +572,10 @@ def kl_cov_top_k(
 
         cov_i = (A_i - mean A) * (logp_i - mean logp)
 
-    in float64, each mean's sum in 8 lanes (token t of a row to lane t % 8, in order) added up in
-    the tree ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Writes the flag selected = 1 at the
+    in float64, each mean's sum taken row by row: a row's valid tokens in 8 lanes (token t of the
+    row to lane t % 8, in order, each lane from 0.0) added up in the tree ((l0 + l1) + (l2 + l3))
+    + ((l4 + l5) + (l6 + l7)), then the rows' sums added in row order, from 0.0 (so that the
+    rows' sums can be taken on any number of threads). Writes the flag selected = 1 at the
     k = min(n, max(1, floor(ratio * n))) tokens of largest cov (a NaN counts as -inf; ties at the
     k-th value to the lowest positions), 0 at every other position; nothing is selected when
     n = 0. The public ``kl_cov_selection`` passes the whole batch as one group.
@@ -587,12 +589,15 @@ def kl_cov_top_k(
         n = len(positions)
         if n == 0:
             continue
-        adv_lanes, logp_lanes = [0.0] * 8, [0.0] * 8
+        total_adv = total_logp = 0.0
         for b in rows:
+            adv_lanes, logp_lanes = [0.0] * 8, [0.0] * 8
             for i in _row_positions(starts, spans, lengths, mask, b):
                 adv_lanes[(i - starts[b]) % 8] += float(advantages[i])
                 logp_lanes[(i - starts[b]) % 8] += float(logprobs[i])
-        mean_adv, mean_logp = _lane_total(adv_lanes) / n, _lane_total(logp_lanes) / n
+            total_adv += _lane_total(adv_lanes)
+            total_logp += _lane_total(logp_lanes)
+        mean_adv, mean_logp = total_adv / n, total_logp / n
         keys = {}
         for i in positions:
             cov = (float(advantages[i]) - mean_adv) * (float(logprobs[i]) - mean_logp)

@@ -120,6 +120,11 @@ class Kernel:
     # A recursion whose long rows run in chunks (``Chunks``): the Cython backend calls its C
     # function once for the whole batch (ppo_<name>_rows_<dtype>), which runs its own threads.
     chunks: Chunks | None = None
+    # A "groups" kernel that shares each group's rows among the threads itself (KL-Cov's
+    # selection, whose one group is the batch): the Cython C function of a group takes n_threads
+    # and the groups run in turn; numba's parallel build is the kernel's own source with
+    # parallel=True (its prange loops within a group share the work).
+    splits_groups: bool = False
 
     def parallel_units(self, n_rows: int, n_positions: int) -> int:
         """At most how many units a call can share among threads: its rows, and for a kernel
@@ -487,6 +492,7 @@ KERNELS: dict[str, Kernel] = {
             layout=GROUPS,
             scalars=(Scalar("ratio", examples=(0.0002, 0.3, 1.0, 7.0)),),
             outputs=(Array("selected", FLAGS),),
+            splits_groups=True,
         ),
         Kernel(
             "value_loss",

@@ -8,8 +8,9 @@ Over the valid tokens of the whole batch (n of them), with means over them (floa
     cov_t = (A_t - mean(A)) * (logp_t - mean(logp))
 
 Each mean's sum is taken in a fixed order, the kernels' (the oracle's ``kl_cov_top_k`` states
-it): token t of a row into lane t % 8, the 8 lanes added up in a fixed tree at the end; so every
-backend, build and thread count selects the same tokens.
+it): row by row, token t of a row into lane t % 8, the 8 lanes added up in a fixed tree, then
+the rows' sums added in row order; so every backend, build and thread count selects the same
+tokens (the rows' sums are taken in parallel, each on its own).
 
 - ``kl_cov_selection``: the k = max(1, floor(n * ratio)) tokens of largest covariance (none when
   n = 0). Ties at the k-th value go to the earliest positions (row-major in the padded layouts,
@@ -94,8 +95,10 @@ def kl_cov_selection(
     """KL-Cov's selection: the valid tokens of largest covariance; see the module docstring.
 
     One compiled pass for the means and one for the top-k (kernel ``kl_cov_top_k``: the whole
-    batch is its one group), in O(n log k) time and k slots of scratch; the second passes over
-    each block of 8 tokens none of which reaches the weakest of the k kept so far.
+    batch is its one group), in O(n log k) time and k slots of scratch a thread; the second
+    passes over each block of 8 tokens none of which reaches the weakest of the k kept so far.
+    Both share the rows among the threads (a heap for each thread's range of rows, merged: the
+    k strongest of the ranges' k strongest).
 
     Parameters
     ----------

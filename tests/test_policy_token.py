@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import COMPILED_NUMBA_PARALLEL
 
 import ppo_fast
 
@@ -112,6 +113,54 @@ def test_kl_cov_selection_breaks_ties_by_position_and_ranks_nan_last(backend):
     np.testing.assert_array_equal(padded, masked)
     np.testing.assert_array_equal(packed, padded[prefix])
     assert padded.sum() == max(int(0.2 * lengths.sum()), 1)
+
+
+@pytest.mark.parametrize("backend", COMPILED_NUMBA_PARALLEL)
+@pytest.mark.parametrize(
+    "ratio, ties, nan",
+    [
+        (0.002, False, 0.0),
+        (0.002, True, 0.0),
+        (0.01, True, 0.02),
+        (0.5, True, 0.1),
+        (0.003, False, 1.0),
+    ],
+)
+def test_kl_cov_top_k_picks_the_oracles_tokens_through_many_rounds_and_threads(
+    backend, ratio, ties, nan
+):
+    """The kernels' second pass keeps its candidates in a buffer of at most 2k + 8 slots a range
+    of rows, which keeps its k strongest when full, and a range a thread: with k small against the
+    tokens it is full many times. Ties (rounded values: many equal covariances), NaN at valid
+    positions (some, or all: every covariance -inf), one group whose rows are out of position
+    order, and 1, 2 and 3 threads: the oracle's tokens, whose means take the rows' sums in row
+    order."""
+    from ppo_fast import _backend, _reference
+
+    rng = np.random.default_rng(11)
+    n_rows, width = 900, 48
+    logp = rng.uniform(-3, 0, n_rows * width)
+    adv = rng.normal(size=n_rows * width)
+    if ties:
+        logp, adv = np.round(logp), np.round(adv)
+    adv[rng.random(adv.size) < nan] = np.nan
+    starts = np.arange(n_rows, dtype=np.int64) * width
+    spans = np.full(n_rows, width, dtype=np.int64)
+    lengths = rng.integers(0, width + 1, n_rows).astype(np.int64)
+    mask = (rng.random(n_rows * width) < 0.8).astype(np.uint8)
+    group_rows = rng.permutation(n_rows).astype(np.int64)
+    group_starts = np.array([0, n_rows], dtype=np.int64)
+    kernels = _backend.resolve(backend)
+    for dtype in (np.float32, np.float64):
+        arguments = [logp.astype(dtype), adv.astype(dtype), starts, spans, lengths, mask]
+        arguments += [group_rows, group_starts, ratio]
+        expected = np.full(n_rows * width, 0xAB, dtype=np.uint8)
+        _reference.kl_cov_top_k(*arguments, expected, 1)
+        assert 10 < expected.sum() < 0.8 * expected.size
+        for n_threads in (1, 2, 3):
+            selected = np.full(n_rows * width, 0xAB, dtype=np.uint8)
+            kernels.kl_cov_top_k(*arguments, selected, n_threads)
+            np.testing.assert_array_equal(selected, expected, err_msg=f"{dtype} {n_threads}")
 
 
 def test_the_torch_selections_are_the_numpy_ones_as_bool_tensors():
