@@ -95,10 +95,10 @@ def kl_cov_selection(
     """KL-Cov's selection: the valid tokens of largest covariance; see the module docstring.
 
     One compiled pass for the means and one for the top-k (kernel ``kl_cov_top_k``: the whole
-    batch is its one group), in O(n log k) time and k slots of scratch a thread; the second
-    passes over each block of 8 tokens none of which reaches the weakest of the k kept so far.
-    Both share the rows among the threads (a heap for each thread's range of rows, merged: the
-    k strongest of the ranges' k strongest).
+    batch is its one group), in O(n + k log(n / k)) time and at most 2k + 8 slots of scratch a
+    thread; the second passes over each block of 8 tokens none of which reaches the k-th
+    strongest kept so far. Both share the rows among the threads (a buffer of candidates for
+    each thread's range of rows, merged: the k strongest of the ranges' k strongest).
 
     Parameters
     ----------

@@ -4,14 +4,16 @@
  *
  * A first pass sums each row's valid tokens in float64 lanes (token t of the row to lane t % 8,
  * the lanes added up in the fixed tree of ppo_f64x8_total), and the group's sums are its rows'
- * added in row order: the oracle's order, so the means are its bits. A second keeps the k
- * strongest tokens so far in a heap whose root is the weakest. Both run 8 tokens at a time: the
- * second computes 8 covariances and leaves the block when none of its valid ones reaches the
- * root, which is almost every block once the heap is full (the root only rises, so a token
- * below it at the block's start stays below it), and offers the block's tokens one by one, in
- * order, otherwise. O(n log k) with k scratch slots a thread. Strength is the covariance (a NaN
- * counts as -inf), then the earlier position. Both passes share the group's rows among the
- * threads (ppo_kl_cov_top_k_group says how, and why the result does not depend on them). */
+ * added in row order: the oracle's order, so the means are its bits. A second keeps candidates
+ * for the k strongest tokens in a buffer (ppo_top_k) that takes a token at least as strong as
+ * the k-th strongest kept so far, its threshold, and keeps its k strongest when full. Both run
+ * 8 tokens at a time: the second computes 8 covariances and leaves the block when none of its
+ * valid ones reaches the threshold, which is almost every block once the buffer has filled
+ * (the threshold only rises, so a token below it stays out of the top k), and offers the
+ * block's tokens one by one otherwise. O(n + k log(n / k)) time with at most 2k + 8 slots a
+ * thread. Strength is the covariance (a NaN counts as -inf), then the earlier position. Both
+ * passes share the group's rows among the threads (ppo_kl_cov_top_k_group says how, and why
+ * the result does not depend on them). */
 
 #ifndef PPO_FAST_COVARIANCE_TOP_K
 #define PPO_FAST_COVARIANCE_TOP_K
