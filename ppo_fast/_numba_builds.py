@@ -243,24 +243,25 @@ class _Kernel:
         self, function, kernel: Kernel | None = None, fastmath=False, row_chunks=None, shared=None
     ):
         self.function = function  # the Python source, for the interface test
-        self.serial = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath)(function)
-        # Both parallel builds take the threads last: the one made from the table cuts the rows
-        # into ranges itself, one a thread; a kernel that ``splits_groups`` has the source
-        # ``shared`` of a group's work in a given number of ranges of rows (its serial build
-        # runs it with one), built with parallel=True.
-        self.takes_threads = kernel is not None
-        if kernel is not None and kernel.splits_groups:
-            self.parallel = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath, parallel=True)(
-                shared
-            )
-        elif kernel is not None:
-            self.parallel = _parallel_build(self.serial, kernel, row_chunks)
-        else:
-            self.parallel = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath, parallel=True)(
-                function
-            )
         self.kernel = kernel
         self._serial_common = None
+        # Both parallel builds take the threads last: the one made from the table cuts the rows
+        # into ranges itself, one a thread; a kernel that ``splits_groups`` has the source
+        # ``shared`` of a group's work in a given number of ranges of rows, built with
+        # parallel=True, and its serial build is ``function`` itself, a Python function with
+        # the table's arguments that runs ``shared``'s own serial build with one range (a
+        # jitted wrapper would link that build into its module and compile it a second time).
+        self.takes_threads = kernel is not None
+        parallel = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath, parallel=True)
+        if kernel is not None and kernel.splits_groups:
+            self.serial = function
+            self.parallel = parallel(shared)
+            return
+        self.serial = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath)(function)
+        if kernel is not None:
+            self.parallel = _parallel_build(self.serial, kernel, row_chunks)
+        else:
+            self.parallel = parallel(function)
 
     def serial_common(self):
         """The one-thread entry of the common case (``_serial_common_build``), built once."""

@@ -793,8 +793,9 @@ _kl_cov_top_k_serial = numba.njit(nogil=True, cache=_CACHE)(_kl_cov_top_k_shared
 def kl_cov_top_k(
     logprobs, advantages, starts, spans, lengths, mask, group_rows, group_starts, ratio, selected
 ):
-    """The serial build's source (the table's arguments): _kl_cov_top_k_shared with one range
-    of rows; the parallel build is that function with parallel=True and a range a thread."""
+    """The serial build (the table's arguments), in Python: _kl_cov_top_k_shared's serial
+    build with one range of rows; the parallel build is that function with parallel=True and a
+    range a thread (``_Kernel``)."""
     _kl_cov_top_k_serial(
         logprobs, advantages, starts, spans, lengths, mask, group_rows, group_starts, ratio,
         selected, 1,
