@@ -122,8 +122,8 @@ class Kernel:
     chunks: Chunks | None = None
     # A "groups" kernel that shares each group's rows among the threads itself (KL-Cov's
     # selection, whose one group is the batch): the Cython C function of a group takes n_threads
-    # and the groups run in turn; numba's parallel build is the kernel's own source with
-    # parallel=True (its prange loops within a group share the work).
+    # and the groups run in turn; numba's parallel build is the group's work with a number of
+    # ranges of rows (``_numba_builds._Kernel``'s ``shared``) built with parallel=True.
     splits_groups: bool = False
 
     def parallel_units(self, n_rows: int, n_positions: int) -> int:

@@ -209,7 +209,8 @@ def _common_scalar_names(kernel: str) -> tuple[str, ...]:
     """The scalars and codes of ``kernel``'s common-case entry, in its order: the arguments
     between the normaliser and the outputs (``Kernel.common_arguments``)."""
     arguments = KERNELS[kernel].common_arguments
-    return arguments[arguments.index("normaliser") + 1 : -2]
+    first_output = KERNELS[kernel].outputs[0].name
+    return arguments[arguments.index("normaliser") + 1 : arguments.index(first_output)]
 
 
 # Each loss's common-entry scalars by name, in the entry's order.
