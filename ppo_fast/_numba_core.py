@@ -3,9 +3,10 @@ prefetches and the row totals. The float64 lanes of the block scans are in ``_nu
 the serial/parallel kernel builders (``_Kernel``, ``_Specialised``) in ``_numba_builds.py``.
 
 The kernels themselves live in ``_numba_kernels.py`` (rewards, returns, moments),
-``_numba_gae.py``, ``_numba_losses.py`` (the per-token policy losses and the value loss) and
-``_numba_sequence_losses.py`` (GSPO, the geometric mean); ``_numba_kernels`` is the backend's
-interface (one callable per kernel of the table). Conventions that keep them fast and exact:
+``_numba_gae.py``, ``_numba_losses.py`` (the per-token policy losses and the value loss),
+``_numba_sequence_losses.py`` (GSPO, the geometric mean) and ``_numba_covariance.py`` (KL-Cov's
+selection); ``_numba_kernels`` is the backend's interface (one callable per kernel of the
+table). Conventions that keep them fast and exact:
 
 - Compiled lazily at first call (no eager signatures), ``nogil``. Each kernel is written over
   rows (a ``prange`` that the serial build runs as a plain loop) and reduces each row on its

@@ -1,4 +1,4 @@
-/* Twin of kl_cov_top_k (ppo_fast/_numba_kernels.py): KL-Cov's token selection over a group of
+/* Twin of kl_cov_top_k (ppo_fast/_numba_covariance.py): KL-Cov's token selection over a group of
  * rows (the public kl_cov_selection passes the batch as one group). Included by rows.h, once per
  * dtype.
  *
