@@ -6,10 +6,12 @@ the Cython twins are in ``src/rows_sequence.h``). Registered as the backend's ke
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import prange
 
 from ._numba_core import (
+    _CACHE,
     _PREFETCH_BLOCK,
     _STREAM_AHEAD_BYTES,
     _U1,
@@ -21,6 +23,7 @@ from ._numba_core import (
     _prefetch_ahead,
     _select,
     exp_poly,
+    log_poly,
 )
 from ._numba_lanes import _add_lanes, _lane_total, _lanes_splat
 from ._numba_losses import _CHUNK, _UCHUNK
@@ -231,6 +234,19 @@ def gspo(
         row_kl[b] = -log_ratio_total  # the sum of -log-ratio: negation is exact
 
 
+@numba.njit(nogil=True, cache=_CACHE, error_model="numpy")
+def _log_weights(weights, mask, has_mask, first, n, logs):
+    """logs[j] = log(weights[first + j]) in float64 where valid, else 0, for j < n: the twin's
+    ppo_f64x8_log (log.h's ppo_log64, lane for lane). A function of its own, with numpy's error
+    model: under Python's, the log's division checks for a zero divisor, and that branch kept the
+    loop scalar (slower than libm's log, which the kernels took until 0.8.14)."""
+    _prefer_wide_vectors()
+    for j in range(n):
+        i = first + j
+        valid = (not has_mask) or mask[i] != 0
+        logs[j] = _select(valid, log_poly(np.float64(weights[i])), 0.0)
+
+
 def geo_mean(
     logprobs,
     old_logprobs,
@@ -319,11 +335,8 @@ def geo_mean(
             kept_lanes = _add_lanes(kept_lanes, kepts, padded)
             advantage_lanes = _add_lanes(advantage_lanes, advantage_terms, padded)
             kl_lanes = _add_lanes(kl_lanes, kls, padded)
-            if has_weights:  # a loop of its own: log is a call, which keeps the loop above scalar
-                for j in range(n):
-                    i = start + first + j
-                    valid = (not has_mask) or mask[i] != 0
-                    kepts[j] = _select(valid, np.log(np.float64(weights[i])), 0.0)
+            if has_weights:
+                _log_weights(weights, mask, has_mask, start + first, n, kepts)
                 log_weight_lanes = _add_lanes(log_weight_lanes, kepts, padded)
         counted = np.float64(count)
         total = 0.0

@@ -270,19 +270,28 @@ PPO_INLINE void PPO_ROW(ppo_geo_mean_block)(
     PPO_V(store)(grad + i, PPO_V(select)(PPO_M(and)(valid, moves), row_grad, p->zero));
 }
 
-/* The sum of log(weight) over the valid tokens, in the lanes of the other sums: log is libm's,
- * as the twin's np.log (a loop of its own, not vectorized). */
+/* The sum of log(weight) over the valid tokens, in the lanes of the other sums: log.h's ppo_log64
+ * on eight lanes (the twin's log_poly, lane for lane). libm's log here, one call a token, took
+ * four times the rest of the loss (float32 (1024, 4096) rows, one thread: 23.5 ms against 4.6
+ * without weights); the polynomial is within 1 ulp of it. */
 PPO_INLINE double PPO_ROW(ppo_log_weight_total)(
     int has_mask, const ppo_real* weights, ptrdiff_t start, ptrdiff_t valid_end,
     const uint8_t* mask) {
-    ppo_f64x8 total = ppo_f64x8_splat(0.0);
-    for (ptrdiff_t i = start; i < valid_end; i += 8) {
-        double logs[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-        for (ptrdiff_t lane = 0; lane < 8 && i + lane < valid_end; lane++) {
-            int valid = !has_mask || mask[i + lane] != 0;
-            logs[lane] = valid ? log((double)weights[i + lane]) : 0.0;
-        }
-        total = ppo_f64x8_add(total, ppo_f64x8_load(logs));
+    const ppo_f64x8 zero = ppo_f64x8_splat(0.0);
+    ppo_f64x8 total = zero;
+    ptrdiff_t i = start, whole_end = valid_end - (valid_end - start) % 8;
+    for (; i < whole_end; i += 8) {
+        ppo_m64x8 valid = has_mask ? ppo_m64x8_from_bytes(mask + i) : ppo_m64x8_all();
+        ppo_f64x8 log_weight = ppo_f64x8_log(PPO_V(to_f64)(PPO_V(load)(weights + i)));
+        total = ppo_f64x8_add(total, ppo_f64x8_select(valid, log_weight, zero));
+    }
+    if (i < valid_end) {
+        const ppo_real* const arrays[PPO_TAIL_ARRAYS] = {weights};
+        PPO_ROW(ppo_tail) tail;
+        PPO_ROW(ppo_tail_fill)(&tail, arrays, has_mask, mask, i, valid_end - i);
+        ppo_f64x8 log_weight = ppo_f64x8_log(PPO_V(to_f64)(PPO_V(load)(tail.tokens[0])));
+        total = ppo_f64x8_add(
+            total, ppo_f64x8_select(ppo_m64x8_from_bytes(tail.mask), log_weight, zero));
     }
     return ppo_f64x8_total(total);
 }
