@@ -32,8 +32,9 @@ table). Conventions that keep them fast and exact:
   up to 1.6x their time on float32 (1024, 4096) rows with lengths in [T/2, T] (the clipped
   surrogate, one thread: 4.4 -> 3.3 ms), and GAE, which runs backwards, about 1.3x.
   Prefetches go in their own short loop once per _PREFETCH_BLOCK positions, outside the
-  vectorized loops. GSPO has none: its float64 sums run over whole rows, and cutting them into
-  blocks cost more than the prefetches gained.
+  vectorized loops; GSPO's passes prefetch a chunk's lines at once before its loops (cutting its
+  float64 sums into blocks of _PREFETCH_BLOCK cost more than the prefetches gained). Only the
+  arrays a pass reads: an absent one (weights of shape (0,)) has no lines to fetch.
 - Positions are indexed with unsigned integers, which removes numba's negative-index
   wrap-around check from the inner loops (worth about 1.3x on GAE).
 - Multiply-adds on a dependency chain use an explicit ``llvm.fma``: one rounding, half the

@@ -119,9 +119,10 @@ def gspo(
                     _prefetch_ahead(
                         logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask, ahead
                     )
-                else:
+                else:  # the token pass's (its weights only where there are: an empty array's
+                    # lines are addresses of nothing, and prefetching them cost about 7%)
                     _prefetch_ahead(
-                        advantages, weights, advantages, advantages, False, mask, False,
+                        advantages, advantages, advantages, weights, has_weights, mask, False,
                         ahead - end + start,
                     )  # fmt: skip
             # one loop per mask case: a test of has_mask in the loop keeps it from vectorizing
