@@ -7,9 +7,11 @@
 The memory floor (DESIGN.md section 7, ``ppo-fast bench``'s ``x floor``) assumes a kernel waits
 only on memory. A kernel can also be bound by its instructions. This script measures that bound
 on this machine: each kernel of ``ppo_fast.bench``'s registry, as ``ppo-fast bench`` calls it
-(the public function, one thread), on a small batch whose arrays all stay in the L2 cache
-(``--small``, 32x2048 float32 by default: under 2 MiB), called many times in a row, so that no
-byte comes from memory. Its time per valid token, times the valid tokens of the large batch
+(the public function, one thread), on a small batch whose arrays stay in the caches
+(``--small``, 32x2048 float32 by default: about 1.1 MiB for a loss, in the L2 and L3), called
+many times in a row, so that no byte comes from memory. Smaller batches measure the call's
+fixed cost more than the arithmetic (the clipped surrogate at 8x1024: 1.4x the time per token
+at 32x2048). Its time per valid token, times the valid tokens of the large batch
 (``--shape``, 1024x4096), is the large batch's **compute floor**: what the kernel would take if
 memory were free. Both batches draw lengths uniform in [T/2, T], as the bench's, so they have the
 same share of padding. The row then shows the memory floor (the copy bandwidth of this run, as

@@ -120,7 +120,7 @@ def gspo(
                         logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask, ahead
                     )
                 else:  # the token pass's (its weights only where there are: an empty array's
-                    # lines are addresses of nothing, and prefetching them cost about 7%)
+                    # lines are addresses of nothing, and prefetching them cost 6-10%)
                     _prefetch_ahead(
                         advantages, advantages, advantages, weights, has_weights, mask, False,
                         ahead - end + start,
