@@ -494,7 +494,8 @@ def dppo_loss(
         ``divergence_low`` (verl's clip_ratio_low / clip_ratio_high, read as divergences).
     ratio_cap
         The ratio is truncated at this value before it weighs the token (> 0; None or inf: no
-        cap; verl's clip_ratio_c, 20 by default in its DPPO).
+        cap; verl's clip_ratio_c: its DPPO takes 20 when the config has none, and its
+        ActorConfig sets 3).
     log_ratio_clamp
         Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (verl: 20; None or inf: no
         clamp); the probabilities are exp of the unclamped log-probabilities, as verl's.
@@ -545,7 +546,9 @@ def kl_cov_loss(
         bool (or 0/1 integers) shaped like ``logprobs``: the tokens that get the penalty
         (``ppo_fast.kl_cov_selection``); a selected position that is not valid is ignored.
     coef
-        The penalty's coefficient (>= 0, finite; verl's ppo_kl_coef).
+        The penalty's coefficient (>= 0, finite; verl's ppo_kl_coef). The default is what
+        verl's compute_policy_loss_kl_cov takes when its config has none; verl's
+        PolicyLossConfig sets 0.1.
     """
     coef = _validate.scalar("coef", coef, lo=0.0)
     grad, (loss, penalised, abs_kl), valid = _run(

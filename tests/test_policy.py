@@ -219,3 +219,95 @@ def test_a_selection_of_the_wrong_shape_is_an_error_naming_it():
         ppo_fast.cispo_loss(logp, old, advantages, mask=mask, weights=weights[:, :4])
     with pytest.raises(ValueError, match="mask"):
         ppo_fast.sapo_loss(logp, old, advantages, mask=mask[:3])
+
+
+def _verl_config_defaults() -> dict[str, float]:
+    """The float defaults of verl 0.9.1's PolicyLossConfig and ActorConfig, read from its source
+    (importing verl's configs takes seconds)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("verl")
+    if spec is None:
+        pytest.skip("verl is not installed (pip install 'ppo_fast[compat-test]')")
+    path = f"{spec.submodule_search_locations[0]}/workers/config/actor.py"
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    defaults = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name in ("PolicyLossConfig", "ActorConfig"):
+            for item in node.body:
+                if (
+                    isinstance(item, ast.AnnAssign)
+                    and isinstance(item.value, ast.Constant)
+                    and isinstance(item.value.value, float)
+                ):
+                    defaults[item.target.id] = item.value.value
+    return defaults
+
+
+def test_the_family_defaults_are_verls():
+    """Each default is what verl 0.9.1's function takes when its config has none (read from
+    the verbatim copy of its core_algos.py), else its config's default; each ppo_fast.torch
+    twin has the same."""
+    import inspect
+    import re
+
+    import ppo_fast.torch as pft
+    from ppo_fast._peers import verl_0_9_1
+
+    source = inspect.getsource(verl_0_9_1)
+    fallbacks = {
+        name: float(value)
+        for name, value in re.findall(
+            r"(\w+) = \(?\s*config\.policy_loss\.\1\s+if config\.policy_loss\.\1 is not None"
+            r"\s+else ([0-9.]+)",
+            source,
+        )
+    }
+    (cap,) = re.findall(r'clip_ratio_c = config\.get\("clip_ratio_c", ([0-9.]+)\)', source)[:1]
+    config = _verl_config_defaults()
+
+    def default(function, name):
+        return inspect.signature(function).parameters[name].default
+
+    expected = [
+        (ppo_fast.sapo_loss, "tau_pos", config["tau_pos"]),
+        (ppo_fast.sapo_loss, "tau_neg", config["tau_neg"]),
+        (ppo_fast.dppo_loss, "divergence_low", config["clip_ratio_low"]),
+        (ppo_fast.dppo_loss, "ratio_cap", float(cap)),
+        (ppo_fast.kl_cov_loss, "coef", fallbacks["ppo_kl_coef"]),
+        (ppo_fast.kl_cov_selection, "ratio", fallbacks["kl_cov_ratio"]),
+        (ppo_fast.clip_cov_selection, "ratio", fallbacks["clip_cov_ratio"]),
+        (ppo_fast.clip_cov_selection, "lower", fallbacks["clip_cov_lb"]),
+        (ppo_fast.clip_cov_selection, "upper", fallbacks["clip_cov_ub"]),
+        # verl passes its clip_ratio_low; the default is the GMPO paper's, as documented
+        (ppo_fast.geo_mean_loss, "clip_low", 0.4),
+    ]
+    for function, name, value in expected:
+        assert default(function, name) == value, (function.__name__, name)
+        twin = getattr(pft, function.__name__)
+        assert default(twin, name) == value, ("ppo_fast.torch", function.__name__, name)
+
+
+def test_every_loss_of_the_family_documents_its_own_and_the_shared_parameters():
+    from ppo_fast import policy
+
+    own = {
+        "reinforce_loss": "beta",
+        "cispo_loss": "clip_low, clip_high",
+        "sapo_loss": "tau_pos, tau_neg",
+        "gspo_loss": "clip_low, clip_high",
+        "geo_mean_loss": "clip_low, clip_high",
+        "dppo_loss": "divergence_low, divergence_high",
+        "kl_cov_loss": "coef",
+        "clip_cov_loss": "selected",
+    }
+    for name, parameter in own.items():
+        doc = getattr(policy, name).__doc__
+        summary = doc.splitlines()[0]
+        assert summary and not summary.startswith(" "), name  # its own first line
+        parameters = doc.partition("    Parameters\n    ----------\n")[2]
+        assert f"\n    {parameter}\n" in f"\n{parameters}", name  # its own parameters
+        assert policy._COMMON.strip() in doc, name  # and the family's shared ones
+        assert doc.count("    Parameters\n    ----------\n") == 1, name

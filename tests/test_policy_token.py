@@ -202,6 +202,43 @@ def test_bad_input_is_an_error_naming_the_argument():
         ppo_fast.clip_cov_selection(logp, old, adv, mask=mask, seed=None)
     with pytest.raises(ValueError, match="lower must be <= upper"):
         ppo_fast.clip_cov_selection(logp, old, adv, mask=mask, seed=0, lower=2, upper=1)
+    with pytest.raises(ValueError, match="coef must"):
+        ppo_fast.kl_cov_loss(logp, old, adv, mask, mask=mask, coef=-0.1)
+
+
+def test_kl_cov_counts_its_selected_valid_tokens_whatever_the_coefficient():
+    # clipfrac is the share of the valid tokens the selection picked; with coef 0 the kernel
+    # penalises none, and the count comes from the selection itself.
+    logp, old, adv, mask = _batch(seed=5)
+    selected = np.zeros_like(mask)
+    selected[:, ::3] = True  # some of them at positions that are not valid
+    share = np.count_nonzero(selected & mask) / np.count_nonzero(mask)
+    for coef in (0.0, 0.1, 1.0):
+        result = ppo_fast.kl_cov_loss(logp, old, adv, selected, mask=mask, coef=coef)
+        assert result.clipfrac == pytest.approx(share, rel=1e-15), coef
+    unpenalised = ppo_fast.kl_cov_loss(logp, old, adv, selected, mask=mask, coef=0.0)
+    nothing = ppo_fast.kl_cov_loss(logp, old, adv, np.zeros_like(mask), mask=mask, coef=1.0)
+    assert unpenalised.loss == nothing.loss
+    np.testing.assert_array_equal(unpenalised.grad, nothing.grad)
+
+
+def test_clip_cov_is_the_clipped_surrogate_with_the_selected_weights_zeroed():
+    logp, old, adv, mask = _batch(seed=6)
+    rng = np.random.default_rng(6)
+    weights = rng.uniform(0.2, 3.0, logp.shape)
+    selected = rng.random(logp.shape) < 0.3
+    got = ppo_fast.clip_cov_loss(logp, old, adv, selected, mask=mask, weights=weights)
+    expected = ppo_fast.clipped_surrogate(
+        logp, old, adv, mask=mask, weights=np.where(selected, 0.0, weights)
+    )
+    assert got.loss == expected.loss
+    np.testing.assert_array_equal(got.grad, expected.grad)
+    assert got.approx_kl == expected.approx_kl
+    # clipfrac: the share of the valid tokens dropped; nothing is clipped below
+    assert got.clipfrac == pytest.approx(np.count_nonzero(selected & mask) / mask.sum())
+    assert got.clipfrac_lower == 0.0
+    empty = ppo_fast.clip_cov_loss(logp, old, adv, selected, mask=np.zeros_like(mask))
+    assert np.isnan(empty.clipfrac) and np.isnan(empty.clipfrac_lower)
 
 
 @pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl", "kl_cov"])
