@@ -1296,3 +1296,25 @@ def test_broadcast_paths_give_the_same_bits(dtype, width, monkeypatch):
             tokens = ppo_fast.broadcast_to_tokens(per_row, **layout, **extra)
             bits = np.int32 if dtype == np.float32 else np.int64
             assert np.array_equal(tokens.view(bits), expected[name].view(bits)), (name, narrow)
+
+
+def test_reinforce_plus_plus_baseline_by_default_whitens_with_the_population_variance():
+    scores = np.array([1.0, 0.0, 3.0, 5.0, 2.0, 2.5])
+    groups = np.array([0, 0, 1, 1, 1, 2])
+    counts = np.array([3, 1, 4, 2, 5, 3])
+    centred = scores - np.array([0.5, 0.5, 10 / 3, 10 / 3, 10 / 3, 0.0])  # a group of one: 0
+    mean = np.sum(counts * centred) / counts.sum()
+    variance = np.sum(counts * (centred - mean) ** 2) / counts.sum()  # n, not n - 1
+    expected = (centred - mean) / np.sqrt(variance + 1e-8)
+    got = ppo_fast.reinforce_plus_plus_baseline(scores, groups, token_counts=counts)
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_opo_gives_a_group_without_tokens_no_baseline():
+    # The documented case: a group whose rows hold no token has no weighted baseline, so its
+    # rows get s - s = 0; the other groups' baselines are token-weighted means.
+    scores = np.array([1.0, 4.0, 2.0, 6.0])
+    groups = np.array(["a", "a", "b", "b"])
+    got = ppo_fast.opo(scores, groups, token_counts=np.array([0, 0, 1, 3]))
+    np.testing.assert_array_equal(got[:2], [0.0, 0.0])
+    np.testing.assert_allclose(got[2:], [2.0 - 5.0, 6.0 - 5.0], rtol=1e-15)

@@ -835,3 +835,21 @@ def test_optimal_token_baseline_equals_verls_tir_variant_on_masks_with_holes(
     )
     _close(ours.returns, returns, dtype, valid, "returns")
     _close(ours.advantages, advantages, dtype, what="advantages")
+
+
+def test_reinforce_plus_plus_by_default_whitens_with_the_population_variance():
+    # The documented defaults (gamma 1, whiten, unbiased=False, eps 1e-8) against the formula:
+    # the reward-to-go of each valid token, then (G - mean) / sqrt(var + 1e-8) over them.
+    rng = np.random.default_rng(21)
+    rewards = rng.normal(size=(4, 7))
+    lengths = np.array([7, 3, 0, 5])
+    mask = np.arange(7) < lengths[:, None]
+    to_go = np.where(mask, np.cumsum((rewards * mask)[:, ::-1], axis=1)[:, ::-1], 0.0)
+    valid = to_go[mask]
+    expected = np.where(mask, (to_go - valid.mean()) / np.sqrt(valid.var() + 1e-8), 0.0)
+    result = ppo_fast.reinforce_plus_plus(rewards, mask=mask)
+    np.testing.assert_allclose(result.advantages, expected, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(result.returns, to_go, rtol=1e-12, atol=1e-14)
+    for whiten in (True, False):  # checked whether or not it is used
+        with pytest.raises(ValueError, match="eps must"):
+            ppo_fast.reinforce_plus_plus(rewards, mask=mask, whiten=whiten, eps=-1e-8)

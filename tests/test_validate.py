@@ -441,3 +441,27 @@ def test_a_read_only_input_reaches_the_kernel_as_the_same_memory_and_compiles_no
     zero_d = np.array(2.0)
     zero_d.flags.writeable = False
     assert _validate.kernel_array(zero_d).shape == ()
+
+
+# Options come by keyword: only the data come by position (and a keyword for them works too).
+# The exceptions, each deliberate: kl_penalty(logprobs, ref_logprobs, estimator, clamp) keeps
+# verl's kl_penalty(logprob, ref_logprob, kl_penalty) order; get_backend and warmup take their
+# one setting by position.
+POSITIONAL_OPTIONS = {"kl_penalty": {"estimator", "clamp"}, "get_backend": {"name"}}
+POSITIONAL_OPTIONS["warmup"] = {"backend", "dtypes"}
+
+
+def test_every_option_of_a_public_function_is_keyword_only():
+    import inspect
+
+    functions = [n for n in ppo_fast.__all__ if inspect.isfunction(getattr(ppo_fast, n))]
+    assert {"grpo", "reinforce_plus_plus", "dppo_loss", "gae"} <= set(functions)
+    for name in functions:
+        for parameter in inspect.signature(getattr(ppo_fast, name)).parameters.values():
+            assert parameter.kind is not parameter.POSITIONAL_ONLY, (name, parameter.name)
+            if parameter.default is parameter.empty:
+                continue
+            if parameter.name in POSITIONAL_OPTIONS.get(name, ()):
+                assert parameter.kind is parameter.POSITIONAL_OR_KEYWORD, (name, parameter.name)
+            else:
+                assert parameter.kind is parameter.KEYWORD_ONLY, (name, parameter.name)
