@@ -651,12 +651,14 @@ BAD_ROLLOUTS = {
         "column 'values' (the values column) is null at row 2; every row needs a list",
     ),
     "null token": (
-        {"ref_logprobs": ("float64", [[-0.6, -1.0], [None], [-0.3, -0.5, -0.1]])},
+        # a second null after it: the message names the first
+        {"ref_logprobs": ("float64", [[-0.6, -1.0], [None], [-0.3, None, -0.1]])},
         "column 'ref_logprobs' (the ref_logprobs column) has a null inside the list of row 1 "
         "(token 0)",
     ),
     "lengths differ": (
-        {"values": ("float64", [[0.1, 0.2], [0.3, 0.0], [0.0, 0.5, 0.4]])},
+        # rows 1 and 2 both differ: the message names the first
+        {"values": ("float64", [[0.1, 0.2], [0.3, 0.0], [0.0, 0.5, 0.4, 0.9]])},
         "row 1 has 1 tokens in column 'logprobs' but 2 in column 'values'",
     ),
     "null score": (

@@ -501,6 +501,38 @@ def test_the_writer_overlaps_the_reading_and_keeps_one_write_in_flight(tmp_path,
     assert pq.read_table(output).equals(expected)
 
 
+def test_output_columns_already_in_the_input_are_replaced_where_they_are():
+    table = rollouts(seed=4)
+    stale = table["values"]
+    given = table.add_column(0, "advantages", stale).append_column("returns", stale)
+    out = data.advantages(given, whiten=False)
+    expected = data.advantages(table, whiten=False)
+    assert out.column_names == given.column_names  # in place: no second column of a name
+    for name in ("advantages", "returns"):
+        assert out[name].equals(expected[name]), name
+
+
+def test_the_statistics_pass_reports_the_rows_and_the_tokens_it_read(tmp_path):
+    # Progress of pass 1: its rows, and the tokens of the token columns it reads (none for
+    # GRPO, whose statistics are the scores by uid; OPO weighs them by tokens, GAE whitens).
+    table = rollouts(seed=5)
+    source = tmp_path / "in.parquet"
+    pq.write_table(table, source)
+    tokens = int(np.sum(pa.compute.list_value_length(table["values"])))
+    for estimator, read in (("opo", tokens), ("grpo", 0), ("gae", tokens)):
+        seen: list[tuple[str, int, int]] = []
+        data.advantages_file(
+            source,
+            tmp_path / f"{estimator}.parquet",
+            batch_rows=7,
+            estimator=estimator,
+            progress=lambda phase, rows, count, seen=seen: seen.append((phase, rows, count)),
+        )
+        statistics = [s for s in seen if s[0] == "statistics"]
+        assert statistics[-1] == ("statistics", table.num_rows, read), estimator
+        assert seen[-1] == ("advantages", table.num_rows, tokens), estimator
+
+
 def test_merged_moments_equal_the_moments_of_the_whole():
     rng = np.random.default_rng(10)
     # A large mean: E[x^2] - E[x]^2 in float64 would be off by about 1e-5 relative here; the

@@ -311,3 +311,54 @@ def test_torch_selection_errors_name_selected(monkeypatch):
         assert (
             as_integers.loss.item() == pt.kl_cov_loss(logp, old, adv, mask, mask=mask).loss.item()
         )
+
+
+def _dyadic_batch():
+    """4 x 8 tokens whose means and covariances are exact in float64 (quarters over 32 valid
+    tokens), so that a covariance can sit exactly on a bound."""
+    rng = np.random.default_rng(8)
+    adv = rng.integers(-6, 7, (4, 8)) / 4.0
+    logp = -rng.integers(1, 12, (4, 8)) / 4.0
+    # ratios exp(logp - old) from 0.6 to 1.5: PPO's clip (0.2) binds on some tokens
+    old = logp - rng.choice([-0.5, -0.1, 0.0, 0.1, 0.4], (4, 8))
+    return logp, old, adv
+
+
+def test_clip_cov_selection_takes_its_candidates_and_only_those():
+    logp, old, adv = _dyadic_batch()
+    mask = np.ones(logp.shape, dtype=bool)
+    cov = (adv - adv.mean()) * (logp - logp.mean())  # exact here
+    ratio = np.exp(logp - old)
+    # PPO's clip (0.2) binds: above 1 + 0.2 where A > 0, below 1 - 0.2 where A < 0
+    clipped = np.where(adv > 0, ratio > 1.0 + 0.2, (adv < 0) & (ratio < 1.0 - 0.2))
+    assert clipped.any() and (~clipped).any()
+    lower = float(np.sort(np.unique(cov))[1])  # some tokens sit exactly on it: not candidates
+    upper = float(np.quantile(cov, 0.9))
+    candidates = ~clipped & (cov > lower) & (cov < upper)
+    assert candidates.any() and (~clipped & (cov == lower)).any()
+    options = {"lower": lower, "upper": upper, "mask": mask}
+    every = ppo_fast.clip_cov_selection(logp, old, adv, seed=0, ratio=1.0, **options)
+    np.testing.assert_array_equal(every, candidates)
+    one = ppo_fast.clip_cov_selection(logp, old, adv, seed=0, ratio=1e-6, **options)
+    assert one.sum() == 1 and candidates[one].all()  # k = max(floor(ratio * n), 1)
+    # lengths: the same rows as a mask without holes (the positions past a length are out)
+    lengths = np.array([8, 5, 0, 7])
+    as_mask = np.arange(8) < lengths[:, None]
+    from ppo_fast.covariance import valid_positions
+
+    np.testing.assert_array_equal(valid_positions((4, 8), lengths=lengths), as_mask.ravel())
+    for seed in range(3):
+        np.testing.assert_array_equal(
+            ppo_fast.clip_cov_selection(logp, old, adv, seed=seed, ratio=0.3, lengths=lengths),
+            ppo_fast.clip_cov_selection(logp, old, adv, seed=seed, ratio=0.3, mask=as_mask),
+        )
+    # bounds that are allowed: an infinite upper, lower == upper (no candidate), clip_high > 0
+    ppo_fast.clip_cov_selection(logp, old, adv, seed=0, lower=lower, upper=np.inf, mask=mask)
+    none = ppo_fast.clip_cov_selection(logp, old, adv, seed=0, lower=1.0, upper=1.0, mask=mask)
+    assert not none.any()
+    ppo_fast.clip_cov_selection(logp, old, adv, seed=0, clip_high=0.5, mask=mask)
+    with pytest.raises(ValueError, match="clip_low must"):
+        ppo_fast.clip_cov_selection(logp, old, adv, seed=0, clip_low=1.5, mask=mask)
+    for bad in (0.0, -0.5):
+        with pytest.raises(ValueError, match="ratio must"):
+            ppo_fast.kl_cov_selection(logp, adv, ratio=bad, mask=mask)

@@ -454,10 +454,14 @@ POSITIONAL_OPTIONS["warmup"] = {"backend", "dtypes"}
 def test_every_option_of_a_public_function_is_keyword_only():
     import inspect
 
-    functions = [n for n in ppo_fast.__all__ if inspect.isfunction(getattr(ppo_fast, n))]
+    from ppo_fast import covariance
+
+    functions = {n: getattr(ppo_fast, n) for n in ppo_fast.__all__}
+    functions = {n: f for n, f in functions.items() if inspect.isfunction(f)}
+    functions["valid_positions"] = covariance.valid_positions  # public in its module only
     assert {"grpo", "reinforce_plus_plus", "dppo_loss", "gae"} <= set(functions)
-    for name in functions:
-        for parameter in inspect.signature(getattr(ppo_fast, name)).parameters.values():
+    for name, function in functions.items():
+        for parameter in inspect.signature(function).parameters.values():
             assert parameter.kind is not parameter.POSITIONAL_ONLY, (name, parameter.name)
             if parameter.default is parameter.empty:
                 continue
