@@ -181,6 +181,19 @@ def test_beta_zero_leaves_an_infinite_log_ratio_out_of_the_loss():
     result = ppo_fast.reinforce_loss(logp, old, advantages, mask=mask)
     assert np.isfinite(result.loss) and np.isfinite(result.grad).all()
     assert result.approx_kl == -np.inf
+    # the torch twin on both of its paths (kernels; torch arithmetic, as for another device)
+    torch = pytest.importorskip("torch")
+    import ppo_fast.torch as pft
+
+    tensors = [torch.tensor(a) for a in (logp, old, advantages, mask)]
+    for forced in (False, True):
+        pft._DEVICE_PATH_ON_CPU = forced
+        try:
+            twin = pft.reinforce_loss(*tensors[:3], mask=tensors[3])
+        finally:
+            pft._DEVICE_PATH_ON_CPU = False
+        assert torch.isfinite(twin.loss), forced
+        assert twin.loss.item() == pytest.approx(result.loss, rel=1e-12), forced
 
 
 def test_grad_out_is_written_and_returned():
@@ -311,3 +324,9 @@ def test_every_loss_of_the_family_documents_its_own_and_the_shared_parameters():
         assert f"\n    {parameter}\n" in f"\n{parameters}", name  # its own parameters
         assert policy._COMMON.strip() in doc, name  # and the family's shared ones
         assert doc.count("    Parameters\n    ----------\n") == 1, name
+    # the torch twins: the NumPy function's text and the torch note (autograd, devices)
+    import ppo_fast.torch as pft
+
+    for name in set(own) - {"clip_cov_loss"}:  # Clip-Cov in torch: clipped_surrogate's weights
+        doc = getattr(pft, name).__doc__
+        assert pft._FAMILY_DOC.strip() in doc, f"ppo_fast.torch.{name}"

@@ -311,6 +311,8 @@ def test_torch_selection_errors_name_selected(monkeypatch):
         assert (
             as_integers.loss.item() == pt.kl_cov_loss(logp, old, adv, mask, mask=mask).loss.item()
         )
+        with pytest.raises(ValueError, match="coef must"):
+            pt.kl_cov_loss(logp, old, adv, mask, mask=mask, coef=-0.1)
 
 
 def _dyadic_batch():
