@@ -174,7 +174,7 @@ def test_no_valid_token_gives_zero_loss_and_nan_statistics(loss):
     assert all(math.isnan(x) for x in result[2:])
 
 
-def test_beta_zero_leaves_an_infinite_log_ratio_out_of_the_loss():
+def test_beta_zero_leaves_an_infinite_log_ratio_out_of_the_loss(monkeypatch):
     """GPG / REINFORCE never reads the ratio: an inf old log-prob changes only approx_kl."""
     logp, old, advantages, _, mask = batch(9)
     old[2, :] = -np.inf
@@ -187,11 +187,8 @@ def test_beta_zero_leaves_an_infinite_log_ratio_out_of_the_loss():
 
     tensors = [torch.tensor(a) for a in (logp, old, advantages, mask)]
     for forced in (False, True):
-        pft._DEVICE_PATH_ON_CPU = forced
-        try:
-            twin = pft.reinforce_loss(*tensors[:3], mask=tensors[3])
-        finally:
-            pft._DEVICE_PATH_ON_CPU = False
+        monkeypatch.setattr(pft, "_DEVICE_PATH_ON_CPU", forced)
+        twin = pft.reinforce_loss(*tensors[:3], mask=tensors[3])
         assert torch.isfinite(twin.loss), forced
         assert twin.loss.item() == pytest.approx(result.loss, rel=1e-12), forced
 
