@@ -364,3 +364,114 @@ def test_clip_cov_selection_takes_its_candidates_and_only_those():
     for bad in (0.0, -0.5):
         with pytest.raises(ValueError, match="ratio must"):
             ppo_fast.kl_cov_selection(logp, adv, ratio=bad, mask=mask)
+
+
+def _exact(torch, old, log_ratio):
+    """logp = old + log_ratio, checked to give the log-ratio back exactly (logp - old)."""
+    logp = old + log_ratio
+    assert torch.equal(logp - old, log_ratio)
+    return logp
+
+
+@pytest.mark.parametrize("divergence", ["tv", "kl"])
+@pytest.mark.parametrize("bits", [32, 64])
+def test_torch_dppo_device_path_at_the_ratio_cap_is_the_kernels(divergence, bits, monkeypatch):
+    """Ratios exactly at the cap (2, from a log-ratio of log 2), beyond it (4) and below, all
+    inside the divergence region: the capped share (clipfrac_lower) counts the ratios strictly
+    above the cap, on both paths, and loss and gradient agree."""
+    torch = pytest.importorskip("torch")
+    import ppo_fast.torch as pt
+
+    dtype = {32: torch.float32, 64: torch.float64}[bits]
+    ln2 = torch.tensor(np.log(2.0), dtype=dtype)
+    log_ratio = torch.stack([ln2, ln2, 2 * ln2, -ln2, ln2, 0 * ln2, 2 * ln2, ln2])
+    old = torch.tensor([-1.0, -1.0, -2.0, -0.25, -1.0, -1.0, -2.0, -1.0], dtype=dtype)
+    logp = _exact(torch, old, log_ratio)
+    ratio = log_ratio.exp()
+    assert (ratio[[0, 1, 4, 7]] == 2.0).all() and (ratio[[2, 6]] == 4.0).all()
+    adv = torch.tensor([0.5, -1.0, 1.5, -0.5, 0.0, 1.0, -0.25, 2.0], dtype=dtype)
+    cu = torch.tensor([0, 5, 8])
+    options = {"divergence": divergence, "divergence_low": 1.0, "ratio_cap": 2.0}
+    results = []
+    for forced in (False, True):
+        monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", forced)
+        x = logp.clone().requires_grad_()
+        out = pt.dppo_loss(x, old, adv, cu_seqlens=cu, **options)
+        out.loss.backward()
+        results.append((out, x.grad))
+    (kernel, grad), (device, device_grad) = results
+    assert kernel.clipfrac.item() == 0.0  # every token inside the region
+    assert kernel.clipfrac_lower.item() == pytest.approx(2 / 8)  # the two ratios of 4
+    tolerance = {"rtol": 1e-5, "atol": 1e-7} if bits == 32 else {"rtol": 1e-12, "atol": 1e-15}
+    for a, b in zip(kernel, device, strict=True):
+        np.testing.assert_allclose(b.item(), a.item(), **tolerance)
+    np.testing.assert_allclose(device_grad.numpy(), grad.numpy(), **tolerance)
+
+
+def test_torch_kl_cov_selection_device_path_breaks_ties_at_the_k_th_by_position(monkeypatch):
+    """Covariances exact in float64 (quarters and halves over 32 valid tokens), so that many tie:
+    the selection is the k largest, ties at the k-th value to the lowest flat positions, for k
+    from 1 to every valid token, on the kernels and on the device path."""
+    torch = pytest.importorskip("torch")
+    import ppo_fast.torch as pt
+
+    rng = np.random.default_rng(12)
+    adv = rng.choice([-1.0, -0.5, 0.5, 1.0], (4, 10))
+    logp = -rng.choice([0.5, 1.0, 1.5, 2.0], (4, 10))
+    mask = np.zeros((4, 10), dtype=bool)
+    mask.flat[rng.permutation(40)[:32]] = True
+    valid = mask.ravel()
+    cov = (adv - adv[mask].mean()) * (logp - logp[mask].mean())  # exact: dyadic, few bits
+    order = np.lexsort((np.arange(40), -cov.ravel()))  # by covariance, then by position
+    order = order[valid[order]]
+    straddled = 0
+    for ratio in (1 / 32, 0.1, 0.2, 0.25, 0.5, 0.9, 1.0, 3.0):
+        k = min(max(int(ratio * 32), 1), 32)
+        expected = np.zeros(40, dtype=bool)
+        expected[order[:k]] = True
+        values = cov.ravel()[order]
+        kth = values[k - 1]
+        # the k-th value is tied with tokens left out, and some are above it
+        straddled += bool((values[:k] > kth).any() and k < 32 and values[k] == kth)
+        picks = []
+        for forced in (False, True):
+            monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", forced)
+            picks.append(
+                pt.kl_cov_selection(
+                    torch.tensor(logp), torch.tensor(adv), mask=torch.tensor(mask), ratio=ratio
+                )
+            )
+        for picked in picks:
+            np.testing.assert_array_equal(picked.numpy().ravel(), expected, err_msg=f"{ratio}")
+    assert straddled >= 2
+
+
+def test_torch_kl_cov_selection_runs_the_kernels_on_cpu_and_torch_on_the_device_path(monkeypatch):
+    """CPU tensors go to the kernels (read zero-copy through to_numpy, ``backend`` honoured: an
+    unknown one is an error); the device path reads nothing through the host and does not use
+    ``backend``, and picks the same tokens."""
+    torch = pytest.importorskip("torch")
+    import ppo_fast.torch as pt
+    from ppo_fast import _validate
+
+    logp, _, adv, mask = (torch.tensor(a) for a in _batch(13, rows=5, width=12))
+    read = []
+    tensor_array = _validate.tensor_array
+
+    def spy(name, tensor):
+        read.append(name)
+        return tensor_array(name, tensor)
+
+    monkeypatch.setattr(_validate, "tensor_array", spy)
+    picked = pt.kl_cov_selection(logp, adv, mask=mask, ratio=0.2)
+    assert {"logprobs", "advantages", "mask"} <= set(read)
+    with pytest.raises(ValueError, match="backend"):
+        pt.kl_cov_selection(logp, adv, mask=mask, ratio=0.2, backend="no-such-backend")
+
+    def refuse(name, tensor):
+        raise AssertionError(f"{name} was read through the host")
+
+    monkeypatch.setattr(_validate, "tensor_array", refuse)
+    monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", True)
+    forced = pt.kl_cov_selection(logp, adv, mask=mask, ratio=0.2, backend="no-such-backend")
+    assert torch.equal(forced, picked) and picked.sum() == int(0.2 * int(mask.sum()))

@@ -354,3 +354,117 @@ def test_geo_mean_rows_without_a_token_contribute_nothing_and_bad_bounds_are_err
     for option, value in (("clip_low", -0.2), ("clip_high", math.nan)):
         with pytest.raises(ValueError, match=option):
             ppo_fast.geo_mean_loss(logp, old, advantages, mask=mask, **{option: value})
+
+
+@pytest.mark.parametrize("name", ["gspo_loss", "geo_mean_loss"])
+def test_the_torch_path_reads_no_tensor_through_the_host(name, monkeypatch):
+    """The torch path (forced on CPU tensors) never hands a tensor to NumPy, what would copy a
+    device's memory: it is the torch formula that runs, not the kernels."""
+    case = make_case("mask-holes", torch.float32, seed=9)
+
+    def refuse(name, tensor):
+        raise AssertionError(f"{name} was read through the host")
+
+    monkeypatch.setattr(ppo_fast._validate, "tensor_array", refuse)
+    monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", True)
+    logp = case.logp.clone().requires_grad_()
+    result = getattr(pt, name)(logp, case.old, case.adv, **case.arguments(True))
+    result.loss.backward()
+    assert torch.isfinite(result.loss) and logp.grad.abs().sum() > 0
+
+
+def _on_both_paths(name, logp, old, adv, monkeypatch, **options):
+    """The kernel path's and the torch path's (forced on CPU) results and gradients."""
+    results = []
+    for forced in (False, True):
+        monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", forced)
+        x = logp.clone().requires_grad_()
+        result = getattr(pt, name)(x, old, adv, **options)
+        result.loss.backward()
+        results.append((result, x.grad))
+    return results
+
+
+def _assert_paths_agree(results, dtype, what):
+    (kernel, grad), (forced, forced_grad) = results
+    assert forced.loss.dtype == dtype and forced_grad.dtype == dtype, what
+    assert_close(forced.loss.detach(), kernel.loss.detach(), dtype, what)
+    assert_close(forced_grad, grad, dtype, f"d {what}")
+    for stat, kernel_stat in zip(forced[1:], kernel[1:], strict=True):
+        assert_close(stat, kernel_stat, dtype, f"stats {what}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_gspo_on_the_bounds_on_both_paths(dtype, monkeypatch):
+    """Rows of two valid tokens whose sequence ratio is exactly 2 (at 1 + clip_high, at the
+    dual clip, at log_ratio_max = log 2), 1/2 (at 1 - clip_low) and 4 (beyond them), a row
+    without a valid token, advantages of 0: the torch path is the kernels', in both forms."""
+    ln2 = torch.tensor(math.log(2.0), dtype=dtype)
+    row_log_ratio = torch.stack([ln2, -ln2, 0 * ln2, 2 * ln2])  # row 2 has no valid token
+    row_old = torch.tensor([-1.0, -0.25, -1.0, -2.0], dtype=dtype)
+    mask = torch.tensor([[1, 0, 1, 0], [0, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    old = row_old[:, None].expand(4, 4).contiguous()
+    log_ratio = row_log_ratio[:, None].expand(4, 4)
+    logp = old + log_ratio
+    # the bounds are hit: the log-ratio, its row mean (two equal terms) and torch's exp of it
+    assert torch.equal(logp - old, log_ratio)
+    assert torch.equal(log_ratio[:, :2].double().sum(-1) / 2, row_log_ratio.double())
+    assert torch.equal(row_log_ratio.exp()[[0, 1, 3]], torch.tensor([2.0, 0.5, 4.0]).to(dtype))
+    adv = torch.tensor(
+        [[-1.5, 9.0, 0.5, 9.0], [9.0, 1.0, -0.5, 9.0], [9.0] * 4, [0.0, -0.5, 9.0, 9.0]]
+    ).to(dtype)  # 9 where the mask is 0
+    bounds = {"clip_low": 0.5, "clip_high": 1.0}
+    for options in (
+        {**bounds, "dual_clip": 2.0},
+        {**bounds, "log_ratio_max": float(ln2)},
+        {"clip_low": 0.2, "dual_clip": 2.0, "log_ratio_max": float(ln2)},
+    ):
+        for form in ("detached", "sequence"):
+            for agg in ("token-mean", "seq-mean-token-mean"):
+                what = f"{options} {form} {agg}"
+                results = _on_both_paths(
+                    "gspo_loss", logp, old, adv, monkeypatch, mask=mask, form=form, agg=agg,
+                    **options,
+                )  # fmt: skip
+                _assert_paths_agree(results, dtype, what)
+                (_, grad), _ = results
+                assert (grad[~mask] == 0).all(), what
+                if "clip_high" in options:
+                    # rows 0 and 1 sit on the clip bounds, not beyond: the slope passes
+                    assert (grad[0, [0, 2]] != 0).all() and (grad[1, 1:3] != 0).all(), what
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_geo_mean_on_the_bounds_on_both_paths(dtype, monkeypatch):
+    """Log-ratios exactly at the clip bounds (-1/2, 1/2: the gradient still moves them), beyond
+    them and inside, advantages of 0, a row without a valid token: the torch path is the
+    kernels'."""
+    old = torch.full((4, 5), -1.0, dtype=dtype)
+    log_ratio = torch.tensor([0.5, -0.5, 0.75, -0.75, 0.25], dtype=dtype).expand(4, 5)
+    logp = old + log_ratio
+    assert torch.equal(logp - old, log_ratio)
+    adv = torch.tensor(
+        [[1.0, 0.5, 2.0, 1.5, 0.25], [-1.0, -0.5, -2.0, -1.5, -0.25], [1.0] * 5,
+         [0.0, 0.0, 1.0, -1.0, 0.0]]
+    ).to(dtype)  # fmt: skip
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[2] = False  # a row without a valid token
+    mask[3, 4] = False
+    for options in ({"clip_low": 0.5}, {"clip_low": 0.5, "clip_high": 0.75}):
+        for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+            what = f"{options} {agg}"
+            results = _on_both_paths(
+                "geo_mean_loss", logp, old, adv, monkeypatch, mask=mask, agg=agg, **options
+            )
+            _assert_paths_agree(results, dtype, what)
+            (kernel, grad), _ = results
+            # on the bound the token moves: 1/2 where A > 0, -1/2 where A < 0
+            assert grad[0, 0] != 0 and grad[1, 1] != 0, what
+            assert (grad[2] == 0).all() and grad[3, 4] == 0, what
+            # outside the bounds, not on them, by the sign of A: -3/4, and 3/4 unless it is
+            # clip_high (rows 0 and 1 hold both, row 3 holds 3/4 with A > 0, -3/4 with A < 0)
+            on_high = options.get("clip_high") == 0.75
+            n = int(mask.sum())
+            positive, negative = (1, 2) if on_high else (3, 3)
+            assert kernel.clipfrac.item() == pytest.approx(positive / n), what
+            assert kernel.clipfrac_lower.item() == pytest.approx(negative / n), what

@@ -196,3 +196,55 @@ def test_kl_cov_selection_device_path_refuses_what_the_kernel_path_refuses(monke
         pt.kl_cov_selection(x, x, mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError):
         pt.kl_cov_selection(x, x, lengths=torch.tensor([1, 9]))
+
+
+def _on_the_bounds(dtype):
+    """Tokens whose log-ratios are exactly +-log 2 (ratio 2 or 1/2), 2 log 2 (ratio 4), or 1/8,
+    against olds chosen so that logp - old gives them back exactly; the advantages hold a 0, and
+    values in (0, 1) and below 0. Returns (logp, old, adv, log_ratio)."""
+    ln2 = torch.tensor(np.log(2.0), dtype=dtype)
+    log_ratio = torch.stack(
+        [ln2, ln2, ln2, -ln2, 2 * ln2, ln2, -ln2, torch.tensor(0.125, dtype=dtype)]
+    )
+    old = torch.tensor([-1.0, -1.0, -1.0, -0.25, -3.0, -0.5, -0.25, -2.0], dtype=dtype)
+    adv = torch.tensor([-1.5, 0.0, 0.5, -1.0, -0.75, 0.25, 0.5, 0.75], dtype=dtype)
+    logp = old + log_ratio
+    # the boundaries are hit: the log-ratio the formulas compute, and the ratio torch's exp gives
+    assert torch.equal(logp - old, log_ratio)
+    ratio = torch.exp(log_ratio)
+    assert ratio[:3].eq(2.0).all() and ratio[3] == 0.5 and ratio[4] == 4.0
+    return logp, old, adv, log_ratio
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_clipped_surrogate_device_path_on_the_bounds_is_the_kernels(dtype, monkeypatch):
+    """A ratio exactly at the dual clip (2: token 0, A < 0), at 1 + clip_high and 1 - clip_low,
+    a log-ratio exactly at the clamp (+-log 2), advantages of 0 and in (0, 1): loss, gradient
+    and statistics on the device path are the kernels'."""
+    logp, old, adv, log_ratio = _on_the_bounds(dtype)
+    ln2 = float(log_ratio[0])
+    cu = torch.tensor([0, 3, 8])
+    weights = torch.linspace(0.5, 1.5, 8, dtype=dtype)
+    for options in (
+        {"dual_clip": 2.0},
+        {"clip_low": 0.5, "clip_high": 1.0, "dual_clip": 2.0},
+        {"log_ratio_clamp": ln2},
+        {"log_ratio_clamp": ln2, "dual_clip": 2.0, "weights": weights},
+    ):
+        for agg in ("token-mean", "seq-mean-token-mean"):
+            kernel, device = _both(
+                pt.clipped_surrogate, logp, (old, adv), monkeypatch, cu_seqlens=cu, agg=agg,
+                **options,
+            )  # fmt: skip
+            _assert_same(kernel, device, dtype)
+            (out, grad), (_, device_grad) = kernel, device
+            if "dual_clip" in options:
+                # on the dual clip, not beyond it: the token keeps its slope and is not counted
+                # (token 4's ratio 4 is beyond: slope 0, counted, unless the clamp makes it 2)
+                assert grad[0] != 0 and device_grad[0] != 0 and grad[4] == 0
+                n_lower = 1 if "log_ratio_clamp" not in options else 0
+                assert out.clipfrac_lower.item() == pytest.approx(n_lower / 8)
+            if "log_ratio_clamp" in options:
+                # at the clamp (+-log 2), not beyond it, the gradient passes where the ratio is
+                # not clipped (tokens 0 and 6); beyond it (token 4, 2 log 2) it is 0
+                assert grad[0] != 0 and grad[6] != 0 and device_grad[6] != 0 and grad[4] == 0

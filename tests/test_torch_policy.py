@@ -402,3 +402,65 @@ def test_the_torch_path_raises_the_kernel_paths_errors(name, monkeypatch):
                     "sapo_loss": {"tau_pos": 0.0},
                 }[name],
             )
+
+
+def _both_paths(name, logp, old, adv, monkeypatch, **options):
+    """The kernel path's and the torch path's (forced on CPU) results and gradients."""
+    results = []
+    for forced in (False, True):
+        monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", forced)
+        x = logp.clone().requires_grad_()
+        result = getattr(pt, name)(x, old, adv, **options)
+        result.loss.backward()
+        results.append((result, x.grad))
+    return results
+
+
+@DTYPES
+def test_the_torch_path_on_the_clamp_and_clip_bounds_is_the_kernels(dtype, monkeypatch):
+    """Log-ratios exactly at SAPO's and CISPO's clamp (-c and c, where the gradient still
+    passes), beyond it and inside, ratios exactly at CISPO's clip bounds (1 -+ 1/2 when the
+    log-ratio is -+log 2), advantages of 0: the torch path's loss, gradient and statistics are
+    the kernels'."""
+    # SAPO: c = 1/2; the log-ratios -c, c, beyond (-3/4, 3/4), inside (-1/8, 0)
+    sapo = torch.tensor([-0.5, 0.5, -0.75, 0.75, -0.125, 0.0], dtype=dtype)
+    # CISPO: ratios 1/2, 2 (its bounds with clip_low 1/2 and clip_high 1, and the clamp log 2),
+    # 4 (beyond both), 1; each against an old that gives the log-ratio back exactly
+    ln2 = torch.tensor(math.log(2.0), dtype=dtype)
+    cispo = torch.stack([-ln2, ln2, -ln2, ln2, 2 * ln2, 0 * ln2])
+    cispo_old = torch.tensor([-0.25, -1.0, -0.25, -1.0, -2.0, -1.0], dtype=dtype)
+    adv = torch.tensor([[1.5, -0.5, 0.75, -1.0, 0.0, 2.0], [-1.5, 0.5, 0.0, 0.25, -0.5, 1.0]])
+    adv = adv.to(dtype)
+    lengths = torch.tensor([6, 5])
+    for name, log_ratio, old, options in (
+        ("sapo_loss", sapo, -1.0, {"log_ratio_clamp": 0.5}),
+        ("sapo_loss", sapo, -1.0, {"log_ratio_clamp": 0.5, "tau_pos": 2.0, "tau_neg": 0.5}),
+        ("cispo_loss", cispo, cispo_old, {"clip_low": 0.5, "clip_high": 1.0}),
+        ("cispo_loss", cispo, cispo_old, {"clip_low": 0.5, "clip_high": 1.0,
+                                          "log_ratio_clamp": float(ln2)}),
+    ):  # fmt: skip
+        old = torch.as_tensor(old, dtype=dtype).expand(2, 6).contiguous()
+        logp = old + log_ratio
+        # the bounds are hit: the log-ratio the formulas compute, the ratio torch's exp gives
+        assert torch.equal(logp - old, log_ratio.expand_as(old))
+        if name == "cispo_loss":
+            assert torch.equal(log_ratio.exp()[:4], torch.tensor([0.5, 2.0, 0.5, 2.0]).to(dtype))
+        for agg in ("token-mean", "seq-mean-token-sum"):
+            what = f"{name} {options} {agg}"
+            (kernel, grad), (forced, forced_grad) = _both_paths(
+                name, logp, old, adv, monkeypatch, lengths=lengths, agg=agg, **options
+            )
+            assert_close(forced.loss.detach(), kernel.loss.detach(), dtype, what)
+            assert_close(forced_grad, grad, dtype, f"d {what}")
+            for stat, kernel_stat in zip(forced[1:], kernel[1:], strict=True):
+                assert_close(stat, kernel_stat, dtype, f"stats {what}")
+            if name == "sapo_loss":
+                # at -c and c the slope passes (A != 0); beyond the clamp it is 0
+                assert (grad[:, :2] != 0).all() and (forced_grad[:, :2] != 0).all(), what
+                assert (grad[:, 2:4] == 0).all(), what
+            else:
+                # ratios on the clip bounds are not clipped: only 4 is (one token per row),
+                # and not when the clamp (at log 2) makes it 2
+                share = 0.0 if "log_ratio_clamp" in options else 2 / 11
+                assert kernel.clipfrac.item() == pytest.approx(share), what
+                assert kernel.clipfrac_lower.item() == 0.0, what
