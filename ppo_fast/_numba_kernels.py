@@ -594,8 +594,9 @@ def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened):
 
 
 # The backend interface: one callable per kernel of the table, with the table's arguments.
-# reassoc lets LLVM vectorize the row sums of the moments and loss kernels; nothing else in them
-# reassociates.
+# The loss kernels in lanes (_numba_lanes) add their sums in the C twins' lanes and need no
+# `reassoc`; KL-Cov's loss, a scalar loop, has it so that LLVM vectorizes its row sums (nothing
+# else in it reassociates).
 kl_penalty = _Specialised(_kl_penalty_rows, KERNELS["kl_penalty"])
 shape_rewards = _Specialised(_shape_rewards_rows, KERNELS["shape_rewards"])
 gae = _GAE(gae, _gae_chunked, KERNELS["gae"])
@@ -604,17 +605,14 @@ remax = _Kernel(remax, KERNELS["remax"])
 optimal_token_baseline = _Kernel(optimal_token_baseline, KERNELS["optimal_token_baseline"])
 moments = _Kernel(moments, KERNELS["moments"])
 whiten = _Kernel(whiten, KERNELS["whiten"])
-clipped_surrogate = _Kernel(clipped_surrogate, KERNELS["clipped_surrogate"], fastmath={"reassoc"})
-value_loss = _Kernel(value_loss, KERNELS["value_loss"], fastmath={"reassoc"})
-reinforce = _Kernel(reinforce, KERNELS["reinforce"], fastmath={"reassoc"})
-cispo = _Kernel(cispo, KERNELS["cispo"], fastmath={"reassoc"})
-sapo = _Kernel(sapo, KERNELS["sapo"], fastmath={"reassoc"})
-gspo = _Kernel(gspo, KERNELS["gspo"], fastmath={"reassoc"})
-# Not `reassoc`: with it LLVM regroups the row's -(sum A / n) * exp(...) * scale so that it
-# overflows to inf where the oracle's gradient is finite (the hostile-input test's 1e200
-# log-prob), and numba passes the flag on to any function the kernel calls.
+clipped_surrogate = _Kernel(clipped_surrogate, KERNELS["clipped_surrogate"])
+value_loss = _Kernel(value_loss, KERNELS["value_loss"])
+reinforce = _Kernel(reinforce, KERNELS["reinforce"])
+cispo = _Kernel(cispo, KERNELS["cispo"])
+sapo = _Kernel(sapo, KERNELS["sapo"])
+gspo = _Kernel(gspo, KERNELS["gspo"])
 geo_mean = _Kernel(geo_mean, KERNELS["geo_mean"])
-dppo = _Kernel(dppo, KERNELS["dppo"], fastmath={"reassoc"})
+dppo = _Kernel(dppo, KERNELS["dppo"])
 kl_cov = _Kernel(kl_cov, KERNELS["kl_cov"], fastmath={"reassoc"})
 kl_cov_top_k = _Kernel(kl_cov_top_k, KERNELS["kl_cov_top_k"], shared=_kl_cov_top_k_shared)
 

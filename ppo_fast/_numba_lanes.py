@@ -1,7 +1,9 @@
-"""Eight float64 lanes as one LLVM vector for the numba backend's block scans (GAE's and the
-returns' blocks of 8 positions, the geometric mean's sums in the C twin's lanes): the type and
-its operations, each an intrinsic that is its scalar operation lane by lane, so that the lanes
-give the same bits as scalar code. Shared pieces of the backend are in ``_numba_core.py``."""
+"""Eight lanes as one LLVM vector for the numba backend: float64 lanes for the block scans (GAE's
+and the returns' blocks of 8 positions) and for sums in the C twin's lanes, and lanes of the
+input dtype with masks of 8 lanes, so that the per-token loss kernels run as their C twins do
+(src/lanes.h: ppo_vec, ppo_mask, ppo_f64x8): the type and its operations, each an intrinsic that
+is its scalar operation lane by lane, so that the lanes give the same bits as scalar code.
+Shared pieces of the backend are in ``_numba_core.py``."""
 
 from __future__ import annotations
 
@@ -13,25 +15,44 @@ from ._numba_core import _jit
 
 
 class _LanesType(types.Type):
-    """Eight float64 lanes held as one LLVM vector (<8 x double>): a loop-carried value of this
-    type stays in vector registers. numba runs no SLP vectorizer (its SLP_VECTORIZE is off), so
-    eight scalar lanes written out stay eight scalar chains, and a tuple converted to a vector in
-    each step costs more in shuffles than the lanes gain. Each operation is its scalar one lane
-    by lane (llvm.fma.v8f64 is eight fma), so the lanes give the same bits as scalar code."""
+    """Eight lanes of a float type held as one LLVM vector (<8 x double>, <8 x float>): a
+    loop-carried value of this type stays in vector registers. numba runs no SLP vectorizer (its
+    SLP_VECTORIZE is off), so eight scalar lanes written out stay eight scalar chains, and a tuple
+    converted to a vector in each step costs more in shuffles than the lanes gain. Each operation
+    is its scalar one lane by lane (llvm.fma.v8f64 is eight fma), so the lanes give the same bits
+    as scalar code."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        super().__init__(name=f"Lanes({dtype} x 8)")
+
+
+class _ValidType(types.Type):
+    """Eight booleans, one a lane (<8 x i1>): a comparison's result, a mask's bytes."""
 
     def __init__(self):
-        super().__init__(name="Lanes(float64 x 8)")
+        super().__init__(name="Valid(x 8)")
 
 
-_LANES = _LanesType()
+_LANES = _LanesType(types.float64)
+_LANES_OF = {types.float64: _LANES, types.float32: _LanesType(types.float32)}
+_VALID = _ValidType()
 _F64X8 = ir.VectorType(ir.DoubleType(), 8)
+_I1X8 = ir.VectorType(ir.IntType(1), 8)
 _I32 = ir.IntType(32)
 
 
 @register_model(_LanesType)
 class _LanesModel(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _F64X8)
+        item = ir.DoubleType() if fe_type.dtype == types.float64 else ir.FloatType()
+        super().__init__(dmm, fe_type, ir.VectorType(item, 8))
+
+
+@register_model(_ValidType)
+class _ValidModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _I1X8)
 
 
 def _vector_intrinsic(builder, name, arguments):
@@ -49,9 +70,10 @@ def _fma_lanes(builder, a, b, c):
 
 
 def _splat_lanes(builder, x):
-    vector = builder.insert_element(ir.Constant(_F64X8, ir.Undefined), x, ir.Constant(_I32, 0))
+    vector_type = ir.VectorType(x.type, 8)
+    vector = builder.insert_element(ir.Constant(vector_type, ir.Undefined), x, ir.Constant(_I32, 0))
     zeros = ir.Constant(ir.VectorType(_I32, 8), [0] * 8)
-    return builder.shuffle_vector(vector, ir.Constant(_F64X8, ir.Undefined), zeros)
+    return builder.shuffle_vector(vector, ir.Constant(vector_type, ir.Undefined), zeros)
 
 
 def _load_lanes(context, builder, array_type, array, index):
@@ -162,33 +184,34 @@ def _lanes_store(typingctx, array, i, lanes):
 
 @intrinsic
 def _lanes_splat(typingctx, x):
-    """Eight lanes of x."""
-    if x != types.float64:
+    """Eight lanes of x (float32 or float64)."""
+    if x not in _LANES_OF:
         return None
 
     def codegen(context, builder, sig, args):
         return _splat_lanes(builder, args[0])
 
-    return _LANES(types.float64), codegen
+    return _LANES_OF[x](x), codegen
 
 
 def _lanes_binary(operation):
     @intrinsic
     def binary(typingctx, a, b):
-        if a != _LANES or b != _LANES:
+        if not isinstance(a, _LanesType) or a != b:
             return None
 
         def codegen(context, builder, sig, args):
             return getattr(builder, operation)(args[0], args[1])
 
-        return _LANES(_LANES, _LANES), codegen
+        return a(a, b), codegen
 
     return binary
 
 
-_lanes_add = _lanes_binary("fadd")  # lane by lane, as scalar +, - and *
+_lanes_add = _lanes_binary("fadd")  # lane by lane, as scalar +, -, * and /
 _lanes_sub = _lanes_binary("fsub")
 _lanes_mul = _lanes_binary("fmul")
+_lanes_div = _lanes_binary("fdiv")
 
 
 @intrinsic
@@ -299,3 +322,209 @@ def _add_lanes(lanes, terms, n):
     for j in range(0, n, 8):
         lanes = _lanes_add(lanes, _lanes_load(terms, j))
     return lanes
+
+
+# -- lanes of the input dtype and their masks: the loss kernels' blocks of 8 tokens ---------------
+# The twins of src/lanes.h's ppo_vec (PPO_V), ppo_mask (PPO_M) and their counts (PPO_C), operation
+# for operation, so that a numba loss kernel written in them is its C twin's code: one vector
+# operation a step, sums in float64 lanes added up in the C twin's tree (_lane_total), every bit
+# the same. LLVM's loop vectorizer gave the same loops 1.4-1.9 times the C twin's time (REINFORCE,
+# the value loss: a run-time check that the outputs do not overlap the inputs at every block, the
+# terms stored to scratch rows for their sums, 8 tokens a step at most).
+
+
+def _item_pointer(context, builder, array_type, array, index, item_type):
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [index]), ir.VectorType(item_type, 8).as_pointer())
+
+
+@intrinsic
+def _lanes_of(typingctx, array, i):
+    """Items i .. i + 7 of a float32 or float64 array, in its dtype (twin: PPO_V(load))."""
+    if not _is_token_array(array) or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        item = context.get_value_type(sig.args[0].dtype)
+        pointer = _item_pointer(context, builder, sig.args[0], args[0], args[1], item)
+        return builder.load(pointer, align=sig.args[0].dtype.bitwidth // 8)
+
+    return _LANES_OF[array.dtype](array, i), codegen
+
+
+@intrinsic
+def _lanes_put(typingctx, array, i, lanes):
+    """Stores lanes of the array's dtype at items i .. i + 7 (twin: PPO_V(store))."""
+    if not _is_token_array(array) or lanes != _LANES_OF[array.dtype]:
+        return None
+
+    def codegen(context, builder, sig, args):
+        item = context.get_value_type(sig.args[0].dtype)
+        pointer = _item_pointer(context, builder, sig.args[0], args[0], args[1], item)
+        builder.store(args[2], pointer, align=sig.args[0].dtype.bitwidth // 8)
+        return context.get_dummy_value()
+
+    return types.none(array, i, lanes), codegen
+
+
+@intrinsic
+def _lanes_f64(typingctx, lanes):
+    """The lanes in float64: exact (twin: PPO_V(to_f64))."""
+    if not isinstance(lanes, _LanesType):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if sig.args[0].dtype == types.float64:
+            return args[0]
+        return builder.fpext(args[0], _F64X8)
+
+    return _LANES(lanes), codegen
+
+
+@intrinsic
+def _lanes_rounded(typingctx, lanes, like):
+    """float64 lanes rounded to the dtype of the lanes ``like`` (twin: PPO_V(from_f64)), as a
+    scalar store rounds."""
+    if lanes != _LANES or not isinstance(like, _LanesType):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if sig.args[1].dtype == types.float64:
+            return args[0]
+        return builder.fptrunc(args[0], ir.VectorType(ir.FloatType(), 8))
+
+    return like(lanes, like), codegen
+
+
+@intrinsic
+def _lanes_negative(typingctx, lanes):
+    """-lanes: a sign flip, NaN's included (twin: PPO_V(negative))."""
+    if not isinstance(lanes, _LanesType):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fneg(args[0])
+
+    return lanes(lanes), codegen
+
+
+def _lanes_comparison(operator):
+    @intrinsic
+    def comparison(typingctx, a, b):
+        if not isinstance(a, _LanesType) or a != b:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.fcmp_ordered(operator, args[0], args[1])
+
+        return _VALID(a, b), codegen
+
+    return comparison
+
+
+# Ordered comparisons: false where a lane is NaN, as scalar <, >, == (twins: PPO_V(lt), ...).
+_lanes_lt = _lanes_comparison("<")
+_lanes_gt = _lanes_comparison(">")
+_lanes_le = _lanes_comparison("<=")
+_lanes_eq = _lanes_comparison("==")
+
+
+@intrinsic
+def _lanes_where(typingctx, valid, a, b):
+    """Lanes j: a[j] where valid[j], else b[j] (twin: PPO_V(select))."""
+    if valid != _VALID or not isinstance(a, _LanesType) or a != b:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.select(args[0], args[1], args[2])
+
+    return a(valid, a, b), codegen
+
+
+@intrinsic
+def _lanes_clip(typingctx, x, low, high):
+    """min(high, max(low, x)) with the twins' min and max (a < b ? a : b, a > b ? a : b): a NaN
+    lane stays NaN (twin: src/rows.h ppo_clip)."""
+    if not isinstance(x, _LanesType) or not x == low == high:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x, low, high = args
+        above_low = builder.select(builder.fcmp_ordered(">", low, x), low, x)
+        return builder.select(builder.fcmp_ordered("<", high, above_low), high, above_low)
+
+    return x(x, low, high), codegen
+
+
+def _valid_binary(operation):
+    @intrinsic
+    def binary(typingctx, a, b):
+        if a != _VALID or b != _VALID:
+            return None
+
+        def codegen(context, builder, sig, args):
+            first, second = args
+            if operation == "and_not":
+                return builder.and_(first, builder.not_(second))
+            return getattr(builder, operation)(first, second)
+
+        return _VALID(_VALID, _VALID), codegen
+
+    return binary
+
+
+_valid_and = _valid_binary("and_")  # twins: PPO_M(and), PPO_M(or), PPO_M(and_not) (a and not b)
+_valid_or = _valid_binary("or_")
+_valid_and_not = _valid_binary("and_not")
+
+
+@intrinsic
+def _valid_all(typingctx):
+    """Every lane valid (twin: PPO_M(all))."""
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_I1X8, [1] * 8)
+
+    return _VALID(), codegen
+
+
+@intrinsic
+def _valid_bytes(typingctx, mask, i):
+    """Lane j: mask[i + j] != 0, a uint8 mask (twin: PPO_M(from_bytes))."""
+    if not (isinstance(mask, types.Array) and mask.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        byte_vector = ir.VectorType(ir.IntType(8), 8)
+        pointer = _item_pointer(context, builder, sig.args[0], args[0], args[1], ir.IntType(8))
+        return builder.icmp_unsigned("!=", builder.load(pointer, align=1), byte_vector(None))
+
+    return _VALID(mask, i), codegen
+
+
+@intrinsic
+def _valid_first(typingctx, count):
+    """Lane j: j < count, a signed count (twin: PPO_M(first))."""
+    if not isinstance(count, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n = context.cast(builder, args[0], sig.args[0], types.int64)
+        lanes = ir.Constant(ir.VectorType(ir.IntType(64), 8), list(range(8)))
+        return builder.icmp_signed("<", lanes, _splat_lanes(builder, n))
+
+    return _VALID(count), codegen
+
+
+@intrinsic
+def _count_valid_lanes(typingctx, valid):
+    """How many lanes are valid (twin: PPO_C(add) of one block)."""
+    if valid != _VALID:
+        return None
+
+    def codegen(context, builder, sig, args):
+        bits = builder.bitcast(args[0], ir.IntType(8))
+        count = builder.ctpop(bits)
+        return builder.zext(count, ir.IntType(64))
+
+    return types.int64(valid), codegen

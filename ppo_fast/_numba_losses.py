@@ -3,61 +3,65 @@ statistics in one pass over rows (twins of ``_reference.py``'s; the Cython twins
 ``src/rows_loss.h``, ``src/rows_policy.h`` and ``src/rows_token.h``; the per-sequence losses are
 in ``_numba_sequence_losses.py``). Registered as the backend's kernels in ``_numba_kernels.py``;
 conventions in ``_numba_core.py``.
+
+The clipped surrogate, REINFORCE, CISPO, SAPO, DPPO and the value loss run in lanes
+(``_numba_lanes``), operation for operation their C twins', and give their bits; a chunk's exps
+(and DPPO's trust region) come first, as scalar loops that LLVM vectorizes into L1 scratch rows.
+KL-Cov's loss is still the scalar form (its time equals its twin's).
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange
 from numba.core import types
 from numba.extending import intrinsic
 
 from ._numba_core import (
-    _CACHE,
     _PREFETCH_BLOCK,
     _U1,
+    _U8,
     _ahead,
     _half_like,
     _jit,
     _mask_stop,
     _one_like,
+    _positions_per_line,
     _prefer_wide_vectors,
     _prefetch,
     _prefetch_ahead,
     _select,
+    _without_refcounts,
     exp_poly,
     log_poly,
+)
+from ._numba_lanes import (
+    _count_valid_lanes,
+    _lane_total,
+    _lanes_add,
+    _lanes_clip,
+    _lanes_eq,
+    _lanes_f64,
+    _lanes_gt,
+    _lanes_lt,
+    _lanes_mul,
+    _lanes_negative,
+    _lanes_of,
+    _lanes_put,
+    _lanes_rounded,
+    _lanes_splat,
+    _lanes_sub,
+    _lanes_where,
+    _valid_all,
+    _valid_and,
+    _valid_and_not,
+    _valid_bytes,
+    _valid_first,
 )
 
 _CHUNK = 256  # tokens per chunk of the loss kernels: their scratch rows stay in L1
 _UCHUNK = np.uint64(_CHUNK)
-
-
-@_jit
-def _policy_token(logprob, old_logprob, advantage, weight, ratio, valid, p):
-    """One token of the policy loss: (grad, loss term, KL term, clipped, dual), the terms 0
-    where not valid; ratio is exp of the clamped log-ratio. The arithmetic runs in the input
-    dtype, except that a weight comes in float64 (the Cython twin does the same): -weight *
-    slope * scale and -weight * objective then run in float64. A weight of 1 in the input dtype
-    gives the same bits as 1.0 in float64 (a float32 product is exact in float64)."""
-    lo, hi, dual, clamp, scale, zero = p
-    log_ratio = logprob - old_logprob
-    inside = (log_ratio >= -clamp) & (log_ratio <= clamp)
-    log_ratio = min(max(log_ratio, -clamp), clamp)
-    unclipped = ratio * advantage
-    clipped = min(max(ratio, lo), hi) * advantage
-    is_clipped = clipped < unclipped
-    objective = _select(is_clipped, clipped, unclipped)
-    is_dual = (advantage < zero) & (dual * advantage > objective)
-    objective = _select(is_dual, dual * advantage, objective)
-    sloped = inside & (not is_clipped) & (not is_dual)
-    # A flat branch has slope 0, times the weight: a NaN or inf weight still says so.
-    slope = _select(sloped, advantage * ratio, zero)
-    grad = _select(valid, -weight * slope * scale, zero)
-    loss = _select(valid, -weight * objective, zero)
-    kl = _select(valid, -log_ratio, zero)
-    return grad, loss, kl, valid & is_clipped, valid & is_dual
+_U64 = np.uint64(64)
 
 
 @_jit
@@ -77,6 +81,318 @@ def _chunk_ratios(
         for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
             i = first + j
             ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+
+
+@_without_refcounts
+def _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg):
+    """sigmoids[j] = sigmoid(tau * (ratios[j] - 1)) for the n tokens from position first, tau by
+    the sign of the advantage. A function of its own, not inlined: numba's SSA pass loses track
+    of a second inlined exp_poly in one function. Its error model is numpy's: under the default
+    (Python's), each division checks for a zero divisor and may raise ZeroDivisionError, a branch
+    that kept LLVM from vectorizing the loop (SAPO ran 4 times slower than CISPO)."""
+    _prefer_wide_vectors()
+    zero = tau_pos - tau_pos
+    one = _one_like(zero)
+    for j in range(n):
+        tau = _select(advantages[first + j] > zero, tau_pos, tau_neg)
+        sigmoids[j] = one / (one + exp_poly(-(tau * (ratios[j] - one))))  # 1 / (1 + exp(-z))
+
+
+# The per-token policy losses in lanes: the family's kernels (twin: src/rows_policy.h's
+# PPO_REINFORCE, PPO_CISPO, PPO_SAPO) and PPO's clipped surrogate (src/rows_loss.h), which goes
+# through its rows as they do.
+_REINFORCE, _CISPO, _SAPO, _CLIPPED, _DPPO = 0, 1, 2, 3, 4
+
+
+@_jit
+def _policy_gradient(
+    has_weights, weights, i, valid, slope, objective, zero, token_scale, scale, grad, loss
+):  # fmt: skip
+    """Twin: src/rows.h ppo_policy_gradient (its comment says why each case is so): stores the
+    gradient -weight * slope * scale of the 8 tokens from position i where valid (0 elsewhere)
+    and returns the float64 loss lanes plus -weight * objective (the objective already 0 where
+    not valid); the weight in float64, the products in float64 rounded to the dtype at the
+    store."""
+    if not has_weights:
+        gradient = _lanes_mul(_lanes_negative(slope), token_scale)
+        _lanes_put(grad, i, _lanes_where(valid, gradient, zero))
+        return _lanes_sub(loss, _lanes_f64(objective))
+    weight = _lanes_where(valid, _lanes_of(weights, i), zero)
+    negative_weight = _lanes_negative(_lanes_f64(weight))
+    gradient = _lanes_mul(_lanes_mul(negative_weight, _lanes_f64(slope)), scale)
+    _lanes_put(grad, i, _lanes_where(valid, _lanes_rounded(gradient, zero), zero))
+    return _lanes_add(loss, _lanes_mul(negative_weight, _lanes_f64(objective)))
+
+
+@_without_refcounts
+def _tail_fill(tail, tail_mask, a, b, c, d, has_d, mask, has_mask, i, count):
+    """Twin: src/rows.h ppo_tail_fill. A row's last partial block, the ``count`` < 8 tokens from
+    position i of three token arrays and a fourth where ``has_d``, into rows 0-3 of ``tail`` (row
+    4 takes the block's gradient), and their mask (1 without one) into ``tail_mask``, in
+    zero-padded lanes."""
+    for lane in range(8):
+        tail_mask[lane] = 0
+        for k in range(5):
+            tail[k, lane] = 0
+    for lane in range(count):
+        tail[0, lane] = a[i + lane]
+        tail[1, lane] = b[i + lane]
+        tail[2, lane] = c[i + lane]
+        if has_d:
+            tail[3, lane] = d[i + lane]
+        tail_mask[lane] = mask[i + lane] if has_mask else 1
+
+
+@_jit
+def _policy_params(
+    scale, beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos, tau_neg
+):  # fmt: skip
+    """A row's lanes of the scalars, for every kernel (twins: src/rows_policy.h
+    ppo_family_params and ppo_family_init, src/rows_loss.h ppo_policy_params): 0 in the dtype as
+    the twins (the scale is finite). What a kernel does not use is 1 (so that 4 / tau is too)."""
+    zero = scale - scale
+    one = _one_like(zero)
+    four = one + one + one + one
+    return (
+        _lanes_splat(zero), _lanes_splat(one), _lanes_splat(four), _lanes_splat(beta),
+        _lanes_splat(beta * _half_like(zero)), beta != zero, _lanes_splat(scale),
+        _lanes_splat(np.float64(scale)), _lanes_splat(dual_clip), _lanes_splat(ratio_low),
+        _lanes_splat(ratio_high), _lanes_splat(log_ratio_clamp), _lanes_splat(-log_ratio_clamp),
+        _lanes_splat(four / tau_pos), _lanes_splat(four / tau_neg),
+    )  # fmt: skip
+
+
+def _policy_rows_build(kind):
+    """The rows of the per-token policy loss ``kind``: its block of 8 tokens (twins:
+    src/rows_policy.h ppo_family_block, src/rows_loss.h ppo_policy_block, src/rows_token.h
+    ppo_dppo_block), its row (twins: ppo_family_cases, ppo_clipped_surrogate_cases,
+    ppo_dppo_cases) and its loop over rows, each compiled for that kernel alone (``kind`` is a
+    constant of theirs), not inlined into one another by numba: a kernel built of inlined
+    helpers, with its four cases of mask and weights as literal arguments, took numba 20 s to
+    compile (its type inference runs on every inlined copy); built so, 2-3 s. Mask and weights
+    are tested in the block, a branch that every step of the loop takes the same way (a loop
+    per case measured no faster on rows in memory)."""
+
+    @_without_refcounts
+    def block(
+        has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask, i, ratio,
+        second, p, grad, loss, kl,
+    ):  # fmt: skip
+        """The 8 tokens from position i, their ratios and ``second`` lanes given (for the
+        kernels that have them: SAPO's sigmoids, DPPO's 1 inside its trust region and 0
+        outside): stores their gradient, returns the loss and KL lanes with their terms added,
+        and the kernel's two counts (the clipped surrogate's clipped and dual, CISPO's clipped
+        and lower, DPPO's outside and capped)."""
+        zero, one, four, beta, half_beta, penalised, token_scale, scale, dual = p[:9]
+        low, high, clamp, negative_clamp, gate_pos, gate_neg = p[9:]
+        if has_mask:
+            valid = _valid_bytes(mask, i)
+        else:
+            valid = _valid_all()
+        logprob = _lanes_of(logprobs, i)
+        advantage = _lanes_of(advantages, i)
+        raw_log_ratio = _lanes_sub(logprob, _lanes_of(old_logprobs, i))
+        first_count = 0
+        second_count = 0
+        if kind == _CLIPPED:
+            log_ratio = _lanes_clip(raw_log_ratio, negative_clamp, clamp)
+            # (log_ratio >= -clamp) & (log_ratio <= clamp), false on NaN as well
+            inside = _lanes_eq(log_ratio, raw_log_ratio)
+            unclipped = _lanes_mul(ratio, advantage)
+            clipped = _lanes_mul(_lanes_clip(ratio, low, high), advantage)
+            is_clipped = _lanes_lt(clipped, unclipped)
+            objective = _lanes_where(is_clipped, clipped, unclipped)
+            dual_objective = _lanes_mul(dual, advantage)
+            is_dual = _valid_and(_lanes_lt(advantage, zero), _lanes_gt(dual_objective, objective))
+            objective = _lanes_where(is_dual, dual_objective, objective)
+            sloped = _valid_and_not(_valid_and_not(inside, is_clipped), is_dual)
+            # the slope `unclipped` (advantage * ratio) where sloped and 0 on a flat branch:
+            # times the weight, so that a NaN or inf weight still says so
+            slope = _lanes_where(sloped, unclipped, zero)
+            first_count = _count_valid_lanes(_valid_and(valid, is_clipped))
+            second_count = _count_valid_lanes(_valid_and(valid, is_dual))
+        elif kind == _REINFORCE:
+            log_ratio = raw_log_ratio
+            objective = _lanes_mul(advantage, logprob)
+            slope = advantage
+            if penalised:
+                squared = _lanes_mul(log_ratio, log_ratio)
+                objective = _lanes_sub(objective, _lanes_mul(half_beta, squared))
+                slope = _lanes_sub(advantage, _lanes_mul(beta, log_ratio))
+        elif kind == _CISPO:
+            log_ratio = _lanes_clip(raw_log_ratio, negative_clamp, clamp)
+            coefficient = _lanes_clip(ratio, low, high)
+            slope = _lanes_mul(coefficient, advantage)
+            objective = _lanes_mul(slope, logprob)
+            # coefficient != ratio: NaN ratios too
+            first_count = _count_valid_lanes(_valid_and_not(valid, _lanes_eq(coefficient, ratio)))
+            second_count = _count_valid_lanes(_valid_and(valid, _lanes_lt(ratio, low)))
+        elif kind == _DPPO:  # its ratio cap in `dual`
+            log_ratio = _lanes_clip(raw_log_ratio, negative_clamp, clamp)
+            keep = second
+            # the twin's min(cap, ratio): cap < ratio ? cap : ratio
+            capped_ratio = _lanes_where(_lanes_lt(dual, ratio), dual, ratio)
+            capped_slope = _lanes_mul(advantage, capped_ratio)
+            objective = _lanes_mul(_lanes_mul(capped_slope, logprob), keep)
+            slope = _lanes_mul(capped_slope, keep)
+            outside = _lanes_eq(keep, zero)
+            first_count = _count_valid_lanes(_valid_and(valid, outside))
+            capped = _valid_and(_valid_and_not(valid, outside), _lanes_gt(ratio, dual))
+            second_count = _count_valid_lanes(capped)
+        else:  # SAPO
+            sigmoid = second
+            # torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN
+            inside = _valid_and_not(
+                _valid_and_not(_valid_all(), _lanes_lt(raw_log_ratio, negative_clamp)),
+                _lanes_gt(raw_log_ratio, clamp),
+            )
+            log_ratio = _lanes_clip(raw_log_ratio, negative_clamp, clamp)
+            gate = _lanes_mul(sigmoid, _lanes_where(_lanes_gt(advantage, zero), gate_pos, gate_neg))
+            gradient_gate = _lanes_mul(_lanes_mul(four, sigmoid), _lanes_sub(one, sigmoid))
+            slope = _lanes_where(
+                inside, _lanes_mul(_lanes_mul(advantage, gradient_gate), ratio), zero
+            )
+            objective = _lanes_mul(gate, advantage)
+        loss = _policy_gradient(
+            has_weights, weights, i, valid, slope, _lanes_where(valid, objective, zero), zero,
+            token_scale, scale, grad, loss,
+        )  # fmt: skip
+        log_ratio = _lanes_where(valid, log_ratio, zero)
+        kl = _lanes_add(kl, _lanes_negative(_lanes_f64(log_ratio)))
+        return loss, kl, first_count, second_count
+
+    @_without_refcounts
+    def row(
+        logprobs, old_logprobs, advantages, weights, start, span, length, mask, p, clamp,
+        tau_pos, tau_neg, divergence_low, divergence_high, binary_kl, grad, scratch, tail,
+        tail_mask,
+    ):  # fmt: skip
+        """The row's valid prefix, a chunk of _CHUNK tokens at a time: the chunk's exps first
+        into L1 scratch rows (the ratios, then SAPO's sigmoids, or DPPO's probabilities and its
+        0/1 of the trust region), prefetching the next chunk's inputs meanwhile; then 8 tokens
+        a step (REINFORCE, which has no exp, prefetching in it), a row's last partial block in
+        zero-padded lanes (``_tail_fill``). Returns the row's (loss, first count, second count,
+        KL): the sums' float64 lanes added up in the C twin's tree, the counts whole numbers.
+        Positions past the length, and a mask's trailing words of 8 invalid bytes, get a zero
+        gradient and nothing else."""
+        _prefer_wide_vectors()
+        has_mask = mask.shape[0] > 0
+        has_weights = weights.shape[0] > 0
+        ratios, seconds, probs, old_probs = scratch[0], scratch[1], scratch[2], scratch[3]
+        zero_lanes = p[0]
+        loss = _lanes_splat(0.0)
+        kl = _lanes_splat(0.0)
+        first_count = 0
+        second_count = 0
+        valid_end = min(length, span)
+        if has_mask:  # a mask's trailing invalid words too (src/rows_loss.h says why)
+            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
+        stop = start + valid_end
+        ratio = zero_lanes
+        second = zero_lanes
+        for first in range(start, stop, _UCHUNK):
+            end = min(first + _UCHUNK, stop)
+            n = end - first
+            whole_end = end - n % _U8
+            if kind != _REINFORCE:
+                _chunk_ratios(
+                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                    start, span, valid_end, first, n, clamp, ratios,
+                )  # fmt: skip
+            if kind == _SAPO:
+                _sapo_sigmoids(advantages, first, ratios, seconds, n, tau_pos, tau_neg)
+            if kind == _DPPO:
+                _exps(logprobs, first, probs, n)
+                _exps(old_logprobs, first, old_probs, n)
+                _dppo_inside(
+                    logprobs, old_logprobs, advantages, first, probs, old_probs, seconds, n,
+                    divergence_low, divergence_high, binary_kl,
+                )  # fmt: skip
+            for i in range(first, whole_end, _U8):
+                if kind == _REINFORCE and (i - first) % _positions_per_line(logprobs) == 0:
+                    # a line of each input at a time, as the twin (ppo_prefetch_ahead): a
+                    # block's lines at once measured 1.15x its time on rows in memory
+                    ahead = _ahead(i, start, span, valid_end)
+                    _prefetch(logprobs, ahead)
+                    _prefetch(old_logprobs, ahead)
+                    _prefetch(advantages, ahead)
+                    if has_weights:
+                        _prefetch(weights, ahead)
+                    if has_mask and (i - first) % _U64 == 0:
+                        _prefetch(mask, ahead)
+                if kind != _REINFORCE:
+                    ratio = _lanes_of(ratios, i - first)
+                if kind == _SAPO or kind == _DPPO:
+                    second = _lanes_of(seconds, i - first)
+                loss, kl, block_first, block_second = block(
+                    has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask, i,
+                    ratio, second, p, grad, loss, kl,
+                )  # fmt: skip
+                first_count += block_first
+                second_count += block_second
+            if whole_end < end:
+                count = end - whole_end
+                _tail_fill(
+                    tail, tail_mask, logprobs, old_logprobs, advantages, weights, has_weights,
+                    mask, has_mask, whole_end, count,
+                )  # fmt: skip
+                # the scratch rows hold the tail's ratios and second lanes; those past the
+                # row's end are not valid, and nothing of theirs reaches the outputs
+                if kind != _REINFORCE:
+                    ratio = _lanes_of(ratios, whole_end - first)
+                if kind == _SAPO or kind == _DPPO:
+                    second = _lanes_of(seconds, whole_end - first)
+                tail_grad = tail[4]
+                # the tail's mask is always there (tail_mask: True, but as a value, not a
+                # constant: numba would compile the block a second time for the constant)
+                loss, kl, block_first, block_second = block(
+                    tail_mask.shape[0] > 0, has_weights, tail[0], tail[1], tail[2], tail[3],
+                    tail_mask, np.uint64(0), ratio, second, p, tail_grad, loss, kl,
+                )  # fmt: skip
+                first_count += block_first
+                second_count += block_second
+                for lane in range(count):
+                    grad[whole_end + lane] = tail_grad[lane]
+        for i in range(stop, start + span):
+            grad[i] = 0
+        return _lane_total(loss), first_count, second_count, _lane_total(kl)
+
+    @_jit
+    def rows(
+        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales, beta,
+        dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos, tau_neg, divergence_low,
+        divergence_high, binary_kl, grad, row_loss, row_first, row_second, row_kl,
+    ):  # fmt: skip
+        """The rows, each on its own; the scratch rows are the call's (_numba_core's docstring
+        says why). Counts go to row_first and row_second where the kernel has them."""
+        scratch = np.ones((4, _CHUNK), logprobs.dtype)
+        tail = np.zeros((5, 8), logprobs.dtype)
+        tail_mask = np.zeros(8, np.uint8)
+        for b in prange(starts.shape[0]):
+            p = _policy_params(
+                scales[b], beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos,
+                tau_neg,
+            )  # fmt: skip
+            loss, first_count, second_count, kl = row(
+                logprobs, old_logprobs, advantages, weights, np.uint64(starts[b]),
+                np.uint64(spans[b]), np.uint64(lengths[b]), mask, p, log_ratio_clamp, tau_pos,
+                tau_neg, divergence_low, divergence_high, binary_kl, grad, scratch, tail,
+                tail_mask,
+            )  # fmt: skip
+            row_loss[b] = loss
+            row_kl[b] = kl
+            if kind != _REINFORCE and kind != _SAPO:  # they count nothing
+                row_first[b] = first_count
+                row_second[b] = second_count
+
+    return rows
+
+
+_clipped_surrogate_rows = _policy_rows_build(_CLIPPED)
+_reinforce_rows = _policy_rows_build(_REINFORCE)
+_cispo_rows = _policy_rows_build(_CISPO)
+_sapo_rows = _policy_rows_build(_SAPO)
+_dppo_rows = _policy_rows_build(_DPPO)
 
 
 def clipped_surrogate(
@@ -99,130 +415,14 @@ def clipped_surrogate(
     row_dual,
     row_kl,
 ):
-    """Twin: src/rows_loss.h ppo_clipped_surrogate_row. Loss, gradient and statistics.
-
-    Per-token arithmetic runs in the input dtype (the scalars and scales come in it), sums in
-    float64. A row runs in chunks of ``_CHUNK`` tokens, as the twin does: exp in a pre-pass into
-    an L1 scratch row, then the branch-free body (selects) with one loop per case of mask and
-    weights, writing the loss and KL terms in the input dtype to scratch rows, then their float64
-    sums in a short loop of their own: float64 stays out of the main loop, which LLVM vectorizes
-    at full width. The counts are summed per chunk in the input dtype (whole numbers below 2^24:
-    exact in any order). The `reassoc` build vectorizes the sums; their order of addition is
-    fixed by the compiled loop, not by threads, so results stay identical on any number of
-    threads. Positions past the length, and a mask's trailing words of 8 invalid bytes, are not
-    computed: their gradient is 0.
-    """
-    has_mask = mask.shape[0] > 0
-    lo, hi, dual, clamp = ratio_low, ratio_high, dual_clip, log_ratio_clamp
-    has_weights = weights.shape[0] > 0
-    ratios = np.empty(_CHUNK, logprobs.dtype)
-    losses = np.empty(_CHUNK, logprobs.dtype)
-    weighted_losses = np.empty(_CHUNK, np.float64)
-    kls = np.empty(_CHUNK, logprobs.dtype)
-    for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        valid_end = min(np.uint64(lengths[b]), span)
-        if has_mask:  # a mask's trailing invalid words too (the twin's comment says why)
-            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
-        scale = scales[b]
-        zero = scale - scale  # 0 in the input dtype (the scale is finite; params may be inf)
-        one = _one_like(zero)
-        p = (lo, hi, dual, clamp, scale, zero)
-        total = 0.0
-        clipped_count = 0.0
-        dual_count = 0.0
-        kl_total = 0.0
-        for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
-            first = start + chunk * _UCHUNK
-            n = min(_UCHUNK, start + valid_end - first)
-            _chunk_ratios(
-                logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                start, span, valid_end, first, n, clamp, ratios,
-            )  # fmt: skip
-            chunk_clipped = zero
-            chunk_dual = zero
-            # One loop per case, so that nothing is loaded for an absent mask or weights.
-            if has_mask and has_weights:
-                for j in range(n):
-                    i = first + j
-                    g, loss, kl, c, d = _policy_token(
-                        logprobs[i], old_logprobs[i], advantages[i], np.float64(weights[i]),
-                        ratios[j], mask[i] != 0, p,
-                    )  # fmt: skip
-                    grad[i] = g
-                    weighted_losses[j] = loss
-                    kls[j] = kl
-                    chunk_clipped += _select(c, one, zero)
-                    chunk_dual += _select(d, one, zero)
-            elif has_mask:
-                for j in range(n):
-                    i = first + j
-                    g, loss, kl, c, d = _policy_token(
-                        logprobs[i], old_logprobs[i], advantages[i], one, ratios[j],
-                        mask[i] != 0, p,
-                    )  # fmt: skip
-                    grad[i] = g
-                    losses[j] = loss
-                    kls[j] = kl
-                    chunk_clipped += _select(c, one, zero)
-                    chunk_dual += _select(d, one, zero)
-            elif has_weights:
-                for j in range(n):
-                    i = first + j
-                    g, loss, kl, c, d = _policy_token(
-                        logprobs[i], old_logprobs[i], advantages[i], np.float64(weights[i]),
-                        ratios[j], True, p,
-                    )  # fmt: skip
-                    grad[i] = g
-                    weighted_losses[j] = loss
-                    kls[j] = kl
-                    chunk_clipped += _select(c, one, zero)
-                    chunk_dual += _select(d, one, zero)
-            else:
-                for j in range(n):
-                    i = first + j
-                    g, loss, kl, c, d = _policy_token(
-                        logprobs[i], old_logprobs[i], advantages[i], one, ratios[j], True, p
-                    )
-                    grad[i] = g
-                    losses[j] = loss
-                    kls[j] = kl
-                    chunk_clipped += _select(c, one, zero)
-                    chunk_dual += _select(d, one, zero)
-            if has_weights:
-                for j in range(n):
-                    total += weighted_losses[j]
-            else:
-                for j in range(n):
-                    total += np.float64(losses[j])
-            for j in range(n):
-                kl_total += np.float64(kls[j])
-            clipped_count += np.float64(chunk_clipped)
-            dual_count += np.float64(chunk_dual)
-        for i in range(start + valid_end, start + span):
-            grad[i] = zero
-        row_loss[b] = total
-        row_clipped[b] = clipped_count
-        row_dual[b] = dual_count
-        row_kl[b] = kl_total
-
-
-@_jit
-def _reinforce_token(logprob, old_logprob, advantage, weight, valid, p):
-    """One token of REINFORCE: (grad, loss term, KL term), the terms 0 where not valid. As in
-    _policy_token, the arithmetic runs in the input dtype and a weight comes in float64. The KL
-    penalty's terms are selected, not branched on, so that the loop has no branch."""
-    beta, half_beta, penalised, scale, zero = p
-    log_ratio = logprob - old_logprob
-    objective = advantage * logprob
-    objective = _select(penalised, objective - half_beta * (log_ratio * log_ratio), objective)
-    slope = _select(penalised, advantage - beta * log_ratio, advantage)
-    grad = _select(valid, -weight * slope * scale, zero)
-    loss = _select(valid, -weight * objective, zero)
-    kl = _select(valid, -log_ratio, zero)
-    return grad, loss, kl
+    """Twin: src/rows_loss.h ppo_clipped_surrogate_row, in lanes (``_policy_rows_build``): loss,
+    gradient and statistics."""
+    one = _one_like(ratio_low)
+    _clipped_surrogate_rows(
+        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+        one - one, dual_clip, ratio_low, ratio_high, log_ratio_clamp, one, one, one, one, False,
+        grad, row_loss, row_clipped, row_dual, row_kl,
+    )  # fmt: skip
 
 
 def reinforce(
@@ -240,93 +440,12 @@ def reinforce(
     row_loss,
     row_kl,
 ):
-    """Twin: src/rows_policy.h ppo_reinforce_row. One pass over a row's valid prefix with
-    selects, a block of _PREFETCH_BLOCK positions at a time, a loop per case of mask and
-    weights, writing the gradient and the block's float64 loss and KL terms to L1 scratch rows;
-    then the terms' sums, in loops of their own. The `reassoc` build vectorizes the sums; their
-    order is that of the compiled loop, never of the threads, so results stay identical on any
-    number of threads. Why not the sums in the loop that stores the gradient (as until
-    0.8.13): LLVM vectorizes that loop behind a run-time check that the gradient does not
-    overlap the inputs, which also fails for an input that merely starts less than the vector
-    loop's step (32 float64) before it (short rows, small arrays side by side in memory), and
-    then runs its scalar copy, whose sums add in another order: the loss and KL changed in their
-    last bit with where the arrays lay (a row of 18 tokens, an input ending 0-13 positions before
-    the gradient; tests/test_fast_path.py caught it as the fast path and the general way
-    disagreeing). A loop that only loads has no such check. This costs numba about a tenth of
-    its time here (numba/Cython 1.07 -> 1.17 on float32 1024x4096, one thread). Positions past
-    the length, and a mask's trailing words of 8 invalid bytes, are not computed: their gradient
-    is 0."""
-    has_mask = mask.shape[0] > 0
-    has_weights = weights.shape[0] > 0
-    penalised = beta != 0.0
-    losses = np.empty(_PREFETCH_BLOCK, np.float64)
-    kls = np.empty(_PREFETCH_BLOCK, np.float64)
-    for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        end = start + min(np.uint64(lengths[b]), span)
-        if has_mask:  # as clipped_surrogate's
-            end = start + _mask_stop(mask, start, np.uint64(0), end - start)
-        scale = scales[b]
-        zero = scale - scale  # 0 in the input dtype (the scale is finite)
-        one = _one_like(zero)
-        p = (beta, beta * _half_like(zero), penalised, scale, zero)
-        total = 0.0
-        kl_total = 0.0
-        # A block of _PREFETCH_BLOCK positions at a time, prefetching ahead (_prefetch_ahead).
-        for first in range(start, end, _PREFETCH_BLOCK):
-            _prefetch_ahead(
-                logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                _ahead(first, start, span, end - start),
-            )  # fmt: skip
-            n = min(_PREFETCH_BLOCK, end - first)
-            # One loop per case, so that nothing is loaded for an absent mask or weights.
-            if has_mask and has_weights:
-                for j in range(n):
-                    i = first + j
-                    g, loss, kl = _reinforce_token(
-                        logprobs[i], old_logprobs[i], advantages[i], np.float64(weights[i]),
-                        mask[i] != 0, p,
-                    )  # fmt: skip
-                    grad[i] = g
-                    losses[j] = loss
-                    kls[j] = kl
-            elif has_mask:
-                for j in range(n):
-                    i = first + j
-                    g, loss, kl = _reinforce_token(
-                        logprobs[i], old_logprobs[i], advantages[i], one, mask[i] != 0, p
-                    )
-                    grad[i] = g
-                    losses[j] = loss
-                    kls[j] = kl
-            elif has_weights:
-                for j in range(n):
-                    i = first + j
-                    g, loss, kl = _reinforce_token(
-                        logprobs[i], old_logprobs[i], advantages[i], np.float64(weights[i]), True, p
-                    )
-                    grad[i] = g
-                    losses[j] = loss
-                    kls[j] = kl
-            else:
-                for j in range(n):
-                    i = first + j
-                    g, loss, kl = _reinforce_token(
-                        logprobs[i], old_logprobs[i], advantages[i], one, True, p
-                    )
-                    grad[i] = g
-                    losses[j] = loss
-                    kls[j] = kl
-            for j in range(n):
-                total += losses[j]
-            for j in range(n):
-                kl_total += kls[j]
-        for i in range(end, start + span):
-            grad[i] = zero
-        row_loss[b] = total
-        row_kl[b] = kl_total
+    """Twin: src/rows_policy.h ppo_reinforce_row, in lanes (``_policy_rows_build``)."""
+    one = _one_like(beta)
+    _reinforce_rows(
+        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales, beta,
+        one, one, one, one, one, one, one, one, False, grad, row_loss, row_loss, row_loss, row_kl,
+    )  # fmt: skip
 
 
 def cispo(
@@ -348,72 +467,13 @@ def cispo(
     row_lower,
     row_kl,
 ):
-    """Twin: src/rows_policy.h ppo_cispo_row. A row's valid prefix in chunks of ``_CHUNK``
-    tokens, as clipped_surrogate: exp in a pre-pass per chunk into an L1 scratch row (so that
-    the main loop vectorizes), then one pass with selects; the float64 loss and KL terms go to
-    scratch rows that short loops of their own sum (the `reassoc` build vectorizes them, in an
-    order fixed by the compiled loop). Positions past the length, and a mask's trailing words of
-    8 invalid bytes, get a zero gradient."""
-    has_mask = mask.shape[0] > 0
-    has_weights = weights.shape[0] > 0
-    lo, hi, clamp = ratio_low, ratio_high, log_ratio_clamp
-    ratios = np.empty(_CHUNK, logprobs.dtype)
-    for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        valid_end = min(np.uint64(lengths[b]), span)
-        if has_mask:  # as clipped_surrogate's
-            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
-        scale = scales[b]
-        zero = scale - scale
-        total = 0.0
-        clipped_count = 0.0
-        lower_count = 0.0
-        kl_total = 0.0
-        for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
-            first = start + chunk * _UCHUNK
-            n = min(_UCHUNK, start + valid_end - first)
-            _chunk_ratios(
-                logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                start, span, valid_end, first, n, clamp, ratios,
-            )  # fmt: skip
-            for j in range(n):
-                i = first + j
-                valid = (not has_mask) or mask[i] != 0
-                logprob = logprobs[i]
-                weight = np.float64(weights[i]) if has_weights else 1.0
-                log_ratio = min(max(logprob - old_logprobs[i], -clamp), clamp)
-                ratio = ratios[j]
-                coefficient = min(max(ratio, lo), hi)
-                slope = coefficient * advantages[i]
-                grad[i] = _select(valid, -weight * slope * scale, zero)
-                total += _select(valid, -weight * (slope * logprob), 0.0)
-                kl_total += _select(valid, -np.float64(log_ratio), 0.0)
-                # whole numbers: exact in any order of addition
-                clipped_count += _select(valid & (coefficient != ratio), 1.0, 0.0)
-                lower_count += _select(valid & (ratio < lo), 1.0, 0.0)
-        for i in range(start + valid_end, start + span):
-            grad[i] = zero
-        row_loss[b] = total
-        row_clipped[b] = clipped_count
-        row_lower[b] = lower_count
-        row_kl[b] = kl_total
-
-
-@numba.njit(nogil=True, cache=_CACHE, error_model="numpy")
-def _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg):
-    """sigmoids[j] = sigmoid(tau * (ratios[j] - 1)) for the n tokens from position first, tau by
-    the sign of the advantage. A function of its own, not inlined: numba's SSA pass loses track
-    of a second inlined exp_poly in one function. Its error model is numpy's: under the default
-    (Python's), each division checks for a zero divisor and may raise ZeroDivisionError, a branch
-    that kept LLVM from vectorizing the loop (SAPO ran 4 times slower than CISPO)."""
-    _prefer_wide_vectors()
-    zero = tau_pos - tau_pos
-    one = _one_like(zero)
-    for j in range(n):
-        tau = _select(advantages[first + j] > zero, tau_pos, tau_neg)
-        sigmoids[j] = one / (one + exp_poly(-(tau * (ratios[j] - one))))  # 1 / (1 + exp(-z))
+    """Twin: src/rows_policy.h ppo_cispo_row, in lanes (``_policy_rows_build``)."""
+    one = _one_like(ratio_low)
+    _cispo_rows(
+        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+        one - one, one, ratio_low, ratio_high, log_ratio_clamp, one, one, one, one, False, grad,
+        row_loss, row_clipped, row_lower, row_kl,
+    )  # fmt: skip
 
 
 def sapo(
@@ -433,61 +493,16 @@ def sapo(
     row_loss,
     row_kl,
 ):
-    """Twin: src/rows_policy.h ppo_sapo_row. As cispo, with the ratio's exp and then the
-    sigmoid's in pre-passes per chunk into L1 scratch rows."""
-    has_mask = mask.shape[0] > 0
-    has_weights = weights.shape[0] > 0
-    clamp = log_ratio_clamp
-    ratios = np.empty(_CHUNK, logprobs.dtype)
-    sigmoids = np.empty(_CHUNK, logprobs.dtype)
-    for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        valid_end = min(np.uint64(lengths[b]), span)
-        if has_mask:  # as clipped_surrogate's
-            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
-        scale = scales[b]
-        zero = scale - scale
-        one = _one_like(zero)
-        four = one + one + one + one
-        # 4 / tau per sign of the advantage, divided once: a division in the token loop checks
-        # its divisor for zero (numba's Python error model), which keeps the loop from vectorizing
-        gate_pos = four / tau_pos
-        gate_neg = four / tau_neg
-        total = 0.0
-        kl_total = 0.0
-        for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
-            first = start + chunk * _UCHUNK
-            n = min(_UCHUNK, start + valid_end - first)
-            _chunk_ratios(
-                logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                start, span, valid_end, first, n, clamp, ratios,
-            )  # fmt: skip
-            _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg)
-            for j in range(n):
-                i = first + j
-                valid = (not has_mask) or mask[i] != 0
-                advantage = advantages[i]
-                weight = np.float64(weights[i]) if has_weights else 1.0
-                raw = logprobs[i] - old_logprobs[i]
-                # torch.clamp passes the gradient at its bounds, and a NaN log-ratio's NaN
-                inside = not ((raw < -clamp) | (raw > clamp))
-                log_ratio = min(max(raw, -clamp), clamp)
-                sigmoid = sigmoids[j]
-                gate = sigmoid * _select(advantage > zero, gate_pos, gate_neg)
-                slope = advantage * ((four * sigmoid) * (one - sigmoid))
-                sloped = _select(inside, slope * ratios[j], zero)
-                grad[i] = _select(valid, -weight * sloped * scale, zero)
-                total += _select(valid, -weight * (gate * advantage), 0.0)
-                kl_total += _select(valid, -np.float64(log_ratio), 0.0)
-        for i in range(start + valid_end, start + span):
-            grad[i] = zero
-        row_loss[b] = total
-        row_kl[b] = kl_total
+    """Twin: src/rows_policy.h ppo_sapo_row, in lanes (``_policy_rows_build``)."""
+    one = _one_like(tau_pos)
+    _sapo_rows(
+        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+        one - one, one, one, one, log_ratio_clamp, tau_pos, tau_neg, one, one, False, grad,
+        row_loss, row_loss, row_loss, row_kl,
+    )  # fmt: skip
 
 
-@numba.njit(nogil=True, cache=_CACHE, error_model="numpy")
+@_without_refcounts
 def _exps(values, first, out, n):
     """out[j] = exp(values[first + j]) for j < n: one inlined exp per function (numba's SSA pass
     loses track of a second, as _sapo_sigmoids says)."""
@@ -496,7 +511,7 @@ def _exps(values, first, out, n):
         out[j] = exp_poly(values[first + j])
 
 
-@numba.njit(nogil=True, cache=_CACHE, error_model="numpy")
+@_without_refcounts
 def _dppo_inside(
     logprobs, old_logprobs, advantages, first, probs, old_probs, kept, n, low, high, binary_kl
 ):
@@ -565,64 +580,16 @@ def dppo(
     row_capped,
     row_kl,
 ):
-    """Twin: src/rows_token.h ppo_dppo_row. As cispo, with the probabilities' exps and then the
-    trust region's 0/1 (``_dppo_inside``) in pre-passes per chunk into L1 scratch rows."""
-    has_mask = mask.shape[0] > 0
-    has_weights = weights.shape[0] > 0
+    """Twin: src/rows_token.h ppo_dppo_row, in lanes (``_policy_rows_build``): the ratios' and
+    the probabilities' exps and the trust region's 0/1 (``_dppo_inside``) in pre-passes per
+    chunk into L1 scratch rows, then the blocks of 8."""
+    one = _one_like(ratio_cap)
     binary_kl = divergence == 1  # _spec.DIVERGENCES
-    cap, clamp = ratio_cap, log_ratio_clamp
-    ratios = np.empty(_CHUNK, logprobs.dtype)
-    kept = np.empty(_CHUNK, logprobs.dtype)
-    probs = np.empty(_CHUNK, logprobs.dtype)
-    old_probs = np.empty(_CHUNK, logprobs.dtype)
-    for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        valid_end = min(np.uint64(lengths[b]), span)
-        if has_mask:  # as clipped_surrogate's
-            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
-        scale = scales[b]
-        zero = scale - scale
-        total = 0.0
-        outside_count = 0.0
-        capped_count = 0.0
-        kl_total = 0.0
-        for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
-            first = start + chunk * _UCHUNK
-            n = min(_UCHUNK, start + valid_end - first)
-            _chunk_ratios(
-                logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                start, span, valid_end, first, n, clamp, ratios,
-            )  # fmt: skip
-            _exps(logprobs, first, probs, n)
-            _exps(old_logprobs, first, old_probs, n)
-            _dppo_inside(
-                logprobs, old_logprobs, advantages, first, probs, old_probs, kept, n,
-                divergence_low, divergence_high, binary_kl,
-            )  # fmt: skip
-            for j in range(n):
-                i = first + j
-                valid = (not has_mask) or mask[i] != 0
-                logprob = logprobs[i]
-                weight = np.float64(weights[i]) if has_weights else 1.0
-                log_ratio = min(max(logprob - old_logprobs[i], -clamp), clamp)
-                ratio = ratios[j]
-                keep = kept[j]
-                slope = advantages[i] * min(ratio, cap)
-                grad[i] = _select(valid, -weight * (slope * keep) * scale, zero)
-                total += _select(valid, -weight * ((slope * logprob) * keep), 0.0)
-                kl_total += _select(valid, -np.float64(log_ratio), 0.0)
-                inside = keep != zero
-                # whole numbers: exact in any order of addition
-                outside_count += _select(valid & (not inside), 1.0, 0.0)
-                capped_count += _select(valid & inside & (ratio > cap), 1.0, 0.0)
-        for i in range(start + valid_end, start + span):
-            grad[i] = zero
-        row_loss[b] = total
-        row_outside[b] = outside_count
-        row_capped[b] = capped_count
-        row_kl[b] = kl_total
+    _dppo_rows(
+        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+        one - one, ratio_cap, one, one, log_ratio_clamp, one, one, divergence_low,
+        divergence_high, binary_kl, grad, row_loss, row_outside, row_capped, row_kl,
+    )  # fmt: skip
 
 
 def kl_cov(
@@ -697,6 +664,84 @@ def kl_cov(
         row_abs_kl[b] = abs_total
 
 
+@_without_refcounts
+def _value_block(valid, values, old_values, returns, i, clip_range, scale, zero, grad, loss):
+    """Twin: src/rows_loss.h ppo_value_block. The 8 positions from i, ``valid`` as the mask and
+    the length allow: stores their gradient, returns the loss lanes with their halved squares
+    added, and how many of them were clipped."""
+    value = _lanes_of(values, i)
+    old = _lanes_of(old_values, i)
+    target = _lanes_of(returns, i)
+    error = _lanes_sub(value, target)
+    unclipped = _lanes_mul(error, error)
+    clipped_value = _lanes_clip(value, _lanes_sub(old, clip_range), _lanes_add(old, clip_range))
+    clipped_error = _lanes_sub(clipped_value, target)
+    clipped = _lanes_mul(clipped_error, clipped_error)
+    is_clipped = _lanes_gt(clipped, unclipped)
+    sloped = _valid_and_not(valid, is_clipped)
+    _lanes_put(grad, i, _lanes_where(sloped, _lanes_mul(error, scale), zero))
+    chosen = _lanes_where(valid, _lanes_where(is_clipped, clipped, unclipped), zero)
+    loss = _lanes_add(loss, _lanes_mul(_lanes_f64(chosen), _lanes_splat(0.5)))
+    return loss, _count_valid_lanes(_valid_and(valid, is_clipped))
+
+
+@_without_refcounts
+def _value_row(
+    values, old_values, returns, start, span, length, mask, clip, scale, grad, tail, tail_mask
+):  # fmt: skip
+    """Twin: src/rows_loss.h ppo_value_loss_cases. Unlike the policy losses, every position of
+    the row is computed, as in the twin (which says why), a chunk of _CHUNK positions at a
+    time: the blocks wholly before the length with no test of it, the others with one, a row's
+    last partial block in zero-padded lanes. Returns the row's (loss, clipped count). Positions
+    are signed (a block's count of positions before the length may be below 0)."""
+    has_mask = mask.shape[0] > 0
+    clip_range = _lanes_splat(clip)
+    scales = _lanes_splat(scale)
+    zero = _lanes_splat(scale - scale)  # as the twin: 0 in the dtype
+    loss = _lanes_splat(0.0)
+    clipped = 0
+    within = (length - length % 8 if length > 0 else 0) if length < span else span - span % 8
+    for first in range(0, span, _CHUNK):
+        end = min(first + _CHUNK, span)
+        whole_end = end - (end - first) % 8
+        before_length = min(within, whole_end)
+        for t in range(first, before_length, 8):
+            if has_mask:
+                valid = _valid_bytes(mask, start + t)
+            else:
+                valid = _valid_all()
+            loss, block_clipped = _value_block(
+                valid, values, old_values, returns, start + t, clip_range, scales, zero, grad,
+                loss,
+            )  # fmt: skip
+            clipped += block_clipped
+        for t in range(max(before_length, first), whole_end, 8):
+            valid = _valid_first(length - t)
+            if has_mask:
+                valid = _valid_and(valid, _valid_bytes(mask, start + t))
+            loss, block_clipped = _value_block(
+                valid, values, old_values, returns, start + t, clip_range, scales, zero, grad,
+                loss,
+            )  # fmt: skip
+            clipped += block_clipped
+        t = whole_end
+        if t < end:
+            count = end - t
+            _tail_fill(
+                tail, tail_mask, values, old_values, returns, values, False, mask, has_mask,
+                start + t, count,
+            )  # fmt: skip
+            valid = _valid_and(_valid_bytes(tail_mask, 0), _valid_first(length - t))
+            tail_grad = tail[4]
+            loss, block_clipped = _value_block(
+                valid, tail[0], tail[1], tail[2], 0, clip_range, scales, zero, tail_grad, loss
+            )
+            clipped += block_clipped
+            for lane in range(count):
+                grad[start + t + lane] = tail_grad[lane]
+    return _lane_total(loss), clipped
+
+
 def value_loss(
     values,
     old_values,
@@ -711,41 +756,15 @@ def value_loss(
     row_loss,
     row_clipped,
 ):
-    """Twin: src/rows_loss.h ppo_value_loss_row. One pass, vectorized like the policy loss, a
-    chunk of _CHUNK positions at a time: the gradient and the chunk's float64 loss terms (to an
-    L1 scratch row), then their sum in a loop of its own, as reinforce's (whose docstring says
-    why: summed in the loop that stores the gradient, the loss changed in its last bit with
-    where the arrays lay). That costs numba about a fifth of its time here (numba/Cython
-    1.0 -> 1.2 on float32 1024x4096, one thread; blocks of 64 positions: 1.4, of 1024: 1.3).
-    The counts are whole numbers: exact in any order."""
-    has_mask = mask.shape[0] > 0
-    halves = np.empty(_CHUNK, np.float64)
+    """Twin: src/rows_loss.h ppo_value_loss_row, in lanes (``_value_row``): the clipped value
+    loss's halved squares summed in float64 lanes added up in the twin's tree, the gradient, and
+    the clipped count (a whole number)."""
+    tail = np.zeros((5, 8), values.dtype)
+    tail_mask = np.zeros(8, np.uint8)
     for b in prange(starts.shape[0]):
-        start = np.uint64(starts[b])
-        length = np.uint64(lengths[b])
-        span = np.uint64(spans[b])
-        scale = scales[b]
-        zero = scale - scale  # 0 in the input dtype (the scale is finite; params may be inf)
-        total = 0.0
-        clipped_count = 0.0
-        for first in range(np.uint64(0), span, _UCHUNK):
-            n = min(_UCHUNK, span - first)
-            for j in range(n):
-                t = first + j
-                i = start + t
-                valid = t < length and (not has_mask or mask[i] != 0)
-                value = values[i]
-                old = old_values[i]
-                error = value - returns[i]
-                unclipped = error * error
-                clipped_error = min(max(value, old - clip), old + clip) - returns[i]
-                clipped = clipped_error * clipped_error
-                is_clipped = clipped > unclipped
-                grad[i] = error * scale if valid & (not is_clipped) else zero
-                half = np.float64(clipped if is_clipped else unclipped) * 0.5
-                halves[j] = _select(valid, half, 0.0)  # a select: no predicated store
-                clipped_count += 1.0 if valid & is_clipped else 0.0
-            for j in range(n):
-                total += halves[j]
-        row_loss[b] = total
-        row_clipped[b] = clipped_count
+        loss, clipped = _value_row(
+            values, old_values, returns, starts[b], spans[b], lengths[b], mask, clip, scales[b],
+            grad, tail, tail_mask,
+        )  # fmt: skip
+        row_loss[b] = loss
+        row_clipped[b] = clipped

@@ -6,51 +6,232 @@ the Cython twins are in ``src/rows_sequence.h``). Registered as the backend's ke
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange
 
 from ._numba_core import (
-    _CACHE,
-    _PREFETCH_BLOCK,
     _STREAM_AHEAD_BYTES,
-    _U1,
+    _U8,
     _ahead_by,
     _jit,
     _mask_stop,
-    _one_like,
+    _positions_per_line,
     _prefer_wide_vectors,
-    _prefetch_ahead,
+    _prefetch,
+    _rounded_like,
     _select,
+    _without_refcounts,
     exp_poly,
     log_poly,
 )
-from ._numba_lanes import _add_lanes, _lane_total, _lanes_splat
-from ._numba_losses import _CHUNK, _UCHUNK
+from ._numba_lanes import (
+    _add_lanes,
+    _count_valid_lanes,
+    _lane_total,
+    _lanes_add,
+    _lanes_f64,
+    _lanes_gt,
+    _lanes_le,
+    _lanes_lt,
+    _lanes_mul,
+    _lanes_negative,
+    _lanes_of,
+    _lanes_put,
+    _lanes_rounded,
+    _lanes_splat,
+    _lanes_sub,
+    _lanes_where,
+    _valid_all,
+    _valid_and,
+    _valid_and_not,
+    _valid_bytes,
+    _valid_or,
+)
+from ._numba_losses import _CHUNK, _U64, _UCHUNK, _tail_fill
+
+_U7 = np.uint64(7)
 
 
 @_jit
-def _gspo_token(advantage, weight, valid, p):
-    """One token of GSPO's token pass on its row's ratio: (grad, loss term, slope term, clipped,
-    clipped below), the terms 0 where not valid; as _numba_losses._policy_token, the arithmetic
-    runs in the input dtype and a weight comes in float64 (a weight of 1 in the dtype gives the
-    bits of 1.0 in float64). The slope term is the sequence form's, the grad the detached
-    form's: beyond the clamp its slope is 0 (not inf * 0), times the weight, so that a NaN weight
-    still says so."""
-    ratio, clipped_ratio, dual, inside, scale, zero = p
-    unclipped = ratio * advantage
-    clipped = clipped_ratio * advantage
-    is_clipped = clipped < unclipped
-    objective = _select(is_clipped, clipped, unclipped)
-    is_dual = (advantage < zero) & (dual * advantage > objective)
-    objective = _select(is_dual, dual * advantage, objective)
-    slope = _select(is_clipped | is_dual, zero, advantage)
-    sloped = _select(inside, slope * ratio, zero)
-    grad = _select(valid, -weight * sloped * scale, zero)
-    loss = _select(valid, -weight * objective, zero)
-    slope_term = _select(valid, -weight * slope, zero)
-    counted = valid & is_clipped
-    return grad, loss, slope_term, counted, counted & (advantage < zero)
+def _gspo_sum_block(has_mask, logprobs, old_logprobs, mask, i, zero, sums):
+    """Twin: src/rows_sequence.h ppo_gspo_sum_block. The pre-pass's 8 tokens from position i:
+    their log-ratios (in the dtype) added to the lanes of the sum and of the KL's, and the count
+    of valid tokens."""
+    log_ratio_lanes, kl_lanes, count = sums
+    if has_mask:
+        valid = _valid_bytes(mask, i)
+    else:
+        valid = _valid_all()
+    log_ratio = _lanes_sub(_lanes_of(logprobs, i), _lanes_of(old_logprobs, i))
+    wide = _lanes_f64(_lanes_where(valid, log_ratio, zero))
+    return (
+        _lanes_add(log_ratio_lanes, wide), _lanes_add(kl_lanes, _lanes_negative(wide)),
+        count + _count_valid_lanes(valid),
+    )  # fmt: skip
+
+
+@_jit
+def _gspo_block(has_mask, has_weights, detached, advantages, weights, mask, i, p, grad, sums):
+    """Twin: src/rows_sequence.h ppo_gspo_block. The token pass's 8 tokens from position i on
+    the row's ratio s (the clipped surrogate's body): the detached form stores their gradient,
+    the sequence form sums their slope; returns the loss and slope lanes with their terms added
+    and the clipped counts (all, and those below). Beyond the clamp the slope is 0 (not
+    inf * 0), times the weight, so that a NaN weight still says so."""
+    zero, ratio, clipped_ratio, dual, scale, inside = p
+    loss_lanes, slope_lanes, clipped_count, lower_count = sums
+    if has_mask:
+        valid = _valid_bytes(mask, i)
+    else:
+        valid = _valid_all()
+    advantage = _lanes_of(advantages, i)
+    unclipped = _lanes_mul(ratio, advantage)
+    clipped = _lanes_mul(clipped_ratio, advantage)
+    is_clipped = _lanes_lt(clipped, unclipped)
+    objective = _lanes_where(is_clipped, clipped, unclipped)
+    dual_objective = _lanes_mul(dual, advantage)
+    negative = _lanes_lt(advantage, zero)
+    is_dual = _valid_and(negative, _lanes_gt(dual_objective, objective))
+    objective = _lanes_where(is_dual, dual_objective, objective)
+    slope = _lanes_where(_valid_or(is_clipped, is_dual), zero, advantage)
+    negative_weight = _lanes_splat(-1.0)  # the weight is float64 either way, as the twin's
+    if has_weights:
+        weight = _lanes_where(valid, _lanes_of(weights, i), zero)
+        negative_weight = _lanes_negative(_lanes_f64(weight))
+    if detached:
+        sloped = zero
+        if inside:
+            sloped = _lanes_mul(slope, ratio)
+        gradient = _lanes_mul(_lanes_mul(negative_weight, _lanes_f64(sloped)), scale)
+        _lanes_put(grad, i, _lanes_where(valid, _lanes_rounded(gradient, zero), zero))
+    else:
+        slope = _lanes_where(valid, slope, zero)
+        slope_lanes = _lanes_add(slope_lanes, _lanes_mul(negative_weight, _lanes_f64(slope)))
+    objective = _lanes_where(valid, objective, zero)
+    loss_lanes = _lanes_add(loss_lanes, _lanes_mul(negative_weight, _lanes_f64(objective)))
+    counted = _valid_and(valid, is_clipped)
+    return (
+        loss_lanes, slope_lanes, clipped_count + _count_valid_lanes(counted),
+        lower_count + _count_valid_lanes(_valid_and(counted, negative)),
+    )  # fmt: skip
+
+
+@_without_refcounts
+def _gspo_row(
+    logprobs, old_logprobs, advantages, weights, start, span, length, mask, scale, ratio_low,
+    ratio_high, dual_clip, log_ratio_max, detached, grad, tail, tail_mask,
+):  # fmt: skip
+    """Twin: src/rows_sequence.h ppo_gspo_cases. Two passes over the row's valid prefix in
+    lanes, each prefetching _STREAM_AHEAD_BYTES ahead (past its end, the next pass's inputs):
+    the sum of its log-ratios (the sequence ratio s), then the token pass on s; the "sequence"
+    form then writes the row's one gradient to its valid tokens in a third. A row's last
+    partial block goes through zero-padded lanes. Returns (loss, clipped, lower, KL)."""
+    _prefer_wide_vectors()
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    zero = scale - scale  # 0 in the input dtype (the scale is finite)
+    zeros = _lanes_splat(zero)
+    nothing = _lanes_splat(0.0)
+    valid_end = min(length, span)
+    if has_mask:  # as the token losses' (_numba_losses)
+        valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
+    stop = start + valid_end
+    distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
+    per_line = _positions_per_line(logprobs)
+    sums = (nothing, nothing, 0)
+    for first in range(start, stop, _UCHUNK):
+        end = min(first + _UCHUNK, stop)
+        whole_end = end - (end - first) % _U8
+        for i in range(first, whole_end, _U8):
+            if (i - first) % per_line == 0:
+                ahead = i + distance
+                if ahead < stop:  # this pass's inputs
+                    _prefetch(logprobs, ahead)
+                    _prefetch(old_logprobs, ahead)
+                    if has_mask and (i - first) % _U64 == 0:
+                        _prefetch(mask, ahead)
+                else:  # then the token pass's, from the row's start
+                    ahead = ahead - stop + start
+                    _prefetch(advantages, ahead)
+                    if has_weights:
+                        _prefetch(weights, ahead)
+            sums = _gspo_sum_block(has_mask, logprobs, old_logprobs, mask, i, zeros, sums)
+        if whole_end < end:
+            _tail_fill(
+                tail, tail_mask, logprobs, old_logprobs, logprobs, weights, False, mask,
+                has_mask, whole_end, end - whole_end,
+            )  # fmt: skip
+            sums = _gspo_sum_block(
+                tail_mask.shape[0] > 0, tail[0], tail[1], tail_mask, 0, zeros, sums
+            )
+    log_ratio_lanes, kl_lanes, count = sums
+    divisor = max(np.float64(count), 1.0)
+    mean = _rounded_like(_lane_total(log_ratio_lanes) / divisor, zero)
+    inside = not (mean > log_ratio_max)  # torch.clamp passes the gradient at its bound, and NaN's
+    ratio = exp_poly(_select(mean > log_ratio_max, log_ratio_max, mean))
+    clipped_ratio = _select(
+        ratio < ratio_low, ratio_low, _select(ratio > ratio_high, ratio_high, ratio)
+    )
+    gradient_ratio = _select(inside, ratio, zero)  # d s / d mean: 0 beyond the clamp
+    p = (
+        zeros, _lanes_splat(ratio), _lanes_splat(clipped_ratio), _lanes_splat(dual_clip),
+        _lanes_splat(np.float64(scale)), inside,
+    )  # fmt: skip
+    sums = (nothing, nothing, 0, 0)
+    for first in range(start, stop, _UCHUNK):
+        end = min(first + _UCHUNK, stop)
+        whole_end = end - (end - first) % _U8
+        for i in range(first, whole_end, _U8):
+            if (i - first) % per_line == 0:
+                ahead = i + distance
+                if ahead < stop:  # this pass's inputs
+                    _prefetch(advantages, ahead)
+                    if has_weights:
+                        _prefetch(weights, ahead)
+                    if has_mask and (i - first) % _U64 == 0:
+                        _prefetch(mask, ahead)
+                else:  # then the next row's pre-pass's
+                    ahead = ahead - stop + start + span
+                    _prefetch(logprobs, ahead)
+                    _prefetch(old_logprobs, ahead)
+                    if has_mask and (i - first) % _U64 == 0:
+                        _prefetch(mask, ahead)
+            sums = _gspo_block(
+                has_mask, has_weights, detached, advantages, weights, mask, i, p, grad, sums
+            )
+        if whole_end < end:
+            count_left = end - whole_end
+            _tail_fill(
+                tail, tail_mask, advantages, advantages, advantages, weights, has_weights, mask,
+                has_mask, whole_end, count_left,
+            )  # fmt: skip
+            tail_grad = tail[4]
+            sums = _gspo_block(
+                tail_mask.shape[0] > 0, has_weights, detached, tail[0], tail[3], tail_mask, 0, p,
+                tail_grad, sums,
+            )  # fmt: skip
+            if detached:
+                for lane in range(count_left):
+                    grad[whole_end + lane] = tail_grad[lane]
+    loss_lanes, slope_lanes, clipped_count, lower_count = sums
+    if not detached:
+        row_grad = _lane_total(slope_lanes) * np.float64(gradient_ratio) * np.float64(scale)
+        row_grad = row_grad / divisor
+        gradient = _lanes_rounded(_lanes_splat(row_grad), zeros)
+        whole_end = stop - valid_end % _U8
+        for i in range(start, whole_end, _U8):
+            if has_mask:
+                valid = _valid_bytes(mask, i)
+            else:
+                valid = _valid_all()
+            _lanes_put(grad, i, _lanes_where(valid, gradient, zeros))
+        for i in range(whole_end, stop):
+            grad[i] = _select((not has_mask) or mask[i] != 0, row_grad, 0.0)
+    for i in range(stop, start + span):
+        grad[i] = 0
+    return (
+        _lane_total(loss_lanes), np.float64(clipped_count), np.float64(lower_count),
+        _lane_total(kl_lanes),
+    )  # fmt: skip
 
 
 def gspo(
@@ -74,168 +255,23 @@ def gspo(
     row_lower,
     row_kl,
 ):
-    """Twin: src/rows_sequence.h ppo_gspo_row. Two passes over a row's valid prefix: the sum of
-    its log-ratios (the sequence ratio s), then the token pass (_gspo_token: clipped_surrogate's
-    body on s); the "sequence" form then writes the row's one gradient to its valid tokens in a
-    third. The pre-pass sums in float64 in one loop per chunk of _CHUNK positions, whose lines
-    are prefetched first (as a pass with scratch rows it measured twice as slow). The token pass
-    runs in chunks of _CHUNK tokens as the token losses do: the chunk's lines prefetched at once,
-    then the per-token terms in the dtype (in float64 with weights) into L1 scratch rows, one
-    loop per case of mask and weights, and their float64 sums in short loops of their own;
-    counts per chunk in the dtype (whole numbers below 2^24: exact). The row's KL is minus its
-    log-ratios' sum (negation is exact). Positions past the length, and a mask's trailing words
-    of 8 invalid bytes, get a zero gradient. The `reassoc` build vectorizes the float64 sums;
-    their order is that of the compiled loop, never of the threads, so results stay identical on
-    any number of threads."""
-    has_mask = mask.shape[0] > 0
-    has_weights = weights.shape[0] > 0
+    """Twin: src/rows_sequence.h ppo_gspo_row, in lanes (``_gspo_row``)."""
     detached = form == 0
-    distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
-    lo, hi, dual, cap = ratio_low, ratio_high, dual_clip, log_ratio_max
-    losses = np.empty(_CHUNK, logprobs.dtype)
-    slopes = np.empty(_CHUNK, logprobs.dtype)
-    weighted_losses = np.empty(_CHUNK, np.float64)
-    weighted_slopes = np.empty(_CHUNK, np.float64)
-    in_dtype = np.empty(1, logprobs.dtype)  # a float64 rounded to the dtype by a store
+    tail = np.zeros((5, 8), logprobs.dtype)
+    tail_mask = np.zeros(8, np.uint8)
     for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        end = start + min(np.uint64(lengths[b]), span)
-        if has_mask:  # as the token losses' (_numba_losses.clipped_surrogate)
-            end = start + _mask_stop(mask, start, np.uint64(0), end - start)
-        scale = scales[b]
-        zero = scale - scale  # 0 in the input dtype (the scale is finite)
-        one = _one_like(zero)
-        count = 0.0
-        log_ratio_total = 0.0
-        for i0 in range(start, end, _UCHUNK):
-            # a fast pass: a chunk's lines prefetched _STREAM_AHEAD_BYTES ahead, then the token
-            # pass's inputs; then its sums in one loop (a loop per _PREFETCH_BLOCK positions,
-            # each with its vector loop's set-up and remainder, measured 1.15x the kernel's time)
-            for j0 in range(np.uint64(0), _UCHUNK, _PREFETCH_BLOCK):
-                ahead = i0 + j0 + distance
-                if ahead < end:
-                    _prefetch_ahead(
-                        logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask, ahead
-                    )
-                else:  # the token pass's (its weights only where there are: an empty array's
-                    # lines are addresses of nothing, and prefetching them cost 6-10%)
-                    _prefetch_ahead(
-                        advantages, advantages, advantages, weights, has_weights, mask, False,
-                        ahead - end + start,
-                    )  # fmt: skip
-            # one loop per mask case: a test of has_mask in the loop keeps it from vectorizing
-            if has_mask:
-                for i in range(i0, min(i0 + _UCHUNK, end)):
-                    valid = mask[i] != 0
-                    count += _select(valid, 1.0, 0.0)
-                    log_ratio_total += _select(
-                        valid, np.float64(logprobs[i] - old_logprobs[i]), 0.0
-                    )
-            else:
-                for i in range(i0, min(i0 + _UCHUNK, end)):
-                    count += 1.0
-                    log_ratio_total += np.float64(logprobs[i] - old_logprobs[i])
-        in_dtype[0] = log_ratio_total / max(count, 1.0)
-        mean = in_dtype[0]
-        inside = not (mean > cap)  # torch.clamp passes the gradient at its bound, and NaN's
-        ratio = exp_poly(_select(mean > cap, cap, mean))
-        clipped_ratio = _select(ratio < lo, lo, _select(ratio > hi, hi, ratio))
-        gradient_ratio = _select(inside, ratio, zero)  # d s / d mean: 0 beyond the clamp
-        p = (ratio, clipped_ratio, dual, inside, scale, zero)
-        total = 0.0
-        clipped_count = 0.0
-        lower_count = 0.0
-        slope_total = 0.0
-        for chunk in range((end - start + _UCHUNK - _U1) // _UCHUNK):
-            first = start + chunk * _UCHUNK
-            n = min(_UCHUNK, end - first)
-            chunk_clipped = zero
-            chunk_lower = zero
-            for j0 in range(np.uint64(0), _UCHUNK, _PREFETCH_BLOCK):
-                # ahead, the chunk's lines at once: this pass's inputs, then the next row's
-                # pre-pass's (prefetching inside the loops below keeps them from vectorizing)
-                ahead = first + j0 + distance
-                if ahead < end:
-                    _prefetch_ahead(
-                        advantages, advantages, advantages, weights, has_weights, mask, has_mask,
-                        ahead,
-                    )  # fmt: skip
-                else:
-                    _prefetch_ahead(
-                        logprobs, old_logprobs, logprobs, logprobs, False, mask, has_mask,
-                        ahead - end + start + span,
-                    )  # fmt: skip
-            # One loop per case, so that nothing is loaded for an absent mask or weights.
-            if has_mask and has_weights:
-                for j in range(n):
-                    i = first + j
-                    g, loss, slope, c, low = _gspo_token(
-                        advantages[i], np.float64(weights[i]), mask[i] != 0, p
-                    )
-                    grad[i] = g
-                    weighted_losses[j] = loss
-                    weighted_slopes[j] = slope
-                    chunk_clipped += _select(c, one, zero)
-                    chunk_lower += _select(low, one, zero)
-            elif has_mask:
-                for j in range(n):
-                    i = first + j
-                    g, loss, slope, c, low = _gspo_token(advantages[i], one, mask[i] != 0, p)
-                    grad[i] = g
-                    losses[j] = loss
-                    slopes[j] = slope
-                    chunk_clipped += _select(c, one, zero)
-                    chunk_lower += _select(low, one, zero)
-            elif has_weights:
-                for j in range(n):
-                    i = first + j
-                    g, loss, slope, c, low = _gspo_token(
-                        advantages[i], np.float64(weights[i]), True, p
-                    )
-                    grad[i] = g
-                    weighted_losses[j] = loss
-                    weighted_slopes[j] = slope
-                    chunk_clipped += _select(c, one, zero)
-                    chunk_lower += _select(low, one, zero)
-            else:
-                for j in range(n):
-                    i = first + j
-                    g, loss, slope, c, low = _gspo_token(advantages[i], one, True, p)
-                    grad[i] = g
-                    losses[j] = loss
-                    slopes[j] = slope
-                    chunk_clipped += _select(c, one, zero)
-                    chunk_lower += _select(low, one, zero)
-            if has_weights:
-                for j in range(n):
-                    total += weighted_losses[j]
-                if not detached:
-                    for j in range(n):
-                        slope_total += weighted_slopes[j]
-            else:
-                for j in range(n):
-                    total += np.float64(losses[j])
-                if not detached:
-                    for j in range(n):
-                        slope_total += np.float64(slopes[j])
-            clipped_count += np.float64(chunk_clipped)
-            lower_count += np.float64(chunk_lower)
-        if not detached:
-            row_grad = slope_total * gradient_ratio * scale / max(count, 1.0)
-            for i in range(start, end):
-                valid = (not has_mask) or mask[i] != 0
-                grad[i] = _select(valid, row_grad, 0.0)
-        for i in range(end, start + span):
-            grad[i] = zero
-        row_loss[b] = total
-        row_clipped[b] = clipped_count
-        row_lower[b] = lower_count
-        row_kl[b] = -log_ratio_total  # the sum of -log-ratio: negation is exact
+        loss, clipped, lower, kl = _gspo_row(
+            logprobs, old_logprobs, advantages, weights, np.uint64(starts[b]),
+            np.uint64(spans[b]), np.uint64(lengths[b]), mask, scales[b], ratio_low, ratio_high,
+            dual_clip, log_ratio_max, detached, grad, tail, tail_mask,
+        )  # fmt: skip
+        row_loss[b] = loss
+        row_clipped[b] = clipped
+        row_lower[b] = lower
+        row_kl[b] = kl
 
 
-@numba.njit(nogil=True, cache=_CACHE, error_model="numpy")
+@_without_refcounts
 def _log_weights(weights, mask, has_mask, first, n, logs):
     """logs[j] = log(weights[first + j]) in float64 where valid, else 0, for j < n: the twin's
     ppo_f64x8_log (log.h's ppo_log64, lane for lane). A function of its own, with numpy's error
@@ -246,6 +282,158 @@ def _log_weights(weights, mask, has_mask, first, n, logs):
         i = first + j
         valid = (not has_mask) or mask[i] != 0
         logs[j] = _select(valid, log_poly(np.float64(weights[i])), 0.0)
+
+
+@_jit
+def _geo_mean_sum_block(
+    has_mask, logprobs, old_logprobs, advantages, mask, i, zero, high, negative_low, sums
+):  # fmt: skip
+    """Twin: src/rows_sequence.h ppo_geo_mean_sum_block. The pre-pass's 8 tokens from position
+    i: their kept log-ratios, advantages and -log-ratios added to the sums' lanes, and the
+    counts of valid tokens and of those outside the clip above and below."""
+    kept_lanes, advantage_lanes, kl_lanes, count, upper, lower = sums
+    if has_mask:
+        valid = _valid_bytes(mask, i)
+    else:
+        valid = _valid_all()
+    advantage = _lanes_of(advantages, i)
+    log_ratio = _lanes_sub(_lanes_of(logprobs, i), _lanes_of(old_logprobs, i))
+    positive = _lanes_gt(advantage, zero)
+    negative = _lanes_lt(advantage, zero)
+    # the twin's min(high, log_ratio) and max(-low, log_ratio): NaN stays NaN
+    kept = _lanes_where(
+        positive,
+        _lanes_where(_lanes_lt(high, log_ratio), high, log_ratio),
+        _lanes_where(
+            negative,
+            _lanes_where(_lanes_gt(negative_low, log_ratio), negative_low, log_ratio),
+            _lanes_mul(log_ratio, zero),
+        ),
+    )
+    # (log_ratio >= -lo) & (log_ratio <= hi): false on NaN, which is outside
+    within = _valid_and(_lanes_le(negative_low, log_ratio), _lanes_le(log_ratio, high))
+    outside = _valid_and_not(valid, within)
+    kept_lanes = _lanes_add(kept_lanes, _lanes_f64(_lanes_where(valid, kept, zero)))
+    advantage_lanes = _lanes_add(advantage_lanes, _lanes_f64(_lanes_where(valid, advantage, zero)))
+    kl = _lanes_f64(_lanes_where(valid, log_ratio, zero))
+    kl_lanes = _lanes_add(kl_lanes, _lanes_negative(kl))
+    return (
+        kept_lanes, advantage_lanes, kl_lanes, count + _count_valid_lanes(valid),
+        upper + _count_valid_lanes(_valid_and(outside, positive)),
+        lower + _count_valid_lanes(_valid_and(outside, negative)),
+    )  # fmt: skip
+
+
+@_jit
+def _geo_mean_block(
+    has_mask, logprobs, old_logprobs, advantages, mask, i, zero, high, negative_low, row_grad,
+    grad,
+):  # fmt: skip
+    """Twin: src/rows_sequence.h ppo_geo_mean_block: the row's gradient at the 8 tokens from
+    position i where the kept log-ratio moves with the token's, else 0."""
+    if has_mask:
+        valid = _valid_bytes(mask, i)
+    else:
+        valid = _valid_all()
+    advantage = _lanes_of(advantages, i)
+    log_ratio = _lanes_sub(_lanes_of(logprobs, i), _lanes_of(old_logprobs, i))
+    moves = _valid_or(
+        _valid_and(_lanes_gt(advantage, zero), _lanes_le(log_ratio, high)),
+        _valid_and(_lanes_lt(advantage, zero), _lanes_le(negative_low, log_ratio)),
+    )
+    _lanes_put(grad, i, _lanes_where(_valid_and(valid, moves), row_grad, zero))
+
+
+@_without_refcounts
+def _geo_mean_row(
+    logprobs, old_logprobs, advantages, weights, start, span, length, mask, scale,
+    log_ratio_low, log_ratio_high, grad, logs, tail, tail_mask,
+):  # fmt: skip
+    """Twin: src/rows_sequence.h ppo_geo_mean_cases. Two passes over the row's valid prefix in
+    lanes: the sums of its kept log-ratios, advantages and (with weights) log-weights, a chunk
+    at a time, prefetching _STREAM_AHEAD_BYTES ahead (past the row, the next row: the token pass
+    rereads this one from the cache); then the gradient, the row's loss times its scale where
+    the kept log-ratio moves with the token's. A row's last partial block goes through
+    zero-padded lanes. Returns (loss, upper count, lower count, KL)."""
+    _prefer_wide_vectors()
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
+    valid_end = min(length, span)
+    if has_mask:  # as the token losses' (_numba_losses)
+        valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
+    stop = start + valid_end
+    zero = _lanes_splat(scale - scale)  # 0 in the input dtype (the scale is finite)
+    high = _lanes_splat(log_ratio_high)
+    negative_low = _lanes_splat(-log_ratio_low)
+    nothing = _lanes_splat(0.0)
+    sums = (nothing, nothing, nothing, 0, 0, 0)
+    distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
+    per_line = _positions_per_line(logprobs)
+    for first in range(start, stop, _UCHUNK):
+        end = min(first + _UCHUNK, stop)
+        whole_end = end - (end - first) % _U8
+        for i in range(first, whole_end, _U8):
+            if (i - first) % per_line == 0:
+                ahead = _ahead_by(i, start, span, valid_end, distance)
+                _prefetch(logprobs, ahead)
+                _prefetch(old_logprobs, ahead)
+                _prefetch(advantages, ahead)
+                if has_mask and (i - first) % _U64 == 0:
+                    _prefetch(mask, ahead)
+            sums = _geo_mean_sum_block(
+                has_mask, logprobs, old_logprobs, advantages, mask, i, zero, high,
+                negative_low, sums,
+            )  # fmt: skip
+        if whole_end < end:
+            _tail_fill(
+                tail, tail_mask, logprobs, old_logprobs, advantages, weights, False, mask,
+                has_mask, whole_end, end - whole_end,
+            )  # fmt: skip
+            sums = _geo_mean_sum_block(
+                tail_mask.shape[0] > 0, tail[0], tail[1], tail[2], tail_mask, 0, zero, high,
+                negative_low, sums,
+            )  # fmt: skip
+    kept_lanes, advantage_lanes, kl_lanes, count, upper, lower = sums
+    log_weight_total = 0.0
+    if has_weights:  # log_poly on each weight in float64, in the sums' lanes
+        log_weight_lanes = nothing
+        for first in range(start, stop, _UCHUNK):
+            n = min(_UCHUNK, stop - first)
+            padded = (n + _U7) // _U8 * _U8
+            _log_weights(weights, mask, has_mask, first, n, logs)
+            for j in range(n, padded):  # the twin's zero-padded last block
+                logs[j] = 0.0
+            log_weight_lanes = _add_lanes(log_weight_lanes, logs, padded)
+        log_weight_total = _lane_total(log_weight_lanes)
+    counted = np.float64(count)
+    loss = 0.0
+    if counted > 0.0:
+        # exp(mean(r')) * exp(mean(log w)) in one exp
+        weighted_ratio = exp_poly(_lane_total(kept_lanes) / counted + log_weight_total / counted)
+        loss = -(_lane_total(advantage_lanes) / counted) * weighted_ratio
+    row_grad = _lanes_rounded(_lanes_splat(loss * np.float64(scale)), zero)
+    whole_end = stop - valid_end % _U8
+    for i in range(start, whole_end, _U8):
+        _geo_mean_block(
+            has_mask, logprobs, old_logprobs, advantages, mask, i, zero, high, negative_low,
+            row_grad, grad,
+        )  # fmt: skip
+    if whole_end < stop:
+        count_left = stop - whole_end
+        _tail_fill(
+            tail, tail_mask, logprobs, old_logprobs, advantages, weights, False, mask, has_mask,
+            whole_end, count_left,
+        )  # fmt: skip
+        tail_grad = tail[4]
+        _geo_mean_block(
+            tail_mask.shape[0] > 0, tail[0], tail[1], tail[2], tail_mask, 0, zero, high,
+            negative_low, row_grad, tail_grad,
+        )  # fmt: skip
+        for lane in range(count_left):
+            grad[whole_end + lane] = tail_grad[lane]
+    for i in range(stop, start + span):
+        grad[i] = 0
+    return counted * loss, np.float64(upper), np.float64(lower), _lane_total(kl_lanes)
 
 
 def geo_mean(
@@ -266,102 +454,19 @@ def geo_mean(
     row_lower,
     row_kl,
 ):
-    """Twin: src/rows_sequence.h ppo_geo_mean_row. Two passes over a row: the sums of its kept
-    log-ratios, advantages and log-weights (the row's loss, in float64), then the gradient,
-    that loss times the row's scale where the kept log-ratio moves with the token's. The row's
-    gradient is a function of its sums, so they run in the C twin's order: over the row's valid
-    prefix, token t in lane t % 8, the lanes added up in a fixed tree (identical on any number of
-    threads). The terms go to scratch rows a chunk at a time (that loop vectorizes), then into
-    the lanes. Built without `reassoc` (see its registration in _numba_kernels.py)."""
-    has_mask = mask.shape[0] > 0
-    has_weights = weights.shape[0] > 0
-    lo, hi = log_ratio_low, log_ratio_high
-    kepts = np.empty(_CHUNK, np.float64)
-    advantage_terms = np.empty(_CHUNK, np.float64)
-    kls = np.empty(_CHUNK, np.float64)
-    distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
+    """Twin: src/rows_sequence.h ppo_geo_mean_row, in lanes (``_geo_mean_row``): the row's
+    gradient is a function of its sums, which run in the C twin's lanes and order, so that the
+    two backends give the same bits (and so do any number of threads)."""
+    logs = np.empty(_CHUNK, np.float64)
+    tail = np.zeros((5, 8), logprobs.dtype)
+    tail_mask = np.zeros(8, np.uint8)
     for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        length = np.uint64(lengths[b])
-        valid_end = min(length, span)
-        if has_mask:  # as the token losses' (_numba_losses.clipped_surrogate)
-            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
-        scale = scales[b]
-        zero = scale - scale  # 0 in the input dtype (the scale is finite)
-        kept_lanes = _lanes_splat(0.0)
-        advantage_lanes = kept_lanes
-        kl_lanes = kept_lanes
-        log_weight_lanes = kept_lanes
-        # whole numbers, as integers: a float sum would keep the loop from vectorizing
-        count = 0
-        upper_count = 0
-        lower_count = 0
-        for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
-            first = chunk * _UCHUNK
-            n = min(_UCHUNK, valid_end - first)
-            padded = (n + np.uint64(7)) // np.uint64(8) * np.uint64(8)
-            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
-                # the token pass rereads the row from the cache: ahead of it, the next row
-                _prefetch_ahead(
-                    logprobs, old_logprobs, advantages, weights, False, mask, has_mask,
-                    _ahead_by(start + first + j0, start, span, valid_end, distance),
-                )  # fmt: skip
-                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
-                    i = start + first + j
-                    valid = (not has_mask) or mask[i] != 0
-                    advantage = advantages[i]
-                    log_ratio = logprobs[i] - old_logprobs[i]
-                    positive = advantage > zero
-                    negative = advantage < zero
-                    kept = _select(
-                        positive,
-                        _select(log_ratio > hi, hi, log_ratio),
-                        _select(
-                            negative, _select(log_ratio < -lo, -lo, log_ratio), log_ratio * zero
-                        ),
-                    )
-                    outside = not ((log_ratio >= -lo) & (log_ratio <= hi))  # NaN too
-                    count += np.int64(valid)
-                    kepts[j] = _select(valid, np.float64(kept), 0.0)
-                    advantage_terms[j] = _select(valid, np.float64(advantage), 0.0)
-                    upper_count += np.int64(valid & outside & positive)
-                    lower_count += np.int64(valid & outside & negative)
-                    kls[j] = _select(valid, -np.float64(log_ratio), 0.0)
-            for j in range(n, padded):  # the C twin's zero-padded last block
-                kepts[j] = 0.0
-                advantage_terms[j] = 0.0
-                kls[j] = 0.0
-            kept_lanes = _add_lanes(kept_lanes, kepts, padded)
-            advantage_lanes = _add_lanes(advantage_lanes, advantage_terms, padded)
-            kl_lanes = _add_lanes(kl_lanes, kls, padded)
-            if has_weights:
-                _log_weights(weights, mask, has_mask, start + first, n, kepts)
-                log_weight_lanes = _add_lanes(log_weight_lanes, kepts, padded)
-        counted = np.float64(count)
-        total = 0.0
-        loss = 0.0
-        if counted > 0.0:
-            # exp(mean(r')) * exp(mean(log w)) in one exp
-            log_weight_total = _lane_total(log_weight_lanes)
-            weighted_ratio = exp_poly(
-                _lane_total(kept_lanes) / counted + log_weight_total / counted
-            )
-            loss = -(_lane_total(advantage_lanes) / counted) * weighted_ratio
-            total = counted * loss
-        row_grad = loss * scale
-        for i in range(start, start + valid_end):
-            valid = (not has_mask) or mask[i] != 0
-            advantage = advantages[i]
-            log_ratio = logprobs[i] - old_logprobs[i]
-            moves = ((advantage > zero) & (log_ratio <= hi)) | (
-                (advantage < zero) & (log_ratio >= -lo)
-            )
-            grad[i] = _select(valid & moves, row_grad, 0.0)
-        for i in range(start + valid_end, start + span):
-            grad[i] = zero
-        row_loss[b] = total
-        row_clipped[b] = np.float64(upper_count)
-        row_lower[b] = np.float64(lower_count)
-        row_kl[b] = _lane_total(kl_lanes)
+        loss, upper, lower, kl = _geo_mean_row(
+            logprobs, old_logprobs, advantages, weights, np.uint64(starts[b]),
+            np.uint64(spans[b]), np.uint64(lengths[b]), mask, scales[b], log_ratio_low,
+            log_ratio_high, grad, logs, tail, tail_mask,
+        )  # fmt: skip
+        row_loss[b] = loss
+        row_clipped[b] = upper
+        row_lower[b] = lower
+        row_kl[b] = kl
