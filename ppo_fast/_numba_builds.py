@@ -239,9 +239,7 @@ class _Kernel:
     ``parallel=True`` from its source, whose prange loops then share the work; for a kernel that
     ``splits_groups`` (KL-Cov's selection), with ``parallel=True`` from ``shared``."""
 
-    def __init__(
-        self, function, kernel: Kernel | None = None, fastmath=False, row_chunks=None, shared=None
-    ):
+    def __init__(self, function, kernel: Kernel | None = None, row_chunks=None, shared=None):
         self.function = function  # the Python source, for the interface test
         self.kernel = kernel
         self._serial_common = None
@@ -252,12 +250,12 @@ class _Kernel:
         # the table's arguments that runs ``shared``'s own serial build with one range (a
         # jitted wrapper would link that build into its module and compile it a second time).
         self.takes_threads = kernel is not None
-        parallel = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath, parallel=True)
+        parallel = numba.njit(nogil=True, cache=_CACHE, parallel=True)
         if kernel is not None and kernel.splits_groups:
             self.serial = function
             self.parallel = parallel(shared)
             return
-        self.serial = numba.njit(nogil=True, cache=_CACHE, fastmath=fastmath)(function)
+        self.serial = numba.njit(nogil=True, cache=_CACHE)(function)
         if kernel is not None:
             self.parallel = _parallel_build(self.serial, kernel, row_chunks)
         else:
@@ -292,10 +290,10 @@ class _Specialised:
     ran 12 times slower). The argument stays in the signature, common to all backends.
     """
 
-    def __init__(self, make_rows, kernel, fastmath=False):
+    def __init__(self, make_rows, kernel):
         self.position = kernel.arguments.index(kernel.specialise)
         codes = range(len(kernel.scalar(kernel.specialise).choices))
-        self.kernels = [_Kernel(make_rows(code), kernel, fastmath) for code in codes]
+        self.kernels = [_Kernel(make_rows(code), kernel) for code in codes]
         self.function = self.kernels[0].function
 
     def __call__(self, *args):

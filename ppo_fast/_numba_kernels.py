@@ -594,9 +594,8 @@ def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened):
 
 
 # The backend interface: one callable per kernel of the table, with the table's arguments.
-# The loss kernels in lanes (_numba_lanes) add their sums in the C twins' lanes and need no
-# `reassoc`; KL-Cov's loss, a scalar loop, has it so that LLVM vectorizes its row sums (nothing
-# else in it reassociates).
+# No kernel is built with `fastmath`: the losses add their sums in the C twins' lanes
+# (_numba_lanes), and every other kernel's sums are written in its twin's order.
 kl_penalty = _Specialised(_kl_penalty_rows, KERNELS["kl_penalty"])
 shape_rewards = _Specialised(_shape_rewards_rows, KERNELS["shape_rewards"])
 gae = _GAE(gae, _gae_chunked, KERNELS["gae"])
@@ -613,7 +612,7 @@ sapo = _Kernel(sapo, KERNELS["sapo"])
 gspo = _Kernel(gspo, KERNELS["gspo"])
 geo_mean = _Kernel(geo_mean, KERNELS["geo_mean"])
 dppo = _Kernel(dppo, KERNELS["dppo"])
-kl_cov = _Kernel(kl_cov, KERNELS["kl_cov"], fastmath={"reassoc"})
+kl_cov = _Kernel(kl_cov, KERNELS["kl_cov"])
 kl_cov_top_k = _Kernel(kl_cov_top_k, KERNELS["kl_cov_top_k"], shared=_kl_cov_top_k_shared)
 
 

@@ -408,6 +408,27 @@ def _lanes_negative(typingctx, lanes):
     return lanes(lanes), codegen
 
 
+@intrinsic
+def _lanes_abs(typingctx, lanes):
+    """|lanes|: the sign bit cleared (llvm.fabs), |-0| = +0 and a NaN's sign too, as numba's
+    abs (twin: PPO_V(abs))."""
+    if not isinstance(lanes, _LanesType):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vector_type = args[0].type
+        name = f"llvm.fabs.v8f{64 if sig.args[0].dtype == types.float64 else 32}"
+        try:
+            function = builder.module.get_global(name)
+        except KeyError:
+            function = ir.Function(
+                builder.module, ir.FunctionType(vector_type, [vector_type]), name
+            )
+        return builder.call(function, [args[0]])
+
+    return lanes(lanes), codegen
+
+
 def _lanes_comparison(operator):
     @intrinsic
     def comparison(typingctx, a, b):

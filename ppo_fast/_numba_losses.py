@@ -4,10 +4,9 @@ statistics in one pass over rows (twins of ``_reference.py``'s; the Cython twins
 in ``_numba_sequence_losses.py``). Registered as the backend's kernels in ``_numba_kernels.py``;
 conventions in ``_numba_core.py``.
 
-The clipped surrogate, REINFORCE, CISPO, SAPO, DPPO and the value loss run in lanes
-(``_numba_lanes``), operation for operation their C twins', and give their bits; a chunk's exps
-(and DPPO's trust region) come first, as scalar loops that LLVM vectorizes into L1 scratch rows.
-KL-Cov's loss is still the scalar form (its time equals its twin's).
+Every kernel here runs in lanes (``_numba_lanes``), operation for operation its C twin's, and
+gives its bits; a chunk's exps (and DPPO's trust region) come first, as scalar loops that LLVM
+vectorizes into L1 scratch rows.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from numba.extending import intrinsic
 
 from ._numba_core import (
     _PREFETCH_BLOCK,
-    _U1,
     _U8,
     _ahead,
     _half_like,
@@ -38,6 +36,7 @@ from ._numba_core import (
 from ._numba_lanes import (
     _count_valid_lanes,
     _lane_total,
+    _lanes_abs,
     _lanes_add,
     _lanes_clip,
     _lanes_eq,
@@ -83,6 +82,25 @@ def _chunk_ratios(
             ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
 
 
+@_jit
+def _kl_cov_ratios(
+    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask, selected, start,
+    span, valid_end, first, n, ratios,
+):  # fmt: skip
+    """KL-Cov's pre-pass (twin: src/rows_token.h ppo_kl_cov_cases' first loop): as
+    _chunk_ratios, without a clamp (exp of the log-ratio itself), its selection's line
+    prefetched too (a byte a token: one line a block)."""
+    for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
+        ahead = _ahead(first + j0, start, span, valid_end)
+        _prefetch_ahead(
+            logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask, ahead
+        )
+        _prefetch(selected, ahead)
+        for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+            i = first + j
+            ratios[j] = exp_poly(logprobs[i] - old_logprobs[i])
+
+
 @_without_refcounts
 def _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg):
     """sigmoids[j] = sigmoid(tau * (ratios[j] - 1)) for the n tokens from position first, tau by
@@ -101,7 +119,7 @@ def _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg):
 # The per-token policy losses in lanes: the family's kernels (twin: src/rows_policy.h's
 # PPO_REINFORCE, PPO_CISPO, PPO_SAPO) and PPO's clipped surrogate (src/rows_loss.h), which goes
 # through its rows as they do.
-_REINFORCE, _CISPO, _SAPO, _CLIPPED, _DPPO = 0, 1, 2, 3, 4
+_REINFORCE, _CISPO, _SAPO, _CLIPPED, _DPPO, _KL_COV = 0, 1, 2, 3, 4, 5
 
 
 @_jit
@@ -175,14 +193,14 @@ def _policy_rows_build(kind):
 
     @_without_refcounts
     def block(
-        has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask, i, ratio,
-        second, p, grad, loss, kl,
+        has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask, selected, i,
+        ratio, second, p, grad, loss, kl,
     ):  # fmt: skip
         """The 8 tokens from position i, their ratios and ``second`` lanes given (for the
         kernels that have them: SAPO's sigmoids, DPPO's 1 inside its trust region and 0
-        outside): stores their gradient, returns the loss and KL lanes with their terms added,
-        and the kernel's two counts (the clipped surrogate's clipped and dual, CISPO's clipped
-        and lower, DPPO's outside and capped)."""
+        outside): stores their gradient, returns the loss and KL lanes with their terms added
+        (KL-Cov's: |log-ratio|), and the kernel's two counts (the clipped surrogate's clipped
+        and dual, CISPO's clipped and lower, DPPO's outside and capped, KL-Cov's penalised)."""
         zero, one, four, beta, half_beta, penalised, token_scale, scale, dual = p[:9]
         low, high, clamp, negative_clamp, gate_pos, gate_neg = p[9:]
         if has_mask:
@@ -227,6 +245,23 @@ def _policy_rows_build(kind):
             # coefficient != ratio: NaN ratios too
             first_count = _count_valid_lanes(_valid_and_not(valid, _lanes_eq(coefficient, ratio)))
             second_count = _count_valid_lanes(_valid_and(valid, _lanes_lt(ratio, low)))
+        elif kind == _KL_COV:  # twin: src/rows_token.h ppo_kl_cov_block, its coef in `beta`
+            log_ratio = raw_log_ratio
+            if penalised:  # coef != 0: with coef 0 no token is penalised, whatever is selected
+                penalising = _valid_bytes(selected, i)
+            else:
+                penalising = _valid_first(0)
+            distance = _lanes_abs(log_ratio)
+            # sign: 0 at 0, NaN at NaN (the log-ratio itself, where it is neither < nor > 0)
+            sign = _lanes_where(
+                _lanes_gt(log_ratio, zero),
+                one,
+                _lanes_where(_lanes_lt(log_ratio, zero), _lanes_negative(one), log_ratio),
+            )
+            base = _lanes_mul(advantage, ratio)
+            objective = _lanes_where(penalising, _lanes_sub(base, _lanes_mul(beta, distance)), base)
+            slope = _lanes_where(penalising, _lanes_sub(base, _lanes_mul(beta, sign)), base)
+            first_count = _count_valid_lanes(_valid_and(valid, penalising))
         elif kind == _DPPO:  # its ratio cap in `dual`
             log_ratio = _lanes_clip(raw_log_ratio, negative_clamp, clamp)
             keep = second
@@ -257,15 +292,18 @@ def _policy_rows_build(kind):
             has_weights, weights, i, valid, slope, _lanes_where(valid, objective, zero), zero,
             token_scale, scale, grad, loss,
         )  # fmt: skip
-        log_ratio = _lanes_where(valid, log_ratio, zero)
-        kl = _lanes_add(kl, _lanes_negative(_lanes_f64(log_ratio)))
+        if kind == _KL_COV:
+            kl = _lanes_add(kl, _lanes_f64(_lanes_where(valid, distance, zero)))
+        else:
+            log_ratio = _lanes_where(valid, log_ratio, zero)
+            kl = _lanes_add(kl, _lanes_negative(_lanes_f64(log_ratio)))
         return loss, kl, first_count, second_count
 
     @_without_refcounts
     def row(
-        logprobs, old_logprobs, advantages, weights, start, span, length, mask, p, clamp,
-        tau_pos, tau_neg, divergence_low, divergence_high, binary_kl, grad, scratch, tail,
-        tail_mask,
+        logprobs, old_logprobs, advantages, weights, selected, start, span, length, mask, p,
+        clamp, tau_pos, tau_neg, divergence_low, divergence_high, binary_kl, grad, scratch, tail,
+        tail_mask, tail_selected,
     ):  # fmt: skip
         """The row's valid prefix, a chunk of _CHUNK tokens at a time: the chunk's exps first
         into L1 scratch rows (the ratios, then SAPO's sigmoids, or DPPO's probabilities and its
@@ -294,7 +332,12 @@ def _policy_rows_build(kind):
             end = min(first + _UCHUNK, stop)
             n = end - first
             whole_end = end - n % _U8
-            if kind != _REINFORCE:
+            if kind == _KL_COV:
+                _kl_cov_ratios(
+                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                    selected, start, span, valid_end, first, n, ratios,
+                )  # fmt: skip
+            elif kind != _REINFORCE:
                 _chunk_ratios(
                     logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
                     start, span, valid_end, first, n, clamp, ratios,
@@ -325,8 +368,8 @@ def _policy_rows_build(kind):
                 if kind == _SAPO or kind == _DPPO:
                     second = _lanes_of(seconds, i - first)
                 loss, kl, block_first, block_second = block(
-                    has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask, i,
-                    ratio, second, p, grad, loss, kl,
+                    has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask,
+                    selected, i, ratio, second, p, grad, loss, kl,
                 )  # fmt: skip
                 first_count += block_first
                 second_count += block_second
@@ -342,12 +385,15 @@ def _policy_rows_build(kind):
                     ratio = _lanes_of(ratios, whole_end - first)
                 if kind == _SAPO or kind == _DPPO:
                     second = _lanes_of(seconds, whole_end - first)
+                if kind == _KL_COV:  # its selection, zero-padded as the mask
+                    for lane in range(8):
+                        tail_selected[lane] = selected[whole_end + lane] if lane < count else 0
                 tail_grad = tail[4]
                 # the tail's mask is always there (tail_mask: True, but as a value, not a
                 # constant: numba would compile the block a second time for the constant)
                 loss, kl, block_first, block_second = block(
                     tail_mask.shape[0] > 0, has_weights, tail[0], tail[1], tail[2], tail[3],
-                    tail_mask, np.uint64(0), ratio, second, p, tail_grad, loss, kl,
+                    tail_mask, tail_selected, np.uint64(0), ratio, second, p, tail_grad, loss, kl,
                 )  # fmt: skip
                 first_count += block_first
                 second_count += block_second
@@ -359,30 +405,33 @@ def _policy_rows_build(kind):
 
     @_jit
     def rows(
-        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales, beta,
-        dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos, tau_neg, divergence_low,
-        divergence_high, binary_kl, grad, row_loss, row_first, row_second, row_kl,
+        logprobs, old_logprobs, advantages, weights, selected, starts, spans, lengths, mask,
+        scales, beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos, tau_neg,
+        divergence_low, divergence_high, binary_kl, grad, row_loss, row_first, row_second,
+        row_kl,
     ):  # fmt: skip
         """The rows, each on its own; the scratch rows are the call's (_numba_core's docstring
         says why). Counts go to row_first and row_second where the kernel has them."""
         scratch = np.ones((4, _CHUNK), logprobs.dtype)
         tail = np.zeros((5, 8), logprobs.dtype)
         tail_mask = np.zeros(8, np.uint8)
+        tail_selected = np.zeros(8, np.uint8)
         for b in prange(starts.shape[0]):
             p = _policy_params(
                 scales[b], beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos,
                 tau_neg,
             )  # fmt: skip
             loss, first_count, second_count, kl = row(
-                logprobs, old_logprobs, advantages, weights, np.uint64(starts[b]),
+                logprobs, old_logprobs, advantages, weights, selected, np.uint64(starts[b]),
                 np.uint64(spans[b]), np.uint64(lengths[b]), mask, p, log_ratio_clamp, tau_pos,
                 tau_neg, divergence_low, divergence_high, binary_kl, grad, scratch, tail,
-                tail_mask,
+                tail_mask, tail_selected,
             )  # fmt: skip
             row_loss[b] = loss
             row_kl[b] = kl
             if kind != _REINFORCE and kind != _SAPO:  # they count nothing
                 row_first[b] = first_count
+            if kind != _REINFORCE and kind != _SAPO and kind != _KL_COV:  # one count
                 row_second[b] = second_count
 
     return rows
@@ -393,6 +442,7 @@ _reinforce_rows = _policy_rows_build(_REINFORCE)
 _cispo_rows = _policy_rows_build(_CISPO)
 _sapo_rows = _policy_rows_build(_SAPO)
 _dppo_rows = _policy_rows_build(_DPPO)
+_kl_cov_rows = _policy_rows_build(_KL_COV)
 
 
 def clipped_surrogate(
@@ -419,7 +469,7 @@ def clipped_surrogate(
     gradient and statistics."""
     one = _one_like(ratio_low)
     _clipped_surrogate_rows(
-        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+        logprobs, old_logprobs, advantages, weights, mask[:0], starts, spans, lengths, mask, scales,
         one - one, dual_clip, ratio_low, ratio_high, log_ratio_clamp, one, one, one, one, False,
         grad, row_loss, row_clipped, row_dual, row_kl,
     )  # fmt: skip
@@ -443,8 +493,9 @@ def reinforce(
     """Twin: src/rows_policy.h ppo_reinforce_row, in lanes (``_policy_rows_build``)."""
     one = _one_like(beta)
     _reinforce_rows(
-        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales, beta,
-        one, one, one, one, one, one, one, one, False, grad, row_loss, row_loss, row_loss, row_kl,
+        logprobs, old_logprobs, advantages, weights, mask[:0], starts, spans, lengths, mask, scales,
+        beta, one, one, one, one, one, one, one, one, False, grad, row_loss, row_loss, row_loss,
+        row_kl,
     )  # fmt: skip
 
 
@@ -470,7 +521,7 @@ def cispo(
     """Twin: src/rows_policy.h ppo_cispo_row, in lanes (``_policy_rows_build``)."""
     one = _one_like(ratio_low)
     _cispo_rows(
-        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+        logprobs, old_logprobs, advantages, weights, mask[:0], starts, spans, lengths, mask, scales,
         one - one, one, ratio_low, ratio_high, log_ratio_clamp, one, one, one, one, False, grad,
         row_loss, row_clipped, row_lower, row_kl,
     )  # fmt: skip
@@ -496,7 +547,7 @@ def sapo(
     """Twin: src/rows_policy.h ppo_sapo_row, in lanes (``_policy_rows_build``)."""
     one = _one_like(tau_pos)
     _sapo_rows(
-        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+        logprobs, old_logprobs, advantages, weights, mask[:0], starts, spans, lengths, mask, scales,
         one - one, one, one, one, log_ratio_clamp, tau_pos, tau_neg, one, one, False, grad,
         row_loss, row_loss, row_loss, row_kl,
     )  # fmt: skip
@@ -586,9 +637,9 @@ def dppo(
     one = _one_like(ratio_cap)
     binary_kl = divergence == 1  # _spec.DIVERGENCES
     _dppo_rows(
-        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
-        one - one, ratio_cap, one, one, log_ratio_clamp, one, one, divergence_low,
-        divergence_high, binary_kl, grad, row_loss, row_outside, row_capped, row_kl,
+        logprobs, old_logprobs, advantages, weights, mask[:0], starts, spans, lengths, mask, scales,
+        one - one, ratio_cap, one, one, log_ratio_clamp, one, one, divergence_low, divergence_high,
+        binary_kl, grad, row_loss, row_outside, row_capped, row_kl,
     )  # fmt: skip
 
 
@@ -609,59 +660,15 @@ def kl_cov(
     row_penalised,
     row_abs_kl,
 ):
-    """Twin: src/rows_token.h ppo_kl_cov_row. As cispo: the ratios' exp in a pre-pass per chunk,
-    then one pass with selects. A token is penalised where it is selected and coef != 0."""
-    has_mask = mask.shape[0] > 0
-    penalise = coef != 0
-    has_weights = weights.shape[0] > 0
-    ratios = np.empty(_CHUNK, logprobs.dtype)
-    for b in prange(starts.shape[0]):
-        _prefer_wide_vectors()
-        start = np.uint64(starts[b])
-        span = np.uint64(spans[b])
-        valid_end = min(np.uint64(lengths[b]), span)
-        if has_mask:  # as clipped_surrogate's
-            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
-        scale = scales[b]
-        zero = scale - scale
-        one = _one_like(zero)
-        total = 0.0
-        penalised_count = 0.0
-        abs_total = 0.0
-        for chunk in range((valid_end + _UCHUNK - _U1) // _UCHUNK):
-            first = start + chunk * _UCHUNK
-            n = min(_UCHUNK, start + valid_end - first)
-            for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
-                ahead = _ahead(first + j0, start, span, valid_end)
-                _prefetch_ahead(
-                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                    ahead,
-                )  # fmt: skip
-                _prefetch(selected, ahead)  # a byte a token: one line for the block
-                for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
-                    i = first + j
-                    ratios[j] = exp_poly(logprobs[i] - old_logprobs[i])
-            for j in range(n):
-                i = first + j
-                valid = (not has_mask) or mask[i] != 0
-                weight = np.float64(weights[i]) if has_weights else 1.0
-                log_ratio = logprobs[i] - old_logprobs[i]
-                penalised = penalise & (selected[i] != 0)
-                distance = abs(log_ratio)
-                # sign(log_ratio): 0 at 0, NaN at NaN (log_ratio itself, where it is not < or >)
-                sign = _select(log_ratio > zero, one, _select(log_ratio < zero, -one, log_ratio))
-                base = advantages[i] * ratios[j]
-                objective = _select(penalised, base - coef * distance, base)
-                slope = _select(penalised, base - coef * sign, base)
-                grad[i] = _select(valid, -weight * slope * scale, zero)
-                total += _select(valid, -weight * objective, 0.0)
-                abs_total += _select(valid, np.float64(distance), 0.0)
-                penalised_count += _select(valid & penalised, 1.0, 0.0)
-        for i in range(start + valid_end, start + span):
-            grad[i] = zero
-        row_loss[b] = total
-        row_penalised[b] = penalised_count
-        row_abs_kl[b] = abs_total
+    """Twin: src/rows_token.h ppo_kl_cov_row, in lanes (``_policy_rows_build``): the ratios'
+    exps (of the log-ratio itself, unclamped) in a pre-pass per chunk, then the blocks of 8. A
+    token is penalised where it is selected and coef != 0."""
+    one = _one_like(coef)
+    _kl_cov_rows(
+        logprobs, old_logprobs, advantages, weights, selected, starts, spans, lengths, mask, scales,
+        coef, one, one, one, one, one, one, one, one, False, grad, row_loss, row_penalised,
+        row_penalised, row_abs_kl,
+    )  # fmt: skip
 
 
 @_without_refcounts

@@ -122,27 +122,18 @@ def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch)
             )
 
 
-# The kernels whose numba build is written in its C twin's lanes (ppo_fast/_numba_lanes.py): the
-# same operations in the same order, the sums in the same float64 lanes added up in the same
-# tree, so that the two compiled backends agree bit for bit, not only up to the order of a sum.
-LANE_TWINS = (
-    "clipped_surrogate",
-    "value_loss",
-    "reinforce",
-    "cispo",
-    "sapo",
-    "dppo",
-    "gspo",
-    "geo_mean",
-)
+# numba and Cython give the same bits on every kernel of the table: the losses' numba builds are
+# written in their C twins' lanes (ppo_fast/_numba_lanes.py: the same operations in the same
+# order, the sums in the same float64 lanes added up in the same tree), and every other kernel
+# computes the same operations in the same order in both.
 
 
 @pytest.mark.skipif(not {"numba", "cython"} <= set(COMPILED), reason="needs both compiled backends")
-@settings(max_examples=30)
+@settings(max_examples=20)
 @given(batch=ragged_batches(max_rows=5, max_len=40, long_rows=False), nonfinite=st.booleans())
-def test_the_kernels_in_lanes_give_the_same_bits_on_numba_and_cython(batch, nonfinite):
+def test_numba_and_cython_give_the_same_bits(batch, nonfinite):
     numba_kernels, cython_kernels = _backend.resolve("numba"), _backend.resolve("cython")
-    for case in cases(batch, kernels=LANE_TWINS, nonfinite=nonfinite):
+    for case in cases(batch, nonfinite=nonfinite):
         numba_outputs, cython_outputs = case.run(numba_kernels), case.run(cython_kernels)
         for name, output in cython_outputs.items():
             np.testing.assert_array_equal(
