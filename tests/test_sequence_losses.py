@@ -13,7 +13,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_torch_policy import AGGS, LAYOUTS, assert_close, make_case, normaliser
+from test_torch_policy import (
+    AGGS,
+    LAYOUTS,
+    assert_close,
+    make_case,
+    normaliser,
+    on_both_paths,
+)
 
 import ppo_fast
 import ppo_fast.torch as pt
@@ -99,7 +106,7 @@ def run(case, form, options, agg, weighted):
 @pytest.mark.parametrize("form", ["detached", "sequence"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_both_forms_equal_autograd_of_the_peers_expression_on_both_paths(
+def test_both_forms_equal_autograd_of_the_peers_expressionon_both_paths(
     form, layout, dtype, monkeypatch
 ):
     for k, options in enumerate(OPTIONS):
@@ -284,7 +291,7 @@ def run_geo(case, options, agg, weighted):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_geo_mean_equals_autograd_of_verls_expression_on_both_paths(layout, dtype, monkeypatch):
+def test_geo_mean_equals_autograd_of_verls_expressionon_both_paths(layout, dtype, monkeypatch):
     for k, options in enumerate(GEO_OPTIONS):
         case = make_case(layout, dtype, seed=10 + k)
         for agg in AGGS:
@@ -373,18 +380,6 @@ def test_the_torch_path_reads_no_tensor_through_the_host(name, monkeypatch):
     assert torch.isfinite(result.loss) and logp.grad.abs().sum() > 0
 
 
-def _on_both_paths(name, logp, old, adv, monkeypatch, **options):
-    """The kernel path's and the torch path's (forced on CPU) results and gradients."""
-    results = []
-    for forced in (False, True):
-        monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", forced)
-        x = logp.clone().requires_grad_()
-        result = getattr(pt, name)(x, old, adv, **options)
-        result.loss.backward()
-        results.append((result, x.grad))
-    return results
-
-
 def _assert_paths_agree(results, dtype, what):
     (kernel, grad), (forced, forced_grad) = results
     assert forced.loss.dtype == dtype and forced_grad.dtype == dtype, what
@@ -395,7 +390,7 @@ def _assert_paths_agree(results, dtype, what):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_gspo_on_the_bounds_on_both_paths(dtype, monkeypatch):
+def test_gspo_on_the_boundson_both_paths(dtype, monkeypatch):
     """Rows of two valid tokens whose sequence ratio is exactly 2 (at 1 + clip_high, at the
     dual clip, at log_ratio_max = log 2), 1/2 (at 1 - clip_low) and 4 (beyond them), a row
     without a valid token, advantages of 0: the torch path is the kernels', in both forms."""
@@ -422,7 +417,7 @@ def test_gspo_on_the_bounds_on_both_paths(dtype, monkeypatch):
         for form in ("detached", "sequence"):
             for agg in ("token-mean", "seq-mean-token-mean"):
                 what = f"{options} {form} {agg}"
-                results = _on_both_paths(
+                results = on_both_paths(
                     "gspo_loss", logp, old, adv, monkeypatch, mask=mask, form=form, agg=agg,
                     **options,
                 )  # fmt: skip
@@ -435,7 +430,7 @@ def test_gspo_on_the_bounds_on_both_paths(dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_geo_mean_on_the_bounds_on_both_paths(dtype, monkeypatch):
+def test_geo_mean_on_the_boundson_both_paths(dtype, monkeypatch):
     """Log-ratios exactly at the clip bounds (-1/2, 1/2: the gradient still moves them), beyond
     them and inside, advantages of 0, a row without a valid token: the torch path is the
     kernels'."""
@@ -453,7 +448,7 @@ def test_geo_mean_on_the_bounds_on_both_paths(dtype, monkeypatch):
     for options in ({"clip_low": 0.5}, {"clip_low": 0.5, "clip_high": 0.75}):
         for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
             what = f"{options} {agg}"
-            results = _on_both_paths(
+            results = on_both_paths(
                 "geo_mean_loss", logp, old, adv, monkeypatch, mask=mask, agg=agg, **options
             )
             _assert_paths_agree(results, dtype, what)

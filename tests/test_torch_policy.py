@@ -404,7 +404,7 @@ def test_the_torch_path_raises_the_kernel_paths_errors(name, monkeypatch):
             )
 
 
-def _both_paths(name, logp, old, adv, monkeypatch, **options):
+def on_both_paths(name, logp, old, adv, monkeypatch, **options):
     """The kernel path's and the torch path's (forced on CPU) results and gradients."""
     results = []
     for forced in (False, True):
@@ -447,7 +447,7 @@ def test_the_torch_path_on_the_clamp_and_clip_bounds_is_the_kernels(dtype, monke
             assert torch.equal(log_ratio.exp()[:4], torch.tensor([0.5, 2.0, 0.5, 2.0]).to(dtype))
         for agg in ("token-mean", "seq-mean-token-sum"):
             what = f"{name} {options} {agg}"
-            (kernel, grad), (forced, forced_grad) = _both_paths(
+            (kernel, grad), (forced, forced_grad) = on_both_paths(
                 name, logp, old, adv, monkeypatch, lengths=lengths, agg=agg, **options
             )
             assert_close(forced.loss.detach(), kernel.loss.detach(), dtype, what)
