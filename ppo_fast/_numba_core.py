@@ -32,8 +32,9 @@ table). Conventions that keep them fast and exact:
   sums, 8 tokens a step at most. A kernel's row and chunk functions are compiled apart
   (``_without_refcounts``), without reference counting: a call that numba counts runs two
   atomic instructions per array, each a full fence on x86.
-- Validity is tested inline with `has_mask` hoisted: through a helper function the
-  short-circuit control flow stops LLVM from vectorizing the loss kernels (9x slower).
+- In a scalar loop, validity is tested inline with `has_mask` hoisted: through a helper
+  function the short-circuit control flow stops LLVM from vectorizing the loop (the loss
+  kernels, before they ran in lanes: 9x slower).
 - Rows that skip their padding prefetch ahead of their work, across the padding into the next
   row (``_ahead``, ``_prefetch_ahead``; backwards rows: GAE's and the returns' blocks), as the
   C twins do: at every row the hardware prefetchers start again, which cost the loss kernels

@@ -208,10 +208,9 @@ def _lanes_binary(operation):
     return binary
 
 
-_lanes_add = _lanes_binary("fadd")  # lane by lane, as scalar +, -, * and /
+_lanes_add = _lanes_binary("fadd")  # lane by lane, as scalar +, - and *
 _lanes_sub = _lanes_binary("fsub")
 _lanes_mul = _lanes_binary("fmul")
-_lanes_div = _lanes_binary("fdiv")
 
 
 @intrinsic
