@@ -192,12 +192,17 @@ def common_scales(
 
 
 def _common_from_kernel(
-    kernel: Kernel, function: Callable, totals: Callable, serial: Callable | None = None
+    kernel: Kernel,
+    function: Callable,
+    totals: Callable,
+    serial: Callable | None = None,
+    scales: Callable = common_scales,
 ) -> Callable:
     """A backend's entry for the common case of ``kernel`` (``Kernel.common_arguments``) made from
     its table ``function``, for a backend without its own (numba, the oracle): the flat arrays,
     the padded layout, each row input repeated over the rows and the row outputs, as the general
-    way makes them, and the row outputs totalled by ``totals`` (numba's ``row_totals``, which
+    way makes them, the row scales by ``scales`` (``common_scales``, or the backend's compiled
+    twin: numba's), and the row outputs totalled by ``totals`` (numba's ``row_totals``, which
     sums as NumPy does, or NumPy's own). A call on one thread goes to ``serial`` where the
     backend has one (numba's ``serial_common``: the same steps, compiled).
 
@@ -255,7 +260,7 @@ def _common_from_kernel(
         "EMPTY_MASK": _rows.EMPTY_MASK,
         "UINT8": np.dtype(np.uint8),
         "FLOAT64": np.dtype(np.float64),
-        "common_scales": common_scales,
+        "common_scales": scales,
         "empty": np.empty,
         "serial": serial,
     }
@@ -283,7 +288,11 @@ def common(name: str, backend: str | None) -> Callable:
             totals = getattr(module, "row_totals", _numpy_totals)
             serial = getattr(module, "serial_common", None)
             function = _common_from_kernel(
-                KERNELS[name], getattr(module, name), totals, serial and serial(name)
+                KERNELS[name],
+                getattr(module, name),
+                totals,
+                serial and serial(name),
+                getattr(module, "common_scales", common_scales),
             )
         if len(_commons) > 256:  # bounded, as _resolved
             _commons.clear()
