@@ -268,18 +268,20 @@ class _Kernel:
         return self._serial_common
 
     def __call__(self, *args):
-        """The kernel's result (None for most: they write their outputs)."""
-        *args, n_threads = args  # the backend signature ends with n_threads
-        n_threads = min(n_threads, numba.config.NUMBA_NUM_THREADS)
-        if n_threads > 1 and _parallel_lock.acquire(blocking=False):
-            try:
-                numba.set_num_threads(n_threads)
-                if self.takes_threads:
-                    return self.parallel(*args, n_threads)
-                return self.parallel(*args)
-            finally:
-                _parallel_lock.release()
-        return self.serial(*args)
+        """The kernel's result (None for most: they write their outputs). The backend signature
+        ends with n_threads; one thread, the small batch's case, takes the fewest steps in
+        Python (each step here is about 0.1 us of a 2 us call at 8 x 128)."""
+        if args[-1] > 1:
+            n_threads = min(args[-1], numba.config.NUMBA_NUM_THREADS)
+            if n_threads > 1 and _parallel_lock.acquire(blocking=False):
+                try:
+                    numba.set_num_threads(n_threads)
+                    if self.takes_threads:
+                        return self.parallel(*args[:-1], n_threads)
+                    return self.parallel(*args[:-1])
+                finally:
+                    _parallel_lock.release()
+        return self.serial(*args[:-1])
 
 
 class _Specialised:

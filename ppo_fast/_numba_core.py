@@ -585,7 +585,11 @@ def _pairwise_sum(values, first, n):
     ppo_pairwise_sum, a recursion; here the recursion runs on a stack of its own, since numba
     crashes loading a cached recursive function from its on-disk cache (numba issue #6061: a
     segmentation fault on the first call in a process with ``PPO_FAST_NUMBA_CACHE=1``).
-    Each half's sum is complete before they are added: the recursion's bits."""
+    Each half's sum is complete before they are added: the recursion's bits. Up to 128 values
+    (a batch of up to 128 rows) it is one block, with no stack: its four arrays, allocated for
+    each of a loss's four row outputs, were a fifth of the loss's call at 8 x 128."""
+    if n <= 128:
+        return _block_sum(values, first, n)
     firsts = np.empty(_PAIRWISE_DEPTH, np.int64)
     counts = np.empty(_PAIRWISE_DEPTH, np.int64)
     lefts = np.empty(_PAIRWISE_DEPTH)  # a frame's first half's sum, once known

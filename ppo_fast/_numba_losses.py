@@ -12,7 +12,6 @@ vectorizes into L1 scratch rows.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 from numba.core import types
 from numba.extending import intrinsic
 
@@ -300,108 +299,126 @@ def _policy_rows_build(kind):
         return loss, kl, first_count, second_count
 
     @_without_refcounts
-    def row(
-        logprobs, old_logprobs, advantages, weights, selected, start, span, length, mask, p,
-        clamp, tau_pos, tau_neg, divergence_low, divergence_high, binary_kl, grad, scratch, tail,
-        tail_mask, tail_selected,
+    def rows_of(
+        logprobs, old_logprobs, advantages, weights, selected, starts, spans, lengths, mask,
+        scales, beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos, tau_neg,
+        divergence_low, divergence_high, binary_kl, grad, row_loss, row_first, row_second,
+        row_kl, scratch, tail, tail_mask, tail_selected,
     ):  # fmt: skip
-        """The row's valid prefix, a chunk of _CHUNK tokens at a time: the chunk's exps first
+        """Each row's valid prefix, a chunk of _CHUNK tokens at a time: the chunk's exps first
         into L1 scratch rows (the ratios, then SAPO's sigmoids, or DPPO's probabilities and its
         0/1 of the trust region), prefetching the next chunk's inputs meanwhile; then 8 tokens
         a step (REINFORCE, which has no exp, prefetching in it), a row's last partial block in
-        zero-padded lanes (``_tail_fill``). Returns the row's (loss, first count, second count,
-        KL): the sums' float64 lanes added up in the C twin's tree, the counts whole numbers.
-        Positions past the length, and a mask's trailing words of 8 invalid bytes, get a zero
-        gradient and nothing else."""
+        zero-padded lanes (``_tail_fill``). Writes the row's loss and KL (the sums' float64
+        lanes added up in the C twin's tree) and counts (whole numbers) where the kernel has
+        them. Positions past the length, and a mask's trailing words of 8 invalid bytes, get a
+        zero gradient and nothing else. The loop over the rows is here, not in the caller: a
+        call a row passed its arrays field by field and cost short rows 30-45 ns each (the
+        clipped surrogate at 1024 x 8: 2.4x the twin's time)."""
         _prefer_wide_vectors()
         has_mask = mask.shape[0] > 0
         has_weights = weights.shape[0] > 0
         ratios, seconds, probs, old_probs = scratch[0], scratch[1], scratch[2], scratch[3]
-        zero_lanes = p[0]
-        loss = _lanes_splat(0.0)
-        kl = _lanes_splat(0.0)
-        first_count = 0
-        second_count = 0
-        valid_end = min(length, span)
-        if has_mask:  # a mask's trailing invalid words too (src/rows_loss.h says why)
-            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
-        stop = start + valid_end
-        ratio = zero_lanes
-        second = zero_lanes
-        for first in range(start, stop, _UCHUNK):
-            end = min(first + _UCHUNK, stop)
-            n = end - first
-            whole_end = end - n % _U8
-            if kind == _KL_COV:
-                _kl_cov_ratios(
-                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                    selected, start, span, valid_end, first, n, ratios,
-                )  # fmt: skip
-            elif kind != _REINFORCE:
-                _chunk_ratios(
-                    logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
-                    start, span, valid_end, first, n, clamp, ratios,
-                )  # fmt: skip
-            if kind == _SAPO:
-                _sapo_sigmoids(advantages, first, ratios, seconds, n, tau_pos, tau_neg)
-            if kind == _DPPO:
-                _exps(logprobs, first, probs, n)
-                _exps(old_logprobs, first, old_probs, n)
-                _dppo_inside(
-                    logprobs, old_logprobs, advantages, first, probs, old_probs, seconds, n,
-                    divergence_low, divergence_high, binary_kl,
-                )  # fmt: skip
-            for i in range(first, whole_end, _U8):
-                if kind == _REINFORCE and (i - first) % _positions_per_line(logprobs) == 0:
-                    # a line of each input at a time, as the twin (ppo_prefetch_ahead): a
-                    # block's lines at once measured 1.15x its time on rows in memory
-                    ahead = _ahead(i, start, span, valid_end)
-                    _prefetch(logprobs, ahead)
-                    _prefetch(old_logprobs, ahead)
-                    _prefetch(advantages, ahead)
-                    if has_weights:
-                        _prefetch(weights, ahead)
-                    if has_mask and (i - first) % _U64 == 0:
-                        _prefetch(mask, ahead)
-                if kind != _REINFORCE:
-                    ratio = _lanes_of(ratios, i - first)
-                if kind == _SAPO or kind == _DPPO:
-                    second = _lanes_of(seconds, i - first)
-                loss, kl, block_first, block_second = block(
-                    has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask,
-                    selected, i, ratio, second, p, grad, loss, kl,
-                )  # fmt: skip
-                first_count += block_first
-                second_count += block_second
-            if whole_end < end:
-                count = end - whole_end
-                _tail_fill(
-                    tail, tail_mask, logprobs, old_logprobs, advantages, weights, has_weights,
-                    mask, has_mask, whole_end, count,
-                )  # fmt: skip
-                # the scratch rows hold the tail's ratios and second lanes; those past the
-                # row's end are not valid, and nothing of theirs reaches the outputs
-                if kind != _REINFORCE:
-                    ratio = _lanes_of(ratios, whole_end - first)
-                if kind == _SAPO or kind == _DPPO:
-                    second = _lanes_of(seconds, whole_end - first)
-                if kind == _KL_COV:  # its selection, zero-padded as the mask
-                    for lane in range(8):
-                        tail_selected[lane] = selected[whole_end + lane] if lane < count else 0
-                tail_grad = tail[4]
-                # the tail's mask is always there (tail_mask: True, but as a value, not a
-                # constant: numba would compile the block a second time for the constant)
-                loss, kl, block_first, block_second = block(
-                    tail_mask.shape[0] > 0, has_weights, tail[0], tail[1], tail[2], tail[3],
-                    tail_mask, tail_selected, np.uint64(0), ratio, second, p, tail_grad, loss, kl,
-                )  # fmt: skip
-                first_count += block_first
-                second_count += block_second
-                for lane in range(count):
-                    grad[whole_end + lane] = tail_grad[lane]
-        for i in range(stop, start + span):
-            grad[i] = 0
-        return _lane_total(loss), first_count, second_count, _lane_total(kl)
+        clamp = log_ratio_clamp
+        for b in range(starts.shape[0]):
+            start = np.uint64(starts[b])
+            span = np.uint64(spans[b])
+            length = np.uint64(lengths[b])
+            p = _policy_params(
+                scales[b], beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos,
+                tau_neg,
+            )  # fmt: skip
+            zero_lanes = p[0]
+            loss = _lanes_splat(0.0)
+            kl = _lanes_splat(0.0)
+            first_count = 0
+            second_count = 0
+            valid_end = min(length, span)
+            if has_mask:  # a mask's trailing invalid words too (src/rows_loss.h says why)
+                valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
+            stop = start + valid_end
+            ratio = zero_lanes
+            second = zero_lanes
+            for first in range(start, stop, _UCHUNK):
+                end = min(first + _UCHUNK, stop)
+                n = end - first
+                whole_end = end - n % _U8
+                if kind == _KL_COV:
+                    _kl_cov_ratios(
+                        logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                        selected, start, span, valid_end, first, n, ratios,
+                    )  # fmt: skip
+                elif kind != _REINFORCE:
+                    _chunk_ratios(
+                        logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
+                        start, span, valid_end, first, n, clamp, ratios,
+                    )  # fmt: skip
+                if kind == _SAPO:
+                    _sapo_sigmoids(advantages, first, ratios, seconds, n, tau_pos, tau_neg)
+                if kind == _DPPO:
+                    _exps(logprobs, first, probs, n)
+                    _exps(old_logprobs, first, old_probs, n)
+                    _dppo_inside(
+                        logprobs, old_logprobs, advantages, first, probs, old_probs, seconds, n,
+                        divergence_low, divergence_high, binary_kl,
+                    )  # fmt: skip
+                for i in range(first, whole_end, _U8):
+                    if kind == _REINFORCE and (i - first) % _positions_per_line(logprobs) == 0:
+                        # a line of each input at a time, as the twin (ppo_prefetch_ahead): a
+                        # block's lines at once measured 1.15x its time on rows in memory
+                        ahead = _ahead(i, start, span, valid_end)
+                        _prefetch(logprobs, ahead)
+                        _prefetch(old_logprobs, ahead)
+                        _prefetch(advantages, ahead)
+                        if has_weights:
+                            _prefetch(weights, ahead)
+                        if has_mask and (i - first) % _U64 == 0:
+                            _prefetch(mask, ahead)
+                    if kind != _REINFORCE:
+                        ratio = _lanes_of(ratios, i - first)
+                    if kind == _SAPO or kind == _DPPO:
+                        second = _lanes_of(seconds, i - first)
+                    loss, kl, block_first, block_second = block(
+                        has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask,
+                        selected, i, ratio, second, p, grad, loss, kl,
+                    )  # fmt: skip
+                    first_count += block_first
+                    second_count += block_second
+                if whole_end < end:
+                    count = end - whole_end
+                    _tail_fill(
+                        tail, tail_mask, logprobs, old_logprobs, advantages, weights, has_weights,
+                        mask, has_mask, whole_end, count,
+                    )  # fmt: skip
+                    # the scratch rows hold the tail's ratios and second lanes; those past the
+                    # row's end are not valid, and nothing of theirs reaches the outputs
+                    if kind != _REINFORCE:
+                        ratio = _lanes_of(ratios, whole_end - first)
+                    if kind == _SAPO or kind == _DPPO:
+                        second = _lanes_of(seconds, whole_end - first)
+                    if kind == _KL_COV:  # its selection, zero-padded as the mask
+                        for lane in range(8):
+                            tail_selected[lane] = selected[whole_end + lane] if lane < count else 0
+                    tail_grad = tail[4]
+                    # the tail's mask is always there (tail_mask: True, but as a value, not a
+                    # constant: numba would compile the block a second time for the constant)
+                    loss, kl, block_first, block_second = block(
+                        tail_mask.shape[0] > 0, has_weights, tail[0], tail[1], tail[2],
+                        tail[3], tail_mask, tail_selected, np.uint64(0), ratio, second, p,
+                        tail_grad, loss, kl,
+                    )  # fmt: skip
+                    first_count += block_first
+                    second_count += block_second
+                    for lane in range(count):
+                        grad[whole_end + lane] = tail_grad[lane]
+            for i in range(stop, start + span):
+                grad[i] = 0
+            row_loss[b] = _lane_total(loss)
+            row_kl[b] = _lane_total(kl)
+            if kind != _REINFORCE and kind != _SAPO:  # they count nothing
+                row_first[b] = first_count
+            if kind != _REINFORCE and kind != _SAPO and kind != _KL_COV:  # one count
+                row_second[b] = second_count
 
     @_jit
     def rows(
@@ -410,29 +427,18 @@ def _policy_rows_build(kind):
         divergence_low, divergence_high, binary_kl, grad, row_loss, row_first, row_second,
         row_kl,
     ):  # fmt: skip
-        """The rows, each on its own; the scratch rows are the call's (_numba_core's docstring
-        says why). Counts go to row_first and row_second where the kernel has them."""
+        """The rows (``rows_of``), with the call's scratch rows (_numba_core's docstring says
+        why). Counts go to row_first and row_second where the kernel has them."""
         scratch = np.ones((4, _CHUNK), logprobs.dtype)
         tail = np.zeros((5, 8), logprobs.dtype)
         tail_mask = np.zeros(8, np.uint8)
         tail_selected = np.zeros(8, np.uint8)
-        for b in prange(starts.shape[0]):
-            p = _policy_params(
-                scales[b], beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos,
-                tau_neg,
-            )  # fmt: skip
-            loss, first_count, second_count, kl = row(
-                logprobs, old_logprobs, advantages, weights, selected, np.uint64(starts[b]),
-                np.uint64(spans[b]), np.uint64(lengths[b]), mask, p, log_ratio_clamp, tau_pos,
-                tau_neg, divergence_low, divergence_high, binary_kl, grad, scratch, tail,
-                tail_mask, tail_selected,
-            )  # fmt: skip
-            row_loss[b] = loss
-            row_kl[b] = kl
-            if kind != _REINFORCE and kind != _SAPO:  # they count nothing
-                row_first[b] = first_count
-            if kind != _REINFORCE and kind != _SAPO and kind != _KL_COV:  # one count
-                row_second[b] = second_count
+        rows_of(
+            logprobs, old_logprobs, advantages, weights, selected, starts, spans, lengths, mask,
+            scales, beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos, tau_neg,
+            divergence_low, divergence_high, binary_kl, grad, row_loss, row_first, row_second,
+            row_kl, scratch, tail, tail_mask, tail_selected,
+        )  # fmt: skip
 
     return rows
 
@@ -693,60 +699,68 @@ def _value_block(valid, values, old_values, returns, i, clip_range, scale, zero,
 
 
 @_without_refcounts
-def _value_row(
-    values, old_values, returns, start, span, length, mask, clip, scale, grad, tail, tail_mask
+def _value_rows(
+    values, old_values, returns, starts, spans, lengths, mask, clip, scales, grad, row_loss,
+    row_clipped, tail, tail_mask,
 ):  # fmt: skip
-    """Twin: src/rows_loss.h ppo_value_loss_cases. Unlike the policy losses, every position of
-    the row is computed, as in the twin (which says why), a chunk of _CHUNK positions at a
-    time: the blocks wholly before the length with no test of it, the others with one, a row's
-    last partial block in zero-padded lanes. Returns the row's (loss, clipped count). Positions
-    are signed (a block's count of positions before the length may be below 0)."""
+    """Twin: src/rows_loss.h ppo_value_loss_cases, row by row. Unlike the policy losses, every
+    position of a row is computed, as in the twin (which says why), a chunk of _CHUNK positions
+    at a time: the blocks wholly before the length with no test of it, the others with one, a
+    row's last partial block in zero-padded lanes. Writes each row's loss and clipped count.
+    Positions are signed (a block's count of positions before the length may be below 0). The
+    loop over the rows is here, not in the caller: a call a row passed its arrays field by field
+    (about 90 moves) and cost short rows 20-30 ns each (1.4x the twin's time at 1024 x 8)."""
     has_mask = mask.shape[0] > 0
     clip_range = _lanes_splat(clip)
-    scales = _lanes_splat(scale)
-    zero = _lanes_splat(scale - scale)  # as the twin: 0 in the dtype
-    loss = _lanes_splat(0.0)
-    clipped = 0
-    within = (length - length % 8 if length > 0 else 0) if length < span else span - span % 8
-    for first in range(0, span, _CHUNK):
-        end = min(first + _CHUNK, span)
-        whole_end = end - (end - first) % 8
-        before_length = min(within, whole_end)
-        for t in range(first, before_length, 8):
-            if has_mask:
-                valid = _valid_bytes(mask, start + t)
-            else:
-                valid = _valid_all()
-            loss, block_clipped = _value_block(
-                valid, values, old_values, returns, start + t, clip_range, scales, zero, grad,
-                loss,
-            )  # fmt: skip
-            clipped += block_clipped
-        for t in range(max(before_length, first), whole_end, 8):
-            valid = _valid_first(length - t)
-            if has_mask:
-                valid = _valid_and(valid, _valid_bytes(mask, start + t))
-            loss, block_clipped = _value_block(
-                valid, values, old_values, returns, start + t, clip_range, scales, zero, grad,
-                loss,
-            )  # fmt: skip
-            clipped += block_clipped
-        t = whole_end
-        if t < end:
-            count = end - t
-            _tail_fill(
-                tail, tail_mask, values, old_values, returns, values, False, mask, has_mask,
-                start + t, count,
-            )  # fmt: skip
-            valid = _valid_and(_valid_bytes(tail_mask, 0), _valid_first(length - t))
-            tail_grad = tail[4]
-            loss, block_clipped = _value_block(
-                valid, tail[0], tail[1], tail[2], 0, clip_range, scales, zero, tail_grad, loss
-            )
-            clipped += block_clipped
-            for lane in range(count):
-                grad[start + t + lane] = tail_grad[lane]
-    return _lane_total(loss), clipped
+    for b in range(starts.shape[0]):
+        start, span, length = starts[b], spans[b], lengths[b]
+        scale = scales[b]
+        row_scales = _lanes_splat(scale)
+        zero = _lanes_splat(scale - scale)  # as the twin: 0 in the dtype
+        loss = _lanes_splat(0.0)
+        clipped = 0
+        within = (length - length % 8 if length > 0 else 0) if length < span else span - span % 8
+        for first in range(0, span, _CHUNK):
+            end = min(first + _CHUNK, span)
+            whole_end = end - (end - first) % 8
+            before_length = min(within, whole_end)
+            for t in range(first, before_length, 8):
+                if has_mask:
+                    valid = _valid_bytes(mask, start + t)
+                else:
+                    valid = _valid_all()
+                loss, block_clipped = _value_block(
+                    valid, values, old_values, returns, start + t, clip_range, row_scales, zero,
+                    grad, loss,
+                )  # fmt: skip
+                clipped += block_clipped
+            for t in range(max(before_length, first), whole_end, 8):
+                valid = _valid_first(length - t)
+                if has_mask:
+                    valid = _valid_and(valid, _valid_bytes(mask, start + t))
+                loss, block_clipped = _value_block(
+                    valid, values, old_values, returns, start + t, clip_range, row_scales, zero,
+                    grad, loss,
+                )  # fmt: skip
+                clipped += block_clipped
+            t = whole_end
+            if t < end:
+                count = end - t
+                _tail_fill(
+                    tail, tail_mask, values, old_values, returns, values, False, mask, has_mask,
+                    start + t, count,
+                )  # fmt: skip
+                valid = _valid_and(_valid_bytes(tail_mask, 0), _valid_first(length - t))
+                tail_grad = tail[4]
+                loss, block_clipped = _value_block(
+                    valid, tail[0], tail[1], tail[2], 0, clip_range, row_scales, zero, tail_grad,
+                    loss,
+                )  # fmt: skip
+                clipped += block_clipped
+                for lane in range(count):
+                    grad[start + t + lane] = tail_grad[lane]
+        row_loss[b] = _lane_total(loss)
+        row_clipped[b] = clipped
 
 
 def value_loss(
@@ -763,15 +777,12 @@ def value_loss(
     row_loss,
     row_clipped,
 ):
-    """Twin: src/rows_loss.h ppo_value_loss_row, in lanes (``_value_row``): the clipped value
+    """Twin: src/rows_loss.h ppo_value_loss_row, in lanes (``_value_rows``): the clipped value
     loss's halved squares summed in float64 lanes added up in the twin's tree, the gradient, and
     the clipped count (a whole number)."""
     tail = np.zeros((5, 8), values.dtype)
     tail_mask = np.zeros(8, np.uint8)
-    for b in prange(starts.shape[0]):
-        loss, clipped = _value_row(
-            values, old_values, returns, starts[b], spans[b], lengths[b], mask, clip, scales[b],
-            grad, tail, tail_mask,
-        )  # fmt: skip
-        row_loss[b] = loss
-        row_clipped[b] = clipped
+    _value_rows(
+        values, old_values, returns, starts, spans, lengths, mask, clip, scales, grad, row_loss,
+        row_clipped, tail, tail_mask,
+    )  # fmt: skip
