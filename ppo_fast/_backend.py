@@ -218,7 +218,7 @@ def _common_from_kernel(
         "    flat_mask = EMPTY_MASK if mask is None else mask.ravel().view(UINT8)",
     ]
     if serial is not None:
-        arguments = ", ".join(kernel.common_arguments[:-1])
+        arguments = ", ".join(kernel.common_arguments)
         lines[1:1] = ["    if n_threads == 1:", f"        return serial({arguments})"]
     if kernel.aggregates:
         lines.append(
@@ -268,32 +268,39 @@ def _common_from_kernel(
     return namespace[f"{kernel.name}_common"]
 
 
-# The common-case entry each (kernel, backend=, set_backend, raw PPO_FAST_BACKEND) resolves to
-# (as ``_resolved``; a failure is never cached).
-_commons: dict[tuple[str, str | None, str | None, object], Callable] = {}
+# The common-case entry each (kernel, backend=, set_backend, raw PPO_FAST_BACKEND, one thread)
+# resolves to (as ``_resolved``; a failure is never cached).
+_commons: dict[tuple[str, str | None, str | None, object, bool], Callable] = {}
 
 
-def common(name: str, backend: str | None) -> Callable:
+def common(name: str, backend: str | None, n_threads: int = 0) -> Callable:
     """The entry of ``backend`` for the common case of kernel ``name`` (a kernel with
     ``common``), with ``Kernel.common_arguments``: the backend's own ``<name>_common`` (the
     Cython kernels', which count the valid positions and total the row outputs in C), else one
     made from its table kernel (``_common_from_kernel``). The stages' fast paths call it with
-    the threads of the thread policy (``_threads.threads_for``)."""
-    key = (name, backend, _selected, _environment_backend())
+    the threads of the thread policy (``_threads.threads_for``), and name them here: for one
+    thread, a backend's one-thread entry (numba's ``serial_common``) is the entry itself, not
+    called from a Python function that tests the threads (0.15 us of a 4-6 us call at 8 x 128).
+    """
+    one_thread = n_threads == 1
+    key = (name, backend, _selected, _environment_backend(), one_thread)
     function = _commons.get(key)
     if function is None:
         module = _cached_resolve(backend)
         function = getattr(module, f"{name}_common", None)
         if function is None:
-            totals = getattr(module, "row_totals", _numpy_totals)
             serial = getattr(module, "serial_common", None)
-            function = _common_from_kernel(
-                KERNELS[name],
-                getattr(module, name),
-                totals,
-                serial and serial(name),
-                getattr(module, "common_scales", common_scales),
-            )
+            serial = serial and serial(name)
+            if one_thread and serial is not None:
+                function = serial
+            else:
+                function = _common_from_kernel(
+                    KERNELS[name],
+                    getattr(module, name),
+                    getattr(module, "row_totals", _numpy_totals),
+                    serial,
+                    getattr(module, "common_scales", common_scales),
+                )
         if len(_commons) > 256:  # bounded, as _resolved
             _commons.clear()
         _commons[key] = function

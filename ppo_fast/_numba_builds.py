@@ -169,14 +169,15 @@ def _flat_mask_overload(mask):
 
 
 def _serial_common_build(serial, kernel: Kernel):
-    """numba's entry for the common case of ``kernel`` on one thread (``Kernel.common_arguments``
-    without n_threads): what ``_backend._common_from_kernel`` does around a serial call, compiled
+    """numba's entry for the common case of ``kernel`` on one thread (``Kernel.common_arguments``,
+    n_threads 1): what ``_backend._common_from_kernel`` does around a serial call, compiled
     into one function that calls the serial build by address (``_compiled_caller``), so that a
     small call pays one dispatch of a few arguments instead of the table kernel's (gae at 8 x 128:
     2.8 us -> about 1 us; the Cython entries are C for the same reason). Same arrays, same serial
-    code, same totals (``_row_totals``): the same bits as the general way."""
+    code, same totals (``_row_totals``): the same bits as the general way. ``_backend.common``
+    gives it to a stage that calls on one thread as it is, with no Python function around it."""
     first = kernel.inputs[0].name
-    arguments = kernel.common_arguments[:-1]
+    arguments = kernel.common_arguments  # n_threads last, which is 1 here
     lines = [
         f"def {kernel.name}_serial_common({', '.join(arguments)}):",
         f"    n_rows, width = {first}.shape",

@@ -46,7 +46,7 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
         for kernel in KERNELS.values():
             if kernel.common:  # numba's entries also compile the totals of the row outputs
                 named = _examples.common_arguments(kernel, sizes[0], dtype, rng)
-                entry = _backend.common(kernel.name, name)
+                entry = _backend.common(kernel.name, name, 1)
                 entry(*(named[argument] for argument in kernel.common_arguments[:-1]), 1)
 
 

@@ -320,15 +320,16 @@ def _whiten_common(
     computes, in the backends' common-case entries of the moments and whiten kernels
     (tests/test_fast_path.py compares the two)."""
     n_threads = _threads.threads_for(x.shape[0], x.size)
-    moments = _backend.common("moments", backend)
+    moments = _backend.common("moments", backend, n_threads)
+    sample_moments = moments if n_threads == 1 else _backend.common("moments", backend, 1)
     mean, variance = _batch_mean_and_variance(
         lambda shift: moments(x, mask, shift, n_threads),
-        lambda: moments(x[:1], None if mask is None else mask[:1], 0.0, 1),
+        lambda: sample_moments(x[:1], None if mask is None else mask[:1], 0.0, 1),
         unbiased,
     )
     scale = _inverse_scale(variance, eps)
     if out is None:
         out = np.empty(x.shape, x.dtype)
     offset = 0.0 if shift_mean else mean
-    _backend.common("whiten", backend)(x, mask, mean, scale, offset, out, n_threads)
+    _backend.common("whiten", backend, n_threads)(x, mask, mean, scale, offset, out, n_threads)
     return out

@@ -47,9 +47,9 @@ def fast_calls(monkeypatch):
     calls: list[str] = []
     common = _backend.common
 
-    def counted(name, backend):
+    def counted(name, backend, n_threads=0):
         calls.append(name)
-        return common(name, backend)
+        return common(name, backend, n_threads)
 
     monkeypatch.setattr(_backend, "common", counted)
     return calls
