@@ -7,7 +7,6 @@ the Cython twins are in ``src/rows_sequence.h``). Registered as the backend's ke
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
 from ._numba_core import (
     _STREAM_AHEAD_BYTES,
@@ -115,7 +114,7 @@ def _gspo_block(has_mask, has_weights, detached, advantages, weights, mask, i, p
     )  # fmt: skip
 
 
-@_without_refcounts
+@_jit
 def _gspo_row(
     logprobs, old_logprobs, advantages, weights, start, span, length, mask, scale, ratio_low,
     ratio_high, dual_clip, log_ratio_max, detached, grad, tail, tail_mask,
@@ -259,7 +258,22 @@ def gspo(
     detached = form == 0
     tail = np.zeros((5, 8), logprobs.dtype)
     tail_mask = np.zeros(8, np.uint8)
-    for b in prange(starts.shape[0]):
+    _gspo_rows(
+        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+        ratio_low, ratio_high, dual_clip, log_ratio_max, detached, grad, row_loss, row_clipped,
+        row_lower, row_kl, tail, tail_mask,
+    )  # fmt: skip
+
+
+@_without_refcounts
+def _gspo_rows(
+    logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+    ratio_low, ratio_high, dual_clip, log_ratio_max, detached, grad, row_loss, row_clipped,
+    row_lower, row_kl, tail, tail_mask,
+):  # fmt: skip
+    """The rows by ``_gspo_row``, inlined into this loop (_numba_losses' rows_of says why the
+    loop is here)."""
+    for b in range(starts.shape[0]):
         loss, clipped, lower, kl = _gspo_row(
             logprobs, old_logprobs, advantages, weights, np.uint64(starts[b]),
             np.uint64(spans[b]), np.uint64(lengths[b]), mask, scales[b], ratio_low, ratio_high,
@@ -344,7 +358,7 @@ def _geo_mean_block(
     _lanes_put(grad, i, _lanes_where(_valid_and(valid, moves), row_grad, zero))
 
 
-@_without_refcounts
+@_jit
 def _geo_mean_row(
     logprobs, old_logprobs, advantages, weights, start, span, length, mask, scale,
     log_ratio_low, log_ratio_high, grad, logs, tail, tail_mask,
@@ -460,7 +474,22 @@ def geo_mean(
     logs = np.empty(_CHUNK, np.float64)
     tail = np.zeros((5, 8), logprobs.dtype)
     tail_mask = np.zeros(8, np.uint8)
-    for b in prange(starts.shape[0]):
+    _geo_mean_rows(
+        logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+        log_ratio_low, log_ratio_high, grad, row_loss, row_clipped, row_lower, row_kl, logs,
+        tail, tail_mask,
+    )  # fmt: skip
+
+
+@_without_refcounts
+def _geo_mean_rows(
+    logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
+    log_ratio_low, log_ratio_high, grad, row_loss, row_clipped, row_lower, row_kl, logs, tail,
+    tail_mask,
+):  # fmt: skip
+    """The rows by ``_geo_mean_row``, inlined into this loop (_numba_losses' rows_of says why
+    the loop is here)."""
+    for b in range(starts.shape[0]):
         loss, upper, lower, kl = _geo_mean_row(
             logprobs, old_logprobs, advantages, weights, np.uint64(starts[b]),
             np.uint64(spans[b]), np.uint64(lengths[b]), mask, scales[b], log_ratio_low,
