@@ -114,125 +114,6 @@ def _gspo_block(has_mask, has_weights, detached, advantages, weights, mask, i, p
     )  # fmt: skip
 
 
-@_jit
-def _gspo_row(
-    logprobs, old_logprobs, advantages, weights, start, span, length, mask, scale, ratio_low,
-    ratio_high, dual_clip, log_ratio_max, detached, grad, tail, tail_mask,
-):  # fmt: skip
-    """Twin: src/rows_sequence.h ppo_gspo_cases. Two passes over the row's valid prefix in
-    lanes, each prefetching _STREAM_AHEAD_BYTES ahead (past its end, the next pass's inputs):
-    the sum of its log-ratios (the sequence ratio s), then the token pass on s; the "sequence"
-    form then writes the row's one gradient to its valid tokens in a third. A row's last
-    partial block goes through zero-padded lanes. Returns (loss, clipped, lower, KL)."""
-    _prefer_wide_vectors()
-    has_mask = mask.shape[0] > 0
-    has_weights = weights.shape[0] > 0
-    zero = scale - scale  # 0 in the input dtype (the scale is finite)
-    zeros = _lanes_splat(zero)
-    nothing = _lanes_splat(0.0)
-    valid_end = min(length, span)
-    if has_mask:  # as the token losses' (_numba_losses)
-        valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
-    stop = start + valid_end
-    distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
-    per_line = _positions_per_line(logprobs)
-    sums = (nothing, nothing, 0)
-    for first in range(start, stop, _UCHUNK):
-        end = min(first + _UCHUNK, stop)
-        whole_end = end - (end - first) % _U8
-        for i in range(first, whole_end, _U8):
-            if (i - first) % per_line == 0:
-                ahead = i + distance
-                if ahead < stop:  # this pass's inputs
-                    _prefetch(logprobs, ahead)
-                    _prefetch(old_logprobs, ahead)
-                    if has_mask and (i - first) % _U64 == 0:
-                        _prefetch(mask, ahead)
-                else:  # then the token pass's, from the row's start
-                    ahead = ahead - stop + start
-                    _prefetch(advantages, ahead)
-                    if has_weights:
-                        _prefetch(weights, ahead)
-            sums = _gspo_sum_block(has_mask, logprobs, old_logprobs, mask, i, zeros, sums)
-        if whole_end < end:
-            _tail_fill(
-                tail, tail_mask, logprobs, old_logprobs, logprobs, weights, False, mask,
-                has_mask, whole_end, end - whole_end,
-            )  # fmt: skip
-            sums = _gspo_sum_block(
-                tail_mask.shape[0] > 0, tail[0], tail[1], tail_mask, 0, zeros, sums
-            )
-    log_ratio_lanes, kl_lanes, count = sums
-    divisor = max(np.float64(count), 1.0)
-    mean = _rounded_like(_lane_total(log_ratio_lanes) / divisor, zero)
-    inside = not (mean > log_ratio_max)  # torch.clamp passes the gradient at its bound, and NaN's
-    ratio = exp_poly(_select(mean > log_ratio_max, log_ratio_max, mean))
-    clipped_ratio = _select(
-        ratio < ratio_low, ratio_low, _select(ratio > ratio_high, ratio_high, ratio)
-    )
-    gradient_ratio = _select(inside, ratio, zero)  # d s / d mean: 0 beyond the clamp
-    p = (
-        zeros, _lanes_splat(ratio), _lanes_splat(clipped_ratio), _lanes_splat(dual_clip),
-        _lanes_splat(np.float64(scale)), inside,
-    )  # fmt: skip
-    sums = (nothing, nothing, 0, 0)
-    for first in range(start, stop, _UCHUNK):
-        end = min(first + _UCHUNK, stop)
-        whole_end = end - (end - first) % _U8
-        for i in range(first, whole_end, _U8):
-            if (i - first) % per_line == 0:
-                ahead = i + distance
-                if ahead < stop:  # this pass's inputs
-                    _prefetch(advantages, ahead)
-                    if has_weights:
-                        _prefetch(weights, ahead)
-                    if has_mask and (i - first) % _U64 == 0:
-                        _prefetch(mask, ahead)
-                else:  # then the next row's pre-pass's
-                    ahead = ahead - stop + start + span
-                    _prefetch(logprobs, ahead)
-                    _prefetch(old_logprobs, ahead)
-                    if has_mask and (i - first) % _U64 == 0:
-                        _prefetch(mask, ahead)
-            sums = _gspo_block(
-                has_mask, has_weights, detached, advantages, weights, mask, i, p, grad, sums
-            )
-        if whole_end < end:
-            count_left = end - whole_end
-            _tail_fill(
-                tail, tail_mask, advantages, advantages, advantages, weights, has_weights, mask,
-                has_mask, whole_end, count_left,
-            )  # fmt: skip
-            tail_grad = tail[4]
-            sums = _gspo_block(
-                tail_mask.shape[0] > 0, has_weights, detached, tail[0], tail[3], tail_mask, 0, p,
-                tail_grad, sums,
-            )  # fmt: skip
-            if detached:
-                for lane in range(count_left):
-                    grad[whole_end + lane] = tail_grad[lane]
-    loss_lanes, slope_lanes, clipped_count, lower_count = sums
-    if not detached:
-        row_grad = _lane_total(slope_lanes) * np.float64(gradient_ratio) * np.float64(scale)
-        row_grad = row_grad / divisor
-        gradient = _lanes_rounded(_lanes_splat(row_grad), zeros)
-        whole_end = stop - valid_end % _U8
-        for i in range(start, whole_end, _U8):
-            if has_mask:
-                valid = _valid_bytes(mask, i)
-            else:
-                valid = _valid_all()
-            _lanes_put(grad, i, _lanes_where(valid, gradient, zeros))
-        for i in range(whole_end, stop):
-            grad[i] = _select((not has_mask) or mask[i] != 0, row_grad, 0.0)
-    for i in range(stop, start + span):
-        grad[i] = 0
-    return (
-        _lane_total(loss_lanes), np.float64(clipped_count), np.float64(lower_count),
-        _lane_total(kl_lanes),
-    )  # fmt: skip
-
-
 def gspo(
     logprobs,
     old_logprobs,
@@ -254,7 +135,7 @@ def gspo(
     row_lower,
     row_kl,
 ):
-    """Twin: src/rows_sequence.h ppo_gspo_row, in lanes (``_gspo_row``)."""
+    """Twin: src/rows_sequence.h ppo_gspo_row, in lanes (``_gspo_rows``)."""
     detached = form == 0
     tail = np.zeros((5, 8), logprobs.dtype)
     tail_mask = np.zeros(8, np.uint8)
@@ -271,18 +152,126 @@ def _gspo_rows(
     ratio_low, ratio_high, dual_clip, log_ratio_max, detached, grad, row_loss, row_clipped,
     row_lower, row_kl, tail, tail_mask,
 ):  # fmt: skip
-    """The rows by ``_gspo_row``, inlined into this loop (_numba_losses' rows_of says why the
-    loop is here)."""
+    """Twin: src/rows_sequence.h ppo_gspo_cases. Two passes over each row's valid prefix in
+    lanes, each prefetching _STREAM_AHEAD_BYTES ahead (past its end, the next pass's inputs):
+    the sum of its log-ratios (the sequence ratio s), then the token pass on s; the "sequence"
+    form then writes the row's one gradient to its valid tokens in a third. A row's last
+    partial block goes through zero-padded lanes. Writes the row's loss, clipped and lower
+    counts and KL. The loop over the rows is here, as in _numba_losses' rows_of (which says
+    why)."""
+    _prefer_wide_vectors()
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
     for b in range(starts.shape[0]):
-        loss, clipped, lower, kl = _gspo_row(
-            logprobs, old_logprobs, advantages, weights, np.uint64(starts[b]),
-            np.uint64(spans[b]), np.uint64(lengths[b]), mask, scales[b], ratio_low, ratio_high,
-            dual_clip, log_ratio_max, detached, grad, tail, tail_mask,
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        zero = scale - scale  # 0 in the input dtype (the scale is finite)
+        zeros = _lanes_splat(zero)
+        nothing = _lanes_splat(0.0)
+        valid_end = min(length, span)
+        if has_mask:  # as the token losses' (_numba_losses)
+            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
+        stop = start + valid_end
+        distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
+        per_line = _positions_per_line(logprobs)
+        sums = (nothing, nothing, 0)
+        for first in range(start, stop, _UCHUNK):
+            end = min(first + _UCHUNK, stop)
+            whole_end = end - (end - first) % _U8
+            for i in range(first, whole_end, _U8):
+                if (i - first) % per_line == 0:
+                    ahead = i + distance
+                    if ahead < stop:  # this pass's inputs
+                        _prefetch(logprobs, ahead)
+                        _prefetch(old_logprobs, ahead)
+                        if has_mask and (i - first) % _U64 == 0:
+                            _prefetch(mask, ahead)
+                    else:  # then the token pass's, from the row's start
+                        ahead = ahead - stop + start
+                        _prefetch(advantages, ahead)
+                        if has_weights:
+                            _prefetch(weights, ahead)
+                sums = _gspo_sum_block(has_mask, logprobs, old_logprobs, mask, i, zeros, sums)
+            if whole_end < end:
+                _tail_fill(
+                    tail, tail_mask, logprobs, old_logprobs, logprobs, weights, False, mask,
+                    has_mask, whole_end, end - whole_end,
+                )  # fmt: skip
+                sums = _gspo_sum_block(
+                    tail_mask.shape[0] > 0, tail[0], tail[1], tail_mask, 0, zeros, sums
+                )
+        log_ratio_lanes, kl_lanes, count = sums
+        divisor = max(np.float64(count), 1.0)
+        mean = _rounded_like(_lane_total(log_ratio_lanes) / divisor, zero)
+        # torch.clamp passes the gradient at its bound, and NaN's
+        inside = not (mean > log_ratio_max)
+        ratio = exp_poly(_select(mean > log_ratio_max, log_ratio_max, mean))
+        clipped_ratio = _select(
+            ratio < ratio_low, ratio_low, _select(ratio > ratio_high, ratio_high, ratio)
+        )
+        gradient_ratio = _select(inside, ratio, zero)  # d s / d mean: 0 beyond the clamp
+        p = (
+            zeros, _lanes_splat(ratio), _lanes_splat(clipped_ratio), _lanes_splat(dual_clip),
+            _lanes_splat(np.float64(scale)), inside,
         )  # fmt: skip
-        row_loss[b] = loss
-        row_clipped[b] = clipped
-        row_lower[b] = lower
-        row_kl[b] = kl
+        sums = (nothing, nothing, 0, 0)
+        for first in range(start, stop, _UCHUNK):
+            end = min(first + _UCHUNK, stop)
+            whole_end = end - (end - first) % _U8
+            for i in range(first, whole_end, _U8):
+                if (i - first) % per_line == 0:
+                    ahead = i + distance
+                    if ahead < stop:  # this pass's inputs
+                        _prefetch(advantages, ahead)
+                        if has_weights:
+                            _prefetch(weights, ahead)
+                        if has_mask and (i - first) % _U64 == 0:
+                            _prefetch(mask, ahead)
+                    else:  # then the next row's pre-pass's
+                        ahead = ahead - stop + start + span
+                        _prefetch(logprobs, ahead)
+                        _prefetch(old_logprobs, ahead)
+                        if has_mask and (i - first) % _U64 == 0:
+                            _prefetch(mask, ahead)
+                sums = _gspo_block(
+                    has_mask, has_weights, detached, advantages, weights, mask, i, p, grad, sums
+                )
+            if whole_end < end:
+                count_left = end - whole_end
+                _tail_fill(
+                    tail, tail_mask, advantages, advantages, advantages, weights, has_weights, mask,
+                    has_mask, whole_end, count_left,
+                )  # fmt: skip
+                tail_grad = tail[4]
+                sums = _gspo_block(
+                    tail_mask.shape[0] > 0, has_weights, detached, tail[0], tail[3], tail_mask,
+                    0, p, tail_grad, sums,
+                )  # fmt: skip
+                if detached:
+                    for lane in range(count_left):
+                        grad[whole_end + lane] = tail_grad[lane]
+        loss_lanes, slope_lanes, clipped_count, lower_count = sums
+        if not detached:
+            row_grad = _lane_total(slope_lanes) * np.float64(gradient_ratio) * np.float64(scale)
+            row_grad = row_grad / divisor
+            gradient = _lanes_rounded(_lanes_splat(row_grad), zeros)
+            whole_end = stop - valid_end % _U8
+            for i in range(start, whole_end, _U8):
+                if has_mask:
+                    valid = _valid_bytes(mask, i)
+                else:
+                    valid = _valid_all()
+                _lanes_put(grad, i, _lanes_where(valid, gradient, zeros))
+            for i in range(whole_end, stop):
+                grad[i] = _select((not has_mask) or mask[i] != 0, row_grad, 0.0)
+        for i in range(stop, start + span):
+            grad[i] = 0
+        row_loss[b] = _lane_total(loss_lanes)
+        row_clipped[b] = np.float64(clipped_count)
+        row_lower[b] = np.float64(lower_count)
+        row_kl[b] = _lane_total(kl_lanes)
 
 
 @_without_refcounts
@@ -358,98 +347,6 @@ def _geo_mean_block(
     _lanes_put(grad, i, _lanes_where(_valid_and(valid, moves), row_grad, zero))
 
 
-@_jit
-def _geo_mean_row(
-    logprobs, old_logprobs, advantages, weights, start, span, length, mask, scale,
-    log_ratio_low, log_ratio_high, grad, logs, tail, tail_mask,
-):  # fmt: skip
-    """Twin: src/rows_sequence.h ppo_geo_mean_cases. Two passes over the row's valid prefix in
-    lanes: the sums of its kept log-ratios, advantages and (with weights) log-weights, a chunk
-    at a time, prefetching _STREAM_AHEAD_BYTES ahead (past the row, the next row: the token pass
-    rereads this one from the cache); then the gradient, the row's loss times its scale where
-    the kept log-ratio moves with the token's. A row's last partial block goes through
-    zero-padded lanes. Returns (loss, upper count, lower count, KL)."""
-    _prefer_wide_vectors()
-    has_mask = mask.shape[0] > 0
-    has_weights = weights.shape[0] > 0
-    valid_end = min(length, span)
-    if has_mask:  # as the token losses' (_numba_losses)
-        valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
-    stop = start + valid_end
-    zero = _lanes_splat(scale - scale)  # 0 in the input dtype (the scale is finite)
-    high = _lanes_splat(log_ratio_high)
-    negative_low = _lanes_splat(-log_ratio_low)
-    nothing = _lanes_splat(0.0)
-    sums = (nothing, nothing, nothing, 0, 0, 0)
-    distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
-    per_line = _positions_per_line(logprobs)
-    for first in range(start, stop, _UCHUNK):
-        end = min(first + _UCHUNK, stop)
-        whole_end = end - (end - first) % _U8
-        for i in range(first, whole_end, _U8):
-            if (i - first) % per_line == 0:
-                ahead = _ahead_by(i, start, span, valid_end, distance)
-                _prefetch(logprobs, ahead)
-                _prefetch(old_logprobs, ahead)
-                _prefetch(advantages, ahead)
-                if has_mask and (i - first) % _U64 == 0:
-                    _prefetch(mask, ahead)
-            sums = _geo_mean_sum_block(
-                has_mask, logprobs, old_logprobs, advantages, mask, i, zero, high,
-                negative_low, sums,
-            )  # fmt: skip
-        if whole_end < end:
-            _tail_fill(
-                tail, tail_mask, logprobs, old_logprobs, advantages, weights, False, mask,
-                has_mask, whole_end, end - whole_end,
-            )  # fmt: skip
-            sums = _geo_mean_sum_block(
-                tail_mask.shape[0] > 0, tail[0], tail[1], tail[2], tail_mask, 0, zero, high,
-                negative_low, sums,
-            )  # fmt: skip
-    kept_lanes, advantage_lanes, kl_lanes, count, upper, lower = sums
-    log_weight_total = 0.0
-    if has_weights:  # log_poly on each weight in float64, in the sums' lanes
-        log_weight_lanes = nothing
-        for first in range(start, stop, _UCHUNK):
-            n = min(_UCHUNK, stop - first)
-            padded = (n + _U7) // _U8 * _U8
-            _log_weights(weights, mask, has_mask, first, n, logs)
-            for j in range(n, padded):  # the twin's zero-padded last block
-                logs[j] = 0.0
-            log_weight_lanes = _add_lanes(log_weight_lanes, logs, padded)
-        log_weight_total = _lane_total(log_weight_lanes)
-    counted = np.float64(count)
-    loss = 0.0
-    if counted > 0.0:
-        # exp(mean(r')) * exp(mean(log w)) in one exp
-        weighted_ratio = exp_poly(_lane_total(kept_lanes) / counted + log_weight_total / counted)
-        loss = -(_lane_total(advantage_lanes) / counted) * weighted_ratio
-    row_grad = _lanes_rounded(_lanes_splat(loss * np.float64(scale)), zero)
-    whole_end = stop - valid_end % _U8
-    for i in range(start, whole_end, _U8):
-        _geo_mean_block(
-            has_mask, logprobs, old_logprobs, advantages, mask, i, zero, high, negative_low,
-            row_grad, grad,
-        )  # fmt: skip
-    if whole_end < stop:
-        count_left = stop - whole_end
-        _tail_fill(
-            tail, tail_mask, logprobs, old_logprobs, advantages, weights, False, mask, has_mask,
-            whole_end, count_left,
-        )  # fmt: skip
-        tail_grad = tail[4]
-        _geo_mean_block(
-            tail_mask.shape[0] > 0, tail[0], tail[1], tail[2], tail_mask, 0, zero, high,
-            negative_low, row_grad, tail_grad,
-        )  # fmt: skip
-        for lane in range(count_left):
-            grad[whole_end + lane] = tail_grad[lane]
-    for i in range(stop, start + span):
-        grad[i] = 0
-    return counted * loss, np.float64(upper), np.float64(lower), _lane_total(kl_lanes)
-
-
 def geo_mean(
     logprobs,
     old_logprobs,
@@ -468,7 +365,7 @@ def geo_mean(
     row_lower,
     row_kl,
 ):
-    """Twin: src/rows_sequence.h ppo_geo_mean_row, in lanes (``_geo_mean_row``): the row's
+    """Twin: src/rows_sequence.h ppo_geo_mean_row, in lanes (``_geo_mean_rows``): the row's
     gradient is a function of its sums, which run in the C twin's lanes and order, so that the
     two backends give the same bits (and so do any number of threads)."""
     logs = np.empty(_CHUNK, np.float64)
@@ -487,15 +384,99 @@ def _geo_mean_rows(
     log_ratio_low, log_ratio_high, grad, row_loss, row_clipped, row_lower, row_kl, logs, tail,
     tail_mask,
 ):  # fmt: skip
-    """The rows by ``_geo_mean_row``, inlined into this loop (_numba_losses' rows_of says why
-    the loop is here)."""
+    """Twin: src/rows_sequence.h ppo_geo_mean_cases. Two passes over each row's valid prefix in
+    lanes: the sums of its kept log-ratios, advantages and (with weights) log-weights, a chunk
+    at a time, prefetching _STREAM_AHEAD_BYTES ahead (past the row, the next row: the token pass
+    rereads this one from the cache); then the gradient, the row's loss times its scale where
+    the kept log-ratio moves with the token's. A row's last partial block goes through
+    zero-padded lanes. Writes the row's loss, upper and lower counts and KL. The loop over the
+    rows is here, as in _numba_losses' rows_of (which says why)."""
+    _prefer_wide_vectors()
+    has_mask = mask.shape[0] > 0
+    has_weights = weights.shape[0] > 0
     for b in range(starts.shape[0]):
-        loss, upper, lower, kl = _geo_mean_row(
-            logprobs, old_logprobs, advantages, weights, np.uint64(starts[b]),
-            np.uint64(spans[b]), np.uint64(lengths[b]), mask, scales[b], log_ratio_low,
-            log_ratio_high, grad, logs, tail, tail_mask,
-        )  # fmt: skip
-        row_loss[b] = loss
-        row_clipped[b] = upper
-        row_lower[b] = lower
-        row_kl[b] = kl
+        start = np.uint64(starts[b])
+        span = np.uint64(spans[b])
+        length = np.uint64(lengths[b])
+        scale = scales[b]
+        valid_end = min(length, span)
+        if has_mask:  # as the token losses' (_numba_losses)
+            valid_end = _mask_stop(mask, start, np.uint64(0), valid_end)
+        stop = start + valid_end
+        zero = _lanes_splat(scale - scale)  # 0 in the input dtype (the scale is finite)
+        high = _lanes_splat(log_ratio_high)
+        negative_low = _lanes_splat(-log_ratio_low)
+        nothing = _lanes_splat(0.0)
+        sums = (nothing, nothing, nothing, 0, 0, 0)
+        distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
+        per_line = _positions_per_line(logprobs)
+        for first in range(start, stop, _UCHUNK):
+            end = min(first + _UCHUNK, stop)
+            whole_end = end - (end - first) % _U8
+            for i in range(first, whole_end, _U8):
+                if (i - first) % per_line == 0:
+                    ahead = _ahead_by(i, start, span, valid_end, distance)
+                    _prefetch(logprobs, ahead)
+                    _prefetch(old_logprobs, ahead)
+                    _prefetch(advantages, ahead)
+                    if has_mask and (i - first) % _U64 == 0:
+                        _prefetch(mask, ahead)
+                sums = _geo_mean_sum_block(
+                    has_mask, logprobs, old_logprobs, advantages, mask, i, zero, high,
+                    negative_low, sums,
+                )  # fmt: skip
+            if whole_end < end:
+                _tail_fill(
+                    tail, tail_mask, logprobs, old_logprobs, advantages, weights, False, mask,
+                    has_mask, whole_end, end - whole_end,
+                )  # fmt: skip
+                sums = _geo_mean_sum_block(
+                    tail_mask.shape[0] > 0, tail[0], tail[1], tail[2], tail_mask, 0, zero, high,
+                    negative_low, sums,
+                )  # fmt: skip
+        kept_lanes, advantage_lanes, kl_lanes, count, upper, lower = sums
+        log_weight_total = 0.0
+        if has_weights:  # log_poly on each weight in float64, in the sums' lanes
+            log_weight_lanes = nothing
+            for first in range(start, stop, _UCHUNK):
+                n = min(_UCHUNK, stop - first)
+                padded = (n + _U7) // _U8 * _U8
+                _log_weights(weights, mask, has_mask, first, n, logs)
+                for j in range(n, padded):  # the twin's zero-padded last block
+                    logs[j] = 0.0
+                log_weight_lanes = _add_lanes(log_weight_lanes, logs, padded)
+            log_weight_total = _lane_total(log_weight_lanes)
+        counted = np.float64(count)
+        loss = 0.0
+        if counted > 0.0:
+            # exp(mean(r')) * exp(mean(log w)) in one exp
+            weighted_ratio = exp_poly(
+                _lane_total(kept_lanes) / counted + log_weight_total / counted
+            )
+            loss = -(_lane_total(advantage_lanes) / counted) * weighted_ratio
+        row_grad = _lanes_rounded(_lanes_splat(loss * np.float64(scale)), zero)
+        whole_end = stop - valid_end % _U8
+        for i in range(start, whole_end, _U8):
+            _geo_mean_block(
+                has_mask, logprobs, old_logprobs, advantages, mask, i, zero, high, negative_low,
+                row_grad, grad,
+            )  # fmt: skip
+        if whole_end < stop:
+            count_left = stop - whole_end
+            _tail_fill(
+                tail, tail_mask, logprobs, old_logprobs, advantages, weights, False, mask, has_mask,
+                whole_end, count_left,
+            )  # fmt: skip
+            tail_grad = tail[4]
+            _geo_mean_block(
+                tail_mask.shape[0] > 0, tail[0], tail[1], tail[2], tail_mask, 0, zero, high,
+                negative_low, row_grad, tail_grad,
+            )  # fmt: skip
+            for lane in range(count_left):
+                grad[whole_end + lane] = tail_grad[lane]
+        for i in range(stop, start + span):
+            grad[i] = 0
+        row_loss[b] = counted * loss
+        row_clipped[b] = np.float64(upper)
+        row_lower[b] = np.float64(lower)
+        row_kl[b] = _lane_total(kl_lanes)
