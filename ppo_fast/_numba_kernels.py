@@ -430,8 +430,8 @@ def optimal_token_baseline(
         widest = max(widest, spans[b])
     buffer = np.empty(5 * widest)
     _otb_groups(
-    rewards, old_logprobs, sum_pi_squared, is_weights, starts, spans, lengths, mask, group_rows,
-    group_starts, gammas, bootstrap, eps, zero_tail, advantages, returns, buffer,
+        rewards, old_logprobs, sum_pi_squared, is_weights, starts, spans, lengths, mask,
+        group_rows, group_starts, gammas, bootstrap, eps, zero_tail, advantages, returns, buffer,
     )  # fmt: skip
 
 
