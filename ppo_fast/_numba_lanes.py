@@ -366,6 +366,76 @@ def _lanes_put(typingctx, array, i, lanes):
     return types.none(array, i, lanes), codegen
 
 
+def _first_lanes(builder, count, count_type, context):
+    """<8 x i1>: lane j is j < count (a signed count)."""
+    n = context.cast(builder, count, count_type, types.int64)
+    lanes = ir.Constant(ir.VectorType(ir.IntType(64), 8), list(range(8)))
+    return builder.icmp_signed("<", lanes, _splat_lanes(builder, n))
+
+
+def _masked_memory(builder, operation, vector_type, pointer):
+    """llvm.masked.load or llvm.masked.store of ``vector_type`` at ``pointer``: lanes outside
+    the mask are neither read nor written, so they may lie past the end of the array."""
+    i32 = ir.IntType(32)
+    if operation == "load":
+        function_type = ir.FunctionType(vector_type, [pointer.type, i32, _I1X8, vector_type])
+    else:
+        function_type = ir.FunctionType(ir.VoidType(), [vector_type, pointer.type, i32, _I1X8])
+    names = {ir.DoubleType: "f64", ir.FloatType: "f32"}
+    vector_name = f"v8{names.get(type(vector_type.element), 'i8')}"
+    # typed pointers (LLVM 14, llvmlite < 0.45) name the pointee, opaque ones do not
+    pointer_name = "p0" if getattr(pointer.type, "is_opaque", False) else f"p0{vector_name}"
+    full_name = f"llvm.masked.{operation}.{vector_name}.{pointer_name}"
+    try:
+        return builder.module.get_global(full_name)
+    except KeyError:
+        return ir.Function(builder.module, function_type, full_name)
+
+
+@intrinsic
+def _lanes_of_first(typingctx, array, i, count):
+    """Items i .. i + count - 1 of a float32 or float64 array in the first ``count`` lanes (0 <=
+    count <= 8), 0 in the others, without reading past them: a row's last partial block in
+    zero-padded lanes (twin: src/rows.h ppo_tail_fill's copy), one masked load instead of a
+    copy an item at a time, whose scalar stores the block's vector loads then waited for."""
+    if not _is_token_array(array) or not isinstance(i, types.Integer):
+        return None
+    if not isinstance(count, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        item = context.get_value_type(sig.args[0].dtype)
+        vector_type = ir.VectorType(item, 8)
+        pointer = _item_pointer(context, builder, sig.args[0], args[0], args[1], item)
+        load = _masked_memory(builder, "load", vector_type, pointer)
+        align = ir.Constant(ir.IntType(32), sig.args[0].dtype.bitwidth // 8)
+        first = _first_lanes(builder, args[2], sig.args[2], context)
+        return builder.call(load, [pointer, align, first, vector_type(None)])
+
+    return _LANES_OF[array.dtype](array, i, count), codegen
+
+
+@intrinsic
+def _lanes_put_first(typingctx, array, i, lanes, count):
+    """Stores the first ``count`` lanes (0 <= count <= 8) at items i .. i + count - 1, and
+    nothing past them: a partial block's gradient back into its row."""
+    if not _is_token_array(array) or lanes != _LANES_OF[array.dtype]:
+        return None
+    if not isinstance(i, types.Integer) or not isinstance(count, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        item = context.get_value_type(sig.args[0].dtype)
+        pointer = _item_pointer(context, builder, sig.args[0], args[0], args[1], item)
+        store = _masked_memory(builder, "store", ir.VectorType(item, 8), pointer)
+        align = ir.Constant(ir.IntType(32), sig.args[0].dtype.bitwidth // 8)
+        first = _first_lanes(builder, args[3], sig.args[3], context)
+        builder.call(store, [args[2], pointer, align, first])
+        return context.get_dummy_value()
+
+    return types.none(array, i, lanes, count), codegen
+
+
 @intrinsic
 def _lanes_f64(typingctx, lanes):
     """The lanes in float64: exact (twin: PPO_V(to_f64))."""
@@ -529,11 +599,45 @@ def _valid_first(typingctx, count):
         return None
 
     def codegen(context, builder, sig, args):
-        n = context.cast(builder, args[0], sig.args[0], types.int64)
-        lanes = ir.Constant(ir.VectorType(ir.IntType(64), 8), list(range(8)))
-        return builder.icmp_signed("<", lanes, _splat_lanes(builder, n))
+        return _first_lanes(builder, args[0], sig.args[0], context)
 
     return _VALID(count), codegen
+
+
+@intrinsic
+def _valid_bytes_first(typingctx, mask, i, count):
+    """Lane j: j < count and mask[i + j] != 0, without reading the mask past the first
+    ``count`` bytes (0 <= count <= 8): a partial block's mask."""
+    if not (isinstance(mask, types.Array) and mask.dtype == types.uint8):
+        return None
+    if not isinstance(i, types.Integer) or not isinstance(count, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        byte_vector = ir.VectorType(ir.IntType(8), 8)
+        pointer = _item_pointer(context, builder, sig.args[0], args[0], args[1], ir.IntType(8))
+        load = _masked_memory(builder, "load", byte_vector, pointer)
+        first = _first_lanes(builder, args[2], sig.args[2], context)
+        one = ir.Constant(ir.IntType(32), 1)
+        data = builder.call(load, [pointer, one, first, byte_vector(None)])
+        return builder.icmp_unsigned("!=", data, byte_vector(None))
+
+    return _VALID(mask, i, count), codegen
+
+
+@intrinsic
+def _valid_put(typingctx, mask, i, valid):
+    """Stores the lanes as bytes 1 (valid) and 0 at mask[i] .. mask[i + 7] (a uint8 array)."""
+    if not (isinstance(mask, types.Array) and mask.dtype == types.uint8) or valid != _VALID:
+        return None
+
+    def codegen(context, builder, sig, args):
+        byte_vector = ir.VectorType(ir.IntType(8), 8)
+        pointer = _item_pointer(context, builder, sig.args[0], args[0], args[1], ir.IntType(8))
+        builder.store(builder.zext(args[2], byte_vector), pointer, align=1)
+        return context.get_dummy_value()
+
+    return types.none(mask, i, valid), codegen
 
 
 @intrinsic

@@ -45,7 +45,9 @@ from ._numba_lanes import (
     _lanes_mul,
     _lanes_negative,
     _lanes_of,
+    _lanes_of_first,
     _lanes_put,
+    _lanes_put_first,
     _lanes_rounded,
     _lanes_splat,
     _lanes_sub,
@@ -54,7 +56,9 @@ from ._numba_lanes import (
     _valid_and,
     _valid_and_not,
     _valid_bytes,
+    _valid_bytes_first,
     _valid_first,
+    _valid_put,
 )
 
 _CHUNK = 256  # tokens per chunk of the loss kernels: their scratch rows stay in L1
@@ -146,22 +150,24 @@ def _tail_fill(tail, tail_mask, a, b, c, d, has_d, mask, has_mask, i, count):
     """Twin: src/rows.h ppo_tail_fill. A row's last partial block, the ``count`` < 8 tokens from
     position i of three token arrays and a fourth where ``has_d``, into rows 0-3 of ``tail`` (row
     4 takes the block's gradient), and their mask (1 without one) into ``tail_mask``, in
-    zero-padded lanes. Inlined into its callers' numba IR: called by address once or twice a row,
-    it took the arrays' fields one by one, and on rows with a partial last block (lengths not a
-    multiple of 8) numba's kernels took up to twice the twins' time (float32 1024 x 8, one
-    thread: GSPO 1.7x, the geometric mean 1.9x, the clipped surrogate 1.5x); inlined, 1.0-1.4x,
-    and each kernel compiles a few tenths of a second faster."""
-    for lane in range(8):
-        tail_mask[lane] = 0
-        for k in range(5):
-            tail[k, lane] = 0
-    for lane in range(count):
-        tail[0, lane] = a[i + lane]
-        tail[1, lane] = b[i + lane]
-        tail[2, lane] = c[i + lane]
-        if has_d:
-            tail[3, lane] = d[i + lane]
-        tail_mask[lane] = mask[i + lane] if has_mask else 1
+    zero-padded lanes: one masked load and one store a row of ``tail`` (``_lanes_of_first``).
+    Inlined into its callers' numba IR. Called by address once or twice a row, it took the
+    arrays' fields one by one, and it copied an item at a time; on rows with a partial last block
+    (lengths not a multiple of 8) numba's kernels took up to twice the twins' time (float32
+    1024 x 8, one thread: GSPO 1.7x, the geometric mean 1.9x, the clipped surrogate 1.5x)."""
+    _lanes_put(tail[0], 0, _lanes_of_first(a, i, count))
+    _lanes_put(tail[1], 0, _lanes_of_first(b, i, count))
+    _lanes_put(tail[2], 0, _lanes_of_first(c, i, count))
+    nothing = _lanes_of_first(a, i, 0)  # zeros of the dtype
+    if has_d:
+        _lanes_put(tail[3], 0, _lanes_of_first(d, i, count))
+    else:
+        _lanes_put(tail[3], 0, nothing)
+    _lanes_put(tail[4], 0, nothing)
+    if has_mask:
+        _valid_put(tail_mask, 0, _valid_bytes_first(mask, i, count))
+    else:
+        _valid_put(tail_mask, 0, _valid_first(count))
 
 
 @_jit
@@ -401,8 +407,7 @@ def _policy_rows_build(kind):
                     if kind == _SAPO or kind == _DPPO:
                         second = _lanes_of(seconds, whole_end - first)
                     if kind == _KL_COV:  # its selection, zero-padded as the mask
-                        for lane in range(8):
-                            tail_selected[lane] = selected[whole_end + lane] if lane < count else 0
+                        _valid_put(tail_selected, 0, _valid_bytes_first(selected, whole_end, count))
                     tail_grad = tail[4]
                     # the tail's mask is always there (tail_mask: True, but as a value, not a
                     # constant: numba would compile the block a second time for the constant)
@@ -413,8 +418,7 @@ def _policy_rows_build(kind):
                     )  # fmt: skip
                     first_count += block_first
                     second_count += block_second
-                    for lane in range(count):
-                        grad[whole_end + lane] = tail_grad[lane]
+                    _lanes_put_first(grad, whole_end, _lanes_of(tail_grad, 0), count)
             row_loss[b] = _lane_total(loss)
             row_kl[b] = _lane_total(kl)
             if kind != _REINFORCE and kind != _SAPO:  # they count nothing
@@ -763,8 +767,7 @@ def _value_rows(
                     loss,
                 )  # fmt: skip
                 clipped += block_clipped
-                for lane in range(count):
-                    grad[start + t + lane] = tail_grad[lane]
+                _lanes_put_first(grad, start + t, _lanes_of(tail_grad, 0), count)
         row_loss[b] = _lane_total(loss)
         row_clipped[b] = clipped
 

@@ -36,6 +36,7 @@ from ._numba_lanes import (
     _lanes_negative,
     _lanes_of,
     _lanes_put,
+    _lanes_put_first,
     _lanes_rounded,
     _lanes_splat,
     _lanes_sub,
@@ -250,8 +251,7 @@ def _gspo_rows(
                     0, p, tail_grad, sums,
                 )  # fmt: skip
                 if detached:
-                    for lane in range(count_left):
-                        grad[whole_end + lane] = tail_grad[lane]
+                    _lanes_put_first(grad, whole_end, _lanes_of(tail_grad, 0), count_left)
         loss_lanes, slope_lanes, clipped_count, lower_count = sums
         if not detached:
             row_grad = _lane_total(slope_lanes) * np.float64(gradient_ratio) * np.float64(scale)
@@ -472,8 +472,7 @@ def _geo_mean_rows(
                 tail_mask.shape[0] > 0, tail[0], tail[1], tail[2], tail_mask, 0, zero, high,
                 negative_low, row_grad, tail_grad,
             )  # fmt: skip
-            for lane in range(count_left):
-                grad[whole_end + lane] = tail_grad[lane]
+            _lanes_put_first(grad, whole_end, _lanes_of(tail_grad, 0), count_left)
         for i in range(stop, start + span):
             grad[i] = 0
         row_loss[b] = counted * loss

@@ -165,6 +165,50 @@ def test_numba_parallel_builds_split_the_units_into_ranges_of_about_equal_weight
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numbas_partial_blocks_read_and_write_only_their_first_items(dtype):
+    """A row's last partial block in the numba losses (``_numba_losses._tail_fill``): the
+    masked loads give the first ``count`` items and 0 after them, the masked store writes the
+    first ``count`` lanes and nothing after them, and the mask's lanes past ``count`` are not
+    valid, for every count and with the block ending where the array ends."""
+    import numba
+
+    from ppo_fast._numba_lanes import (
+        _lanes_of,
+        _lanes_of_first,
+        _lanes_put,
+        _lanes_put_first,
+        _valid_bytes_first,
+        _valid_put,
+    )
+
+    @numba.njit
+    def partial(values, mask, i, count, lanes_out, valid_out, stored):
+        _lanes_put(lanes_out, 0, _lanes_of_first(values, i, count))
+        _valid_put(valid_out, 0, _valid_bytes_first(mask, i, count))
+        _lanes_put_first(stored, i, _lanes_of(lanes_out, 0), count)
+
+    rng = np.random.default_rng(0)
+    for count in range(9):
+        for i, size in ((3, 3 + count), (3, 3 + count + 5)):  # at the array's end, and inside
+            values = rng.standard_normal(size).astype(dtype)
+            mask = rng.integers(0, 3, size).astype(np.uint8)
+            lanes, valid = np.full(8, np.nan, dtype), np.full(8, 7, np.uint8)
+            stored = np.full(size, -1.0, dtype)
+            before = values.copy(), mask.copy()
+            partial(values, mask, i, count, lanes, valid, stored)
+            block = slice(i, i + count)
+            np.testing.assert_array_equal(lanes[:count], values[block])
+            np.testing.assert_array_equal(lanes[count:], 0)
+            np.testing.assert_array_equal(valid[:count], mask[block] != 0)
+            np.testing.assert_array_equal(valid[count:], 0)
+            np.testing.assert_array_equal(stored[block], values[block])
+            np.testing.assert_array_equal(np.delete(stored, np.arange(i, i + count)), -1.0)
+            np.testing.assert_array_equal(values, before[0])
+            np.testing.assert_array_equal(mask, before[1])
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
 @NUMBA_PARALLEL
 def test_numba_runs_its_parallel_build_on_two_threads_and_its_serial_build_on_one(monkeypatch):
     """Every kernel: the build that must not run is replaced by one that fails."""
