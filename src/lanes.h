@@ -77,6 +77,13 @@ typedef __m256i ppo_c32x8; /* int32 per lane: rows_loss.h totals them every chun
 PPO_INLINE ppo_f32x8 ppo_f32x8_splat(float x) { return _mm256_set1_ps(x); }
 PPO_INLINE ppo_f32x8 ppo_f32x8_load(const float* p) { return _mm256_loadu_ps(p); }
 PPO_INLINE void ppo_f32x8_store(float* p, ppo_f32x8 x) { _mm256_storeu_ps(p, x); }
+/* p[0 .. count - 1] in the first count lanes (0 <= count <= 8), 0 in the others, reading nothing
+ * past them: a row's last partial block (rows.h ppo_tail_fill). */
+PPO_INLINE ppo_f32x8 ppo_f32x8_load_first(const float* p, ptrdiff_t count) {
+    __m256i first = _mm256_cmpgt_epi32(
+        _mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_maskload_ps(p, first);
+}
 PPO_INLINE ppo_f32x8 ppo_f32x8_add(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_add_ps(a, b); }
 PPO_INLINE ppo_f32x8 ppo_f32x8_sub(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_sub_ps(a, b); }
 PPO_INLINE ppo_f32x8 ppo_f32x8_mul(ppo_f32x8 a, ppo_f32x8 b) { return _mm256_mul_ps(a, b); }
@@ -256,6 +263,9 @@ typedef int64_t ppo_c64x8;
 PPO_INLINE ppo_f64x8 ppo_f64x8_splat(double x) { return _mm512_set1_pd(x); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_load(const double* p) { return _mm512_loadu_pd(p); }
 PPO_INLINE void ppo_f64x8_store(double* p, ppo_f64x8 x) { _mm512_storeu_pd(p, x); }
+PPO_INLINE ppo_f64x8 ppo_f64x8_load_first(const double* p, ptrdiff_t count) {
+    return _mm512_maskz_loadu_pd((__mmask8)((1u << count) - 1u), p);
+}
 PPO_INLINE ppo_f64x8 ppo_f64x8_add(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_add_pd(a, b); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_sub(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_sub_pd(a, b); }
 PPO_INLINE ppo_f64x8 ppo_f64x8_mul(ppo_f64x8 a, ppo_f64x8 b) { return _mm512_mul_pd(a, b); }
@@ -484,6 +494,13 @@ PPO_INLINE void ppo_f64x8_store(double* p, ppo_f64x8 x) {
     _mm256_storeu_pd(p, x.low);
     _mm256_storeu_pd(p + 4, x.high);
 }
+PPO_INLINE ppo_f64x8 ppo_f64x8_load_first(const double* p, ptrdiff_t count) {
+    __m256i n = _mm256_set1_epi64x((long long)count);
+    ppo_f64x8 r = {
+        _mm256_maskload_pd(p, _mm256_cmpgt_epi64(n, _mm256_setr_epi64x(0, 1, 2, 3))),
+        _mm256_maskload_pd(p + 4, _mm256_cmpgt_epi64(n, _mm256_setr_epi64x(4, 5, 6, 7)))};
+    return r;
+}
 #define PPO_F64X8_BOTH_HALVES(result_type, name, intrinsic)               \
     PPO_INLINE result_type ppo_f64x8_##name(ppo_f64x8 a, ppo_f64x8 b) {   \
         result_type r = {intrinsic(a.low, b.low), intrinsic(a.high, b.high)}; \
@@ -697,6 +714,11 @@ typedef ppo_m64x8 ppo_c64x8;
         return r;                                                                          \
     }                                                                                      \
     PPO_INLINE void ppo_##name##_store(real* p, ppo_##name x) { memcpy(p, &x, sizeof x); } \
+    PPO_INLINE ppo_##name ppo_##name##_load_first(const real* p, ptrdiff_t count) {        \
+        real first[8] = {0};                                                               \
+        memcpy(first, p, (size_t)count * sizeof(real));                                    \
+        return ppo_##name##_load(first);                                                   \
+    }                                                                                      \
     PPO_INLINE ppo_##name ppo_##name##_add(ppo_##name a, ppo_##name b) {                   \
         PPO_PARTS_##name(PPO_PART_ADD) return a;                                           \
     }                                                                                      \
@@ -911,6 +933,11 @@ typedef int64_t ppo_c64x8;
     }                                                                                        \
     PPO_INLINE void ppo_##name##_store(real* p, ppo_##name x) {                              \
         memcpy(p, x.lane, sizeof x.lane);                                                    \
+    }                                                                                        \
+    PPO_INLINE ppo_##name ppo_##name##_load_first(const real* p, ptrdiff_t count) {          \
+        ppo_##name r;                                                                        \
+        PPO_EACH_LANE(r.lane[lane] = lane < count ? p[lane] : (real)0);                      \
+        return r;                                                                            \
     }                                                                                        \
     PPO_INLINE ppo_##name ppo_##name##_add(ppo_##name a, ppo_##name b) {                     \
         PPO_EACH_LANE(a.lane[lane] += b.lane[lane]);                                         \
