@@ -257,8 +257,9 @@ typedef struct {
 /* Each token array's lanes are one vector store of a partial load (PPO_V(load_first)), and the
  * mask's 8 bytes one 8-byte store on little-endian machines: the block then loads whole vectors
  * from the tail, and a load that spans several smaller stores before it cannot take their data
- * from the store buffer but waits until they reach the cache (an item-by-item copy made a row's
- * partial block cost numba's twin, built so, 2-3 times its time on rows of 8 tokens). */
+ * from the store buffer but waits until they reach the cache. Measured with the item-by-item copy
+ * and without it (float32 1024x8, lengths in [4, 8], one thread, kernel alone): the geometric
+ * mean 76 -> 47 us, GSPO 80 -> 50 us; numba's twin, built the same way, 156 -> 40-45 us. */
 PPO_INLINE void PPO_ROW(ppo_tail_fill)(
     PPO_ROW(ppo_tail) * tail, const ppo_real* const arrays[PPO_TAIL_ARRAYS], int has_mask,
     const uint8_t* mask, ptrdiff_t i, ptrdiff_t count) {
