@@ -370,6 +370,24 @@ def _mask_word(typingctx, mask, index):
     return types.uint64(mask, index), codegen
 
 
+@intrinsic
+def _nonzero_bytes64(typingctx, mask, index):
+    """How many of the 64 bytes of a uint8 array from ``index`` on are nonzero (uint64): one
+    vector compare, its lanes as the bits of an i64, and their popcount."""
+    if not (isinstance(mask, types.Array) and mask.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        array = context.make_array(sig.args[0])(context, builder, args[0])
+        address = builder.gep(array.data, [args[1]])
+        bytes_type = ir.VectorType(ir.IntType(8), 64)
+        data = builder.load(builder.bitcast(address, bytes_type.as_pointer()), align=1)
+        nonzero = builder.icmp_unsigned("!=", data, bytes_type(None))
+        return builder.ctpop(builder.bitcast(nonzero, ir.IntType(64)))
+
+    return types.uint64(mask, index), codegen
+
+
 _U8 = np.uint64(8)
 _BYTE_ONES = np.uint64(0x0101010101010101)
 _BYTE_HIGHS = np.uint64(0x8080808080808080)
@@ -463,15 +481,28 @@ def _prefetch_ahead(a, b, c, d, has_d, mask, has_mask, at):
 
 
 @_jit
+def _count_nonzero(mask, start, n):
+    """How many of the ``n`` bytes of a uint8 array from ``start`` on are nonzero (uint64), 64 a
+    step (twin: src/totals.h ppo_count_nonzero). A loop of ``count += mask[i] != 0`` runs in
+    int64 lanes, 4 bytes a vector: the row scales of a 256 x 1024 mask took 13.8 us that way,
+    4.45 us this way, and were most of what numba's loss entries added to their kernels."""
+    count = np.uint64(0)
+    i = np.uint64(0)
+    while i + np.uint64(64) <= n:
+        count += _nonzero_bytes64(mask, start + i)
+        i += np.uint64(64)
+    for j in range(start + i, start + n):
+        count += np.uint64(mask[j] != 0)
+    return count
+
+
+@_jit
 def _valid_count(start, span, length, mask, has_mask):
     """The number of valid positions of a row."""
     valid_end = min(length, span)
     if not has_mask:
         return valid_end
-    count = np.uint64(0)
-    for i in range(start, start + valid_end):
-        count += np.uint64(mask[i] != 0)
-    return count
+    return _count_nonzero(mask, start, valid_end)
 
 
 @intrinsic
@@ -633,11 +664,8 @@ def _common_scales(agg, normaliser, flat_mask, has_mask, n_rows, width):
     seqs = 0.0
     for b in range(n_rows):
         count = width
-        if has_mask:  # over a slice: a loop over b * width + i did not vectorize (8x the time)
-            row = flat_mask[b * width : (b + 1) * width]
-            count = 0
-            for i in range(width):
-                count += row[i] != 0
+        if has_mask:
+            count = np.int64(_count_nonzero(flat_mask, np.uint64(b * width), np.uint64(width)))
         counts[b] = count
         total += count
         if count > 0:

@@ -209,6 +209,25 @@ def test_numbas_partial_blocks_read_and_write_only_their_first_items(dtype):
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_numbas_mask_count_equals_numpys_for_every_start_and_length():
+    """numba's count of nonzero mask bytes (``_numba_core._count_nonzero``, 64 bytes a step,
+    then one at a time), which the losses' one-thread entries scale their rows by: every
+    length across two steps and a tail, at aligned and unaligned starts, with mask bytes other
+    than 0 and 1, and a count that ends where the array ends."""
+    from ppo_fast._numba_core import _count_nonzero
+
+    rng = np.random.default_rng(0)
+    for start in (0, 1, 7, 63, 64, 65):
+        for n in range(0, 200):
+            mask = rng.integers(0, 4, start + n).astype(np.uint8)
+            mask[rng.random(start + n) < 0.5] = 0
+            expected = np.count_nonzero(mask[start:])
+            assert _count_nonzero(mask, np.uint64(start), np.uint64(n)) == expected, (start, n)
+    full = np.full(1000, 255, np.uint8)
+    assert _count_nonzero(full, np.uint64(0), np.uint64(1000)) == 1000
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
 @NUMBA_PARALLEL
 def test_numba_runs_its_parallel_build_on_two_threads_and_its_serial_build_on_one(monkeypatch):
     """Every kernel: the build that must not run is replaced by one that fails."""
