@@ -123,7 +123,12 @@ def _parallel_build(serial, kernel: Kernel, row_chunks=None):
         sliced = {name: f"{name}[first:end]" for name in per_row if name != "mask"}
         weights = "spans"
     call = ", ".join(sliced.get(name, name) for name in arguments)
-    lines = [f"def {kernel.name}_parallel({', '.join(arguments)}, n_threads):"]
+    # numba's thread count (a thread-local of the calling thread) is set here, compiled: from
+    # Python, numba.set_num_threads costs about 1 us a call
+    lines = [
+        f"def {kernel.name}_parallel({', '.join(arguments)}, n_threads):",
+        "    numba.set_num_threads(n_threads)",
+    ]
     if kernel.chunks is not None:
         lines += [
             "    n_chunks = np.uint64(0)",
@@ -143,6 +148,7 @@ def _parallel_build(serial, kernel: Kernel, row_chunks=None):
         lines.append("    return n_chunks")
     namespace = {
         "np": np,
+        "numba": numba,
         "prange": numba.prange,
         "serial": _compiled_caller(serial, arguments),
         "row_chunks": row_chunks,
@@ -251,6 +257,7 @@ class _Kernel:
         # the table's arguments that runs ``shared``'s own serial build with one range (a
         # jitted wrapper would link that build into its module and compile it a second time).
         self.takes_threads = kernel is not None
+        self.sets_threads = False  # whether the parallel build sets numba's thread count
         parallel = numba.njit(nogil=True, cache=_CACHE, parallel=True)
         if kernel is not None and kernel.splits_groups:
             self.serial = function
@@ -259,6 +266,7 @@ class _Kernel:
         self.serial = numba.njit(nogil=True, cache=_CACHE)(function)
         if kernel is not None:
             self.parallel = _parallel_build(self.serial, kernel, row_chunks)
+            self.sets_threads = True
         else:
             self.parallel = parallel(function)
 
@@ -271,11 +279,14 @@ class _Kernel:
     def __call__(self, *args):
         """The kernel's result (None for most: they write their outputs). The backend signature
         ends with n_threads; one thread, the small batch's case, takes the fewest steps in
-        Python (each step here is about 0.1 us of a 2 us call at 8 x 128)."""
+        Python (each step here is about 0.1 us of a 2 us call at 8 x 128). The parallel build
+        made from the table sets numba's thread count itself (``_parallel_build``)."""
         if args[-1] > 1:
             n_threads = min(args[-1], numba.config.NUMBA_NUM_THREADS)
             if n_threads > 1 and _parallel_lock.acquire(blocking=False):
                 try:
+                    if self.sets_threads:
+                        return self.parallel(*args[:-1], n_threads)
                     numba.set_num_threads(n_threads)
                     if self.takes_threads:
                         return self.parallel(*args[:-1], n_threads)

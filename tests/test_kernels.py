@@ -230,7 +230,10 @@ def test_numbas_mask_count_equals_numpys_for_every_start_and_length():
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
 @NUMBA_PARALLEL
 def test_numba_runs_its_parallel_build_on_two_threads_and_its_serial_build_on_one(monkeypatch):
-    """Every kernel: the build that must not run is replaced by one that fails."""
+    """Every kernel: the build that must not run is replaced by one that fails. On two threads
+    the call sets numba's thread count of the calling thread to two (the parallel builds made
+    from the table set it themselves, compiled), whatever it was before."""
+    import numba
     from batches import Batch
 
     from ppo_fast import _numba_kernels
@@ -245,10 +248,13 @@ def test_numba_runs_its_parallel_build_on_two_threads_and_its_serial_build_on_on
         kernel = getattr(_numba_kernels, case.kernel.name)
         builds = getattr(kernel, "kernels", [kernel])
         for n_threads, unwanted in ((2, "serial"), (1, "parallel")):
+            numba.set_num_threads(1)
             with monkeypatch.context() as patch:
                 for build in builds:
                     patch.setattr(build, unwanted, refuse)
                 case.run(_numba_kernels, n_threads)
+            if n_threads == 2:
+                assert numba.get_num_threads() == 2, case.kernel.name
 
 
 def _run_placed(case, kernels, placed):
