@@ -47,12 +47,15 @@ def test_k3_past_the_saturation_of_exp_is_exp(backend, log_ratio):
 def test_k3_rewards_past_the_saturation_of_exp_in_a_long_row(compiled_backend, layout):
     """A row with one token past exp(708) among ordinary ones: the kernels compute a row without
     the correction past 708 and redo the rows that needed it. Every reward, the corrected one
-    and the row's others, equals the oracle's; a row without such a token is untouched."""
+    and the row's others, equals the oracle's; a row without such a token is untouched. The
+    third row's NaN log-ratios, of either sign, may flag it to be redone (numba's flag is the
+    max of -log_ratio's bits): its rewards are the oracle's too."""
     rng = np.random.default_rng(7)
     logp = rng.uniform(-3.0, 0.0, (3, 40))
     ref = logp + rng.normal(0.0, 0.3, (3, 40))
     ref[0, 17] = logp[0, 17] + 709.5  # -log_ratio = 709.5: past the saturation
     ref[1, 3] = logp[1, 3] + 708.5
+    ref[2, 8], ref[2, 9] = np.nan, -np.nan
     scores = np.array([1.0, -2.0, 0.5])
     layout_kwargs = (
         {"mask": np.arange(40)[None, :] < np.array([[30], [40], [25]])}
