@@ -147,6 +147,7 @@ def _parallel_build(serial, kernel: Kernel, row_chunks=None):
     if kernel.chunks is not None:
         lines.append("    return n_chunks")
     namespace = {
+        "__name__": __name__,  # the function's module: _numba_core._Unswitching tells by it
         "np": np,
         "numba": numba,
         "prange": numba.prange,
@@ -229,6 +230,7 @@ def _serial_common_build(serial, kernel: Kernel):
     elif n_row_outputs:
         lines += ["    totals = _row_totals(row_outputs)", f"    return ({totals},)"]
     namespace = {
+        "__name__": __name__,  # as _parallel_build's
         "np": np,
         "serial": _compiled_caller(serial, kernel.arguments[:-1]),
         "_flat_mask": _flat_mask,

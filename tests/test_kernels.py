@@ -209,6 +209,32 @@ def test_numbas_partial_blocks_read_and_write_only_their_first_items(dtype):
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_numba_raises_llvms_unswitch_threshold_only_while_it_compiles_this_package(monkeypatch):
+    """``_numba_core._Unswitching``: a function of ppo_fast compiled (here a new signature of
+    its mask count) raises LLVM's unswitch threshold at the start and puts LLVM's default back
+    at the end, once, whatever it compiles inside; a function of someone else's is compiled
+    with the option left alone."""
+    import numba
+
+    from ppo_fast import _numba_core
+
+    options = []
+    monkeypatch.setattr(_numba_core.llvm, "set_option", lambda name, option: options.append(option))
+
+    @numba.njit
+    def elsewhere(x):
+        return x + 1
+
+    elsewhere(1)
+    assert options == []
+    mask = np.ones(100, np.uint8)
+    signatures = len(_numba_core._count_nonzero.signatures)
+    assert _numba_core._count_nonzero(mask, np.int32(3), np.int32(90)) == 90
+    assert len(_numba_core._count_nonzero.signatures) == signatures + 1  # it compiled
+    assert options == ["-unswitch-threshold=400", "-unswitch-threshold=50"]
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
 def test_numbas_mask_count_equals_numpys_for_every_start_and_length():
     """numba's count of nonzero mask bytes (``_numba_core._count_nonzero``, 64 bytes a step,
     then one at a time), which the losses' one-thread entries scale their rows by: every
