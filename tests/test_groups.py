@@ -248,6 +248,18 @@ def test_inputs_are_never_modified_and_results_are_read_only():
     assert values.tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_a_grouping_compares_by_identity_and_can_key_a_cache():
+    """``Groups`` holds arrays, whose ``==`` is elementwise: a field-by-field equality (and the
+    hash a frozen dataclass derives from it) would raise instead of answering. A grouping is
+    equal only to itself, and hashable, so that a caller can key a cache of per-batch results
+    by it."""
+    groups = factorize([1, 2, 1], 3)
+    same_labels = factorize([1, 2, 1], 3)
+    assert groups == groups and groups != same_labels
+    cache = {groups: "first", same_labels: "second"}
+    assert cache[groups] == "first" and cache[same_labels] == "second"
+
+
 FINITE = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
 
 
