@@ -287,6 +287,62 @@ def test_files_in_every_format_equal_the_table_api(tmp_path):
     np.testing.assert_array_equal(flat(written.read(), "advantages"), flat(expected, "advantages"))
 
 
+def test_a_parquet_row_group_is_written_once_its_pieces_hold_batch_rows_rows(tmp_path):
+    """The writer's pieces (a fraction of a batch each) join into one row group as soon as they
+    hold ``batch_rows`` rows, and not before: pieces of 3 rows and batch_rows=10 make row groups
+    of 12 (9 rows are not enough), and what is left at the end is the last one."""
+    from ppo_fast.data import _stream
+
+    table = rollouts(n_rows=30, seed=2)
+    output = tmp_path / "out.parquet"
+    writer = _stream.Writer(str(output), "parquet", batch_rows=10)
+    for start in range(0, 30, 3):
+        writer.write(table.slice(start, 3).to_batches()[0])
+    writer.close()
+    written = pq.ParquetFile(output)
+    sizes = [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)]
+    assert sizes == [12, 12, 6]
+    assert written.read().equals(table)
+
+
+def test_a_run_reports_its_rows_tokens_batches_speed_and_moments(tmp_path):
+    """``advantages_file``'s summary, from an Arrow IPC stream (read by pyarrow's stream reader,
+    which the formats above do not take): its rows, its tokens (every position of the rows,
+    valid or not), a batch for each piece of at most ``batch_rows`` rows of each record batch,
+    tokens_per_s from its own tokens and seconds, and the whitening moments: those of the
+    advantages before whitening, over the valid tokens (here every token: the default columns
+    name no mask; population variance, unbiased=False by default). An input of no rows reports
+    no batch and still gets its output columns."""
+    table = rollouts(n_rows=40, seed=5)
+    source = tmp_path / "in.arrows"
+    with pa.OSFile(str(source), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table, max_chunksize=15)
+    output = tmp_path / "out.arrow"
+    summary = data.advantages_file(source, output, batch_rows=10)
+    with pa.memory_map(str(output)) as written:
+        got = pa.ipc.open_file(written).read_all()
+    # the whitening moments merged over other pieces than the table API's: to rounding
+    for name in ("advantages", "returns"):
+        np.testing.assert_allclose(flat(got, name), flat(data.advantages(table), name), rtol=1e-12)
+    assert summary["input_format"] == "arrow-stream"
+    lengths = pa.compute.list_value_length(table["logprobs"]).to_numpy()
+    assert (summary["rows"], summary["tokens"]) == (40, int(lengths.sum()))
+    assert summary["batches"] == 5  # record batches of 15, 15 and 10 rows: 10+5, 10+5, 10
+    assert summary["tokens_per_s"] == summary["tokens"] / summary["seconds"]
+    raw = flat(data.advantages(table, whiten=False), "advantages")  # no mask column named
+    assert summary["whiten_mean"] == pytest.approx(raw.mean(), rel=1e-12)
+    assert summary["whiten_std"] == pytest.approx(raw.std(), rel=1e-12)
+
+    empty = tmp_path / "empty.arrows"
+    with pa.OSFile(str(empty), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table.slice(0, 0))
+    summary = data.advantages_file(empty, tmp_path / "empty.arrow", whiten=False)
+    assert (summary["rows"], summary["tokens"], summary["batches"]) == (0, 0, 0)
+    with pa.memory_map(str(tmp_path / "empty.arrow")) as written:
+        got = pa.ipc.open_file(written).read_all()
+    assert got.num_rows == 0 and {"advantages", "returns"} <= set(got.column_names)
+
+
 def test_a_parquet_input_of_one_batch_is_read_once(tmp_path, monkeypatch):
     """A whitened run (two passes) over a Parquet file of no more rows than a batch reads it
     once: the first pass keeps every column for the second. The results are those of the same
