@@ -28,6 +28,7 @@ from ._numba_core import (
     _prefetch,
     _prefetch_ahead,
     _select,
+    _stack_array,
     _without_refcounts,
     exp_poly,
     log_poly,
@@ -440,10 +441,15 @@ def _policy_rows_build(kind):
     ):  # fmt: skip
         """The rows (``rows_of``), with the call's scratch rows (_numba_core's docstring says
         why). Counts go to row_first and row_second where the kernel has them."""
-        scratch = np.ones((4, _CHUNK), logprobs.dtype)
-        tail = np.zeros((5, 8), logprobs.dtype)
-        tail_mask = np.zeros(8, np.uint8)
-        tail_selected = np.zeros(8, np.uint8)
+        # uninitialised, as the twin's: a tail block reads the lanes past the row's end too,
+        # which are not valid, and nothing of theirs reaches the outputs
+        scratch = _stack_array((4, _CHUNK), logprobs.dtype)
+        tail = _stack_array((5, 8), logprobs.dtype)
+        tail[:] = 0
+        tail_mask = _stack_array((8,), np.uint8)
+        tail_mask[:] = 0
+        tail_selected = _stack_array((8,), np.uint8)
+        tail_selected[:] = 0
         rows_of(
             logprobs, old_logprobs, advantages, weights, selected, starts, spans, lengths, mask,
             scales, beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos, tau_neg,
@@ -790,8 +796,10 @@ def value_loss(
     """Twin: src/rows_loss.h ppo_value_loss_row, in lanes (``_value_rows``): the clipped value
     loss's halved squares summed in float64 lanes added up in the twin's tree, the gradient, and
     the clipped count (a whole number)."""
-    tail = np.zeros((5, 8), values.dtype)
-    tail_mask = np.zeros(8, np.uint8)
+    tail = _stack_array((5, 8), values.dtype)
+    tail[:] = 0
+    tail_mask = _stack_array((8,), np.uint8)
+    tail_mask[:] = 0
     _value_rows(
         values, old_values, returns, starts, spans, lengths, mask, clip, scales, grad, row_loss,
         row_clipped, tail, tail_mask,

@@ -19,6 +19,7 @@ from ._numba_core import (
     _prefetch,
     _rounded_like,
     _select,
+    _stack_array,
     _without_refcounts,
     exp_poly,
     log_poly,
@@ -138,8 +139,10 @@ def gspo(
 ):
     """Twin: src/rows_sequence.h ppo_gspo_row, in lanes (``_gspo_rows``)."""
     detached = form == 0
-    tail = np.zeros((5, 8), logprobs.dtype)
-    tail_mask = np.zeros(8, np.uint8)
+    tail = _stack_array((5, 8), logprobs.dtype)
+    tail[:] = 0
+    tail_mask = _stack_array((8,), np.uint8)
+    tail_mask[:] = 0
     _gspo_rows(
         logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
         ratio_low, ratio_high, dual_clip, log_ratio_max, detached, grad, row_loss, row_clipped,
@@ -368,9 +371,11 @@ def geo_mean(
     """Twin: src/rows_sequence.h ppo_geo_mean_row, in lanes (``_geo_mean_rows``): the row's
     gradient is a function of its sums, which run in the C twin's lanes and order, so that the
     two backends give the same bits (and so do any number of threads)."""
-    logs = np.empty(_CHUNK, np.float64)
-    tail = np.zeros((5, 8), logprobs.dtype)
-    tail_mask = np.zeros(8, np.uint8)
+    logs = _stack_array((_CHUNK,), np.float64)
+    tail = _stack_array((5, 8), logprobs.dtype)
+    tail[:] = 0
+    tail_mask = _stack_array((8,), np.uint8)
+    tail_mask[:] = 0
     _geo_mean_rows(
         logprobs, old_logprobs, advantages, weights, starts, spans, lengths, mask, scales,
         log_ratio_low, log_ratio_high, grad, row_loss, row_clipped, row_lower, row_kl, logs,

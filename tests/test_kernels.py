@@ -254,6 +254,49 @@ def test_numbas_mask_count_equals_numpys_for_every_start_and_length():
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_numbas_stack_arrays_are_c_contiguous_aligned_apart_and_not_counted():
+    """``_numba_core._stack_array``, the kernels' scratch rows and the common entries' row
+    arrays: the shape and dtype asked for, C-contiguous, 64-byte aligned, each array its own
+    memory (filled one after another, each keeps its values); a shape known only at run time,
+    or a dtype that is not one, does not compile."""
+    import numba
+
+    from ppo_fast._numba_core import _stack_array
+
+    @numba.njit
+    def fill(value):
+        rows = _stack_array((3, 5), np.float32)
+        flags = _stack_array((7,), np.uint8)
+        counts = _stack_array((2,), np.int64)
+        rows[:] = value
+        flags[:] = 2
+        counts[:] = -1
+        addresses = (rows.ctypes.data, flags.ctypes.data, counts.ctypes.data)
+        return rows.copy(), flags.copy(), counts.copy(), rows.strides, addresses
+
+    for value in (1.5, -3.0):
+        rows, flags, counts, strides, addresses = fill(value)
+        assert rows.dtype == np.float32 and rows.shape == (3, 5) and strides == (20, 4)
+        np.testing.assert_array_equal(rows, value)
+        np.testing.assert_array_equal(flags, np.full(7, 2, np.uint8))
+        np.testing.assert_array_equal(counts, [-1, -1])
+        assert all(address % 64 == 0 for address in addresses)
+        assert len(set(addresses)) == 3
+
+    @numba.njit
+    def sized_at_run_time(n):
+        return _stack_array((n,), np.float64).sum()
+
+    @numba.njit
+    def of_a_string():
+        return _stack_array((3,), "float64").sum()
+
+    for bad in (lambda: sized_at_run_time(3), of_a_string):
+        with pytest.raises(numba.core.errors.TypingError, match="_stack_array"):
+            bad()
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
 @NUMBA_PARALLEL
 def test_numba_runs_its_parallel_build_on_two_threads_and_its_serial_build_on_one(monkeypatch):
     """Every kernel: the build that must not run is replaced by one that fails. On two threads
