@@ -680,3 +680,13 @@ def serial_common(name):
     if _CACHE:
         return None
     return globals()[name].serial_common()
+
+
+def exact_entry(dispatcher, arguments):
+    """The compiled wrapper (numba's ``entry_point``) of the overload of ``dispatcher`` that
+    ``arguments`` select by their numba types, or None where no overload has exactly those
+    types. It unboxes each argument as the overload's type says, without typing it first, so
+    it may only be called with arguments of those types: ``_backend.common`` calls it for the
+    fast paths, whose checks fix every argument's type."""
+    overload = dispatcher.overloads.get(tuple(map(dispatcher.typeof_pyval, arguments)))
+    return None if overload is None else overload.entry_point

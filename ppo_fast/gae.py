@@ -191,7 +191,7 @@ def _gae_common(
     else:
         advantages, returns = out
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])  # no row is long
-    _backend.common("gae", backend, n_threads)(
+    _backend.common("gae", backend, n_threads, dtype, mask is not None)(
         rewards, values, mask, gamma, lam, 0.0, advantages, returns, n_threads
     )
     return _new_result((advantages, returns))

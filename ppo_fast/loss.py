@@ -404,7 +404,7 @@ def _clipped_surrogate_common(
         _common_bounds[key] = scalars
     grad = np.empty(shape, dtype) if grad_out is None else grad_out
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
-    entry = _backend.common("clipped_surrogate", backend, n_threads)
+    entry = _backend.common("clipped_surrogate", backend, n_threads, dtype, mask is not None)
     valid, loss, clipped, dual_clipped, kl = entry(
         *(logprobs, old_logprobs, advantages, _NO_WEIGHTS[dtype], mask),
         *agg,
@@ -539,9 +539,9 @@ def _value_loss_common(
     grad = np.empty(shape, dtype) if grad_out is None else grad_out
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
     bound = dtype.type(math.inf if clip is None else clip)
-    valid, loss, clipped = _backend.common("value_loss", backend, n_threads)(
-        values, old_values, returns, mask, *agg, bound, grad, n_threads
-    )
+    valid, loss, clipped = _backend.common(
+        "value_loss", backend, n_threads, dtype, mask is not None
+    )(values, old_values, returns, mask, *agg, bound, grad, n_threads)
     return _new_value_result((loss, grad, clipped / valid if valid else math.nan))
 
 

@@ -245,7 +245,7 @@ def _run_common(
         token(scalars[name]) if name in scalars else codes[name] for name in _COMMON_SCALARS[kernel]
     ]
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
-    entry = _backend.common(kernel, backend, n_threads)
+    entry = _backend.common(kernel, backend, n_threads, dtype, mask is not None)
     if selected is None:
         arrays = (*inputs, _NO_WEIGHTS[dtype], mask)
     else:  # KL-Cov's selection, a bool array's own bytes, as the general way's flags

@@ -320,8 +320,11 @@ def _whiten_common(
     computes, in the backends' common-case entries of the moments and whiten kernels
     (tests/test_fast_path.py compares the two)."""
     n_threads = _threads.threads_for(x.shape[0], x.size)
-    moments = _backend.common("moments", backend, n_threads)
-    sample_moments = moments if n_threads == 1 else _backend.common("moments", backend, 1)
+    dtype, masked = x.dtype, mask is not None
+    moments = _backend.common("moments", backend, n_threads, dtype, masked)
+    sample_moments = (
+        moments if n_threads == 1 else _backend.common("moments", backend, 1, dtype, masked)
+    )
     mean, variance = _batch_mean_and_variance(
         lambda shift: moments(x, mask, shift, n_threads),
         lambda: sample_moments(x[:1], None if mask is None else mask[:1], 0.0, 1),
@@ -331,5 +334,7 @@ def _whiten_common(
     if out is None:
         out = np.empty(x.shape, x.dtype)
     offset = 0.0 if shift_mean else mean
-    _backend.common("whiten", backend, n_threads)(x, mask, mean, scale, offset, out, n_threads)
+    _backend.common("whiten", backend, n_threads, dtype, masked)(
+        x, mask, mean, scale, offset, out, n_threads
+    )
     return out

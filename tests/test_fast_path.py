@@ -47,9 +47,9 @@ def fast_calls(monkeypatch):
     calls: list[str] = []
     common = _backend.common
 
-    def counted(name, backend, n_threads=0):
+    def counted(name, backend, n_threads=0, *types):
         calls.append(name)
-        return common(name, backend, n_threads)
+        return common(name, backend, n_threads, *types)
 
     monkeypatch.setattr(_backend, "common", counted)
     return calls
@@ -229,6 +229,53 @@ def test_the_fast_path_gives_the_general_ways_bits_or_errors(backend, dtype, fas
                 same_bits(outs, [a for a in filled[1] if isinstance(a, np.ndarray)], what)
                 assert all(any(a is out for a in filled[1]) for out in outs), what
     assert len(fast_calls) - fast_calls.count("whiten") == calls  # each call took the fast way
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="the numba backend does not load here")
+def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkeypatch):
+    """numba's one-thread entries are called, after their first call, through the compiled
+    wrapper of the overload that call ran (``_numba_kernels.exact_entry``), which trusts its
+    arguments to be of that overload's types: ``_backend.common`` keys it by the token dtype and
+    whether there is a mask. So every fast path's call of an entry under one key must pass
+    arguments of one set of numba types, whatever else varies: shapes (one row: C- and
+    F-contiguous at once), masks, preallocated outputs, hyperparameters and normalisers (floats
+    and ints), each stage's own scalars; and those calls must go through the exact entry."""
+    import numba
+
+    from ppo_fast import _numba_kernels
+
+    types_by_key: dict[tuple, set] = {}
+    common = _backend.common
+
+    def typed(name, backend, n_threads=0, dtype=None, masked=False):
+        entry = common(name, backend, n_threads, dtype, masked)
+
+        def call(*arguments):
+            types = tuple(numba.typeof(a) for a in arguments)
+            types_by_key.setdefault((name, dtype, masked), set()).add(types)
+            return entry(*arguments)
+
+        return call
+
+    monkeypatch.setattr(_backend, "common", typed)
+    monkeypatch.setattr(_backend, "_commons", {})  # learned anew
+    rng = np.random.default_rng(3)
+    for dtype in DTYPES:
+        for shape in [(8, 128), (1, 5), (3, 1), (9, 3), (130, 3)]:
+            arrays = token_arrays(rng, shape, dtype)
+            for mask in masks(rng, shape)[:3]:
+                for call, kwargs in the_stages(arrays):
+                    kwargs.update(mask=mask, backend="numba")
+                    for options in (kwargs, with_outputs(call, kwargs, shape, dtype)[0]):
+                        outcome(call, **options)
+    assert {name for name, _, _ in types_by_key} == set(COMMON)
+    assert {dtype for _, dtype, _ in types_by_key} == {np.dtype(d) for d in DTYPES}
+    for key, seen in types_by_key.items():
+        assert len(seen) == 1, (key, seen)
+    for (name, _, _, _, one_thread, dtype, _), entry in _backend._commons.items():
+        if one_thread and dtype is not None:
+            dispatcher = _numba_kernels.serial_common(name)
+            assert entry in {o.entry_point for o in dispatcher.overloads.values()}, name
 
 
 @pytest.mark.parametrize("backend", COMPILED)

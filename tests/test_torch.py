@@ -98,8 +98,8 @@ def test_contiguous_cpu_tensors_are_not_copied(monkeypatch):
     kernel_inputs = []
     common = _backend.common
 
-    def spy_common(name, backend, n_threads=0):
-        entry = common(name, backend, n_threads)
+    def spy_common(name, backend, n_threads=0, *types):
+        entry = common(name, backend, n_threads, *types)
 
         def spy_entry(*arguments):
             kernel_inputs.extend(arguments[:2])

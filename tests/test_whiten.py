@@ -91,8 +91,8 @@ def moments_passes(monkeypatch) -> list[int]:
     rows: list[int] = []
     real_common, real_run = ppo_fast._backend.common, ppo_fast._backend.run
 
-    def common(name, backend, n_threads=0):
-        function = real_common(name, backend, n_threads)
+    def common(name, backend, n_threads=0, *types):
+        function = real_common(name, backend, n_threads, *types)
         if name != "moments":
             return function
         return lambda x, *rest: rows.append(x.shape[0]) or function(x, *rest)
