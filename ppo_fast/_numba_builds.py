@@ -10,10 +10,17 @@ import threading
 import numba
 import numpy as np
 from llvmlite import binding as llvm
-from numba.core import cgutils, types
-from numba.extending import intrinsic, overload
+from numba.core import cgutils
+from numba.extending import intrinsic
 
-from ._numba_core import _CACHE, _common_scales_into, _pairwise_sum, _stack_array
+from ._numba_core import (
+    _CACHE,
+    _common_scales_into,
+    _heap_bytes,
+    _heap_free,
+    _pairwise_sum,
+    _stack_array,
+)
 from ._spec import FLAGS, FLOAT64, GROUPS, SCALES, Kernel
 
 _parallel_lock = threading.Lock()
@@ -161,20 +168,6 @@ def _parallel_build(serial, kernel: Kernel, row_chunks=None):
     return numba.njit(nogil=True, parallel=True)(function)
 
 
-def _flat_mask(mask):
-    """A common case's mask (or a token selection) as the kernels take it: (B * T,) uint8, empty
-    when None."""
-
-
-@overload(_flat_mask, inline="always")
-def _flat_mask_overload(mask):
-    if isinstance(mask, types.NoneType):
-        return lambda mask: np.empty(0, dtype=np.uint8)
-    if mask.dtype == types.boolean:
-        return lambda mask: mask.reshape(mask.size).view(np.uint8)
-    return lambda mask: mask.reshape(mask.size)
-
-
 # A batch of at most this many rows keeps its layout, scales and row outputs in the common
 # entry's stack frame (``_serial_common_build``): 9 KiB at most.
 _STACK_ROWS = 128
@@ -190,12 +183,14 @@ def _serial_common_build(serial, kernel: Kernel):
     ``_backend.common`` gives it to a stage that calls on one thread as it is, with no Python
     function around it.
 
-    The rows' starts and spans, a loss's valid counts and scales, the row inputs and the row
-    outputs are slices of two arrays (int64 and float64) and, for the token-dtype scales, a
-    third: in the entry's stack frame for up to _STACK_ROWS rows (``_stack_array``, as the C
-    entries keep theirs), allocated above that. Eight allocations a call, each a malloc, a free
-    and two atomic instructions, were about 0.15 us of the clipped surrogate's 2 us entry at
-    8 x 128."""
+    Like the C entries, it is compiled without numba's reference counting (``_nrt=False``):
+    numba then takes each array argument as it is, instead of wrapping it in a counted record
+    (a malloc, a free and two atomic instructions), and counts none of the views it makes. So it
+    allocates no array through NRT: the rows' starts and spans, a loss's valid counts and
+    scales, the row inputs and the row outputs are slices of one block of bytes, in the stack
+    frame for up to _STACK_ROWS rows (``_stack_array``) and from malloc above that
+    (``_heap_bytes``, given back before it returns). With NRT, its arguments and eight
+    allocations were about 0.4 us of the clipped surrogate's 2 us entry at 8 x 128."""
     first = kernel.inputs[0].name
     arguments = kernel.common_arguments  # n_threads last, which is 1 here
     floats = [a.name for a in kernel.row_inputs if a.name != SCALES]  # gae's gammas, ...
@@ -203,43 +198,51 @@ def _serial_common_build(serial, kernel: Kernel):
         floats.insert(0, "scales")
     floats += [a.name for a in kernel.row_outputs]
     n_ints = 3 if kernel.aggregates else 2  # starts, spans, a loss's valid counts
-    # (name, element type, per row) of the arrays that the rows' slices are cut from
-    spaces = [("ints", "np.int64", n_ints)]
-    if floats:
-        spaces.append(("floats", "np.float64", len(floats)))
-    if kernel.aggregates:
-        spaces.append(("tokens", f"{first}.dtype", 1))
+    # bytes a row: int64s, float64s, and a loss's scales in the token dtype (at most 8 bytes)
+    row_bytes = 8 * (n_ints + len(floats)) + (8 if kernel.aggregates else 0)
+    float_bytes = 8 * n_ints
+    token_bytes = 8 * (n_ints + len(floats))
     lines = [
         f"def {kernel.name}_serial_common({', '.join(arguments)}):",
         f"    n_rows, width = {first}.shape",
         "    if n_rows <= STACK_ROWS:",
-        *(
-            f"        {name} = _stack_array(({n * _STACK_ROWS},), {dtype})[: {n} * n_rows]"
-            for name, dtype, n in spaces
-        ),
+        f"        space = _stack_array(({row_bytes * _STACK_ROWS},), np.uint8)",
         "    else:",
-        *(f"        {name} = np.empty({n} * n_rows, {dtype})" for name, dtype, n in spaces),
+        f"        space = _heap_bytes({row_bytes} * n_rows)",
+        f"    ints = space[: {float_bytes} * n_rows].view(np.int64)",
         "    starts = ints[:n_rows]",
         "    spans = ints[n_rows : 2 * n_rows]",
         "    for b in range(n_rows):",
         "        starts[b] = b * width",
         "        spans[b] = width",
-        "    flat_mask = _flat_mask(mask)",
+        "    if mask is None:",
+        "        flat_mask = _stack_array((8,), np.uint8)[:0]",
+        "    else:",
+        "        flat_mask = mask.reshape(mask.size).view(np.uint8)",
     ]
+    if floats:
+        lines.append(
+            f"    floats = space[{float_bytes} * n_rows : {token_bytes} * n_rows].view(np.float64)"
+        )
     for k, name in enumerate(floats):
         lines.append(f"    {name}_rows = floats[{k} * n_rows : {k + 1} * n_rows]")
     if kernel.aggregates:
         lines += [
+            f"    tokens = space[{token_bytes} * n_rows :][: {first}.itemsize * n_rows].view("
+            f"{first}.dtype)",
             "    valid = _common_scales_into(agg, normaliser, flat_mask, mask is not None, "
             "width, ints[2 * n_rows :], scales_rows)",
-            "    tokens[:] = scales_rows",
+            # loops, not array assignments: numba's compiles a shape check that raises, which
+            # took seconds of a first call
+            "    for b in range(n_rows):",
+            "        tokens[b] = scales_rows[b]",
         ]
     for a in kernel.row_inputs:
         if a.name != SCALES:
             assert a.dtype == FLOAT64, a  # a row input of the token dtype: only the scales
-            lines.append(f"    {a.name}_rows[:] = {a.name}")
+            lines += ["    for b in range(n_rows):", f"        {a.name}_rows[b] = {a.name}"]
     flat = [
-        f"_flat_mask({a.name})" if a.dtype == FLAGS else f"{a.name}.reshape({a.name}.size)"
+        f"{a.name}.reshape({a.name}.size)" + (".view(np.uint8)" if a.dtype == FLAGS else "")
         for a in kernel.inputs
     ]
     call = [
@@ -254,23 +257,29 @@ def _serial_common_build(serial, kernel: Kernel):
     totals = ", ".join(f"0.0 + _pairwise_sum({a.name}_rows, 0, n_rows)" for a in kernel.row_outputs)
     if kernel.aggregates:  # the general way's row_outputs[0] *= scales
         lines += [
-            f"    {kernel.row_outputs[0].name}_rows *= scales_rows",
-            f"    return (valid, {totals})",
+            "    for b in range(n_rows):",
+            f"        {kernel.row_outputs[0].name}_rows[b] *= scales_rows[b]",
+            f"    result = (valid, {totals})",
         ]
     elif kernel.row_outputs:
-        lines.append(f"    return ({totals},)")
+        lines.append(f"    result = ({totals},)")
+    else:
+        lines.append("    result = None")
+    lines += ["    if n_rows > STACK_ROWS:", "        _heap_free(space)", "    return result"]
     namespace = {
         "__name__": __name__,  # as _parallel_build's
         "np": np,
         "serial": _compiled_caller(serial, kernel.arguments[:-1]),
         "STACK_ROWS": _STACK_ROWS,
-        "_flat_mask": _flat_mask,
         "_common_scales_into": _common_scales_into,
+        "_heap_bytes": _heap_bytes,
+        "_heap_free": _heap_free,
         "_pairwise_sum": _pairwise_sum,
         "_stack_array": _stack_array,
     }
     exec("\n".join(lines), namespace)  # the source is made from the kernel table
-    return numba.njit(nogil=True)(namespace[f"{kernel.name}_serial_common"])
+    function = namespace[f"{kernel.name}_serial_common"]
+    return numba.njit(nogil=True, _nrt=False, error_model="numpy")(function)
 
 
 class _Kernel:

@@ -73,7 +73,7 @@ import numba
 import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
-from numba.core import event, types
+from numba.core import cgutils, event, types
 from numba.extending import intrinsic, overload
 from numba.np.arrayobj import populate_array
 
@@ -478,6 +478,63 @@ def _stack_array(typingctx, shape, dtype):
         return array._getvalue()
 
     return array_type(shape, dtype), codegen
+
+
+@intrinsic
+def _heap_bytes(typingctx, n_bytes):
+    """A (n_bytes,) uint8 array of malloc's memory, uninitialised and with no reference-counted
+    record, for a function compiled without NRT (``_nrt=False``, which cannot allocate arrays):
+    give it back with ``_heap_free`` before returning, and raise nothing in between. Raises
+    MemoryError when malloc fails."""
+    if not isinstance(n_bytes, types.Integer):
+        return None
+    array_type = types.Array(types.uint8, 1, "C")
+
+    def codegen(context, builder, sig, args):
+        size = context.cast(builder, args[0], sig.args[0], types.intp)
+        bytes_pointer = ir.IntType(8).as_pointer()
+        malloc = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(bytes_pointer, [size.type]), "malloc"
+        )
+        # malloc(0) may return NULL: ask for one byte at least
+        data = builder.call(
+            malloc,
+            [builder.select(builder.icmp_signed(">", size, size.type(0)), size, size.type(1))],
+        )
+        with cgutils.if_unlikely(builder, cgutils.is_null(builder, data)):
+            context.call_conv.return_user_exc(
+                builder, MemoryError, ("ppo_fast: out of memory for the row arrays of a batch",)
+            )
+        array = context.make_array(array_type)(context, builder)
+        intp = context.get_value_type(types.intp)
+        populate_array(
+            array,
+            data=data,
+            shape=[size],
+            strides=[ir.Constant(intp, 1)],
+            itemsize=ir.Constant(intp, 1),
+            meminfo=None,
+        )
+        return array._getvalue()
+
+    return array_type(n_bytes), codegen
+
+
+@intrinsic
+def _heap_free(typingctx, array):
+    """Give back the memory of a ``_heap_bytes`` array."""
+    if not (isinstance(array, types.Array) and array.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        free = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [data.type]), "free"
+        )
+        builder.call(free, [data])
+        return context.get_dummy_value()
+
+    return types.none(array), codegen
 
 
 _U8 = np.uint64(8)

@@ -306,6 +306,8 @@ def clipped_surrogate(
 # which of (num_tokens, num_seqs, loss_scale) applies to it.
 _AGG_CODES = {name: code for code, name in enumerate(AGGREGATIONS)}
 _AGG_NORMALISER = (0, 1, 1, 2)
+# _common_agg's answer for each mode with no normaliser given: the batch's own counts.
+_AGG_OWN_COUNTS = {name: (code, 0.0) for name, code in _AGG_CODES.items()}
 
 
 def _common_agg(
@@ -323,6 +325,8 @@ def _common_agg(
     bad mode or normaliser)."""
     if type(agg) is not str or lengths is not None or cu_seqlens is not None:
         return None
+    if num_tokens is None and num_seqs is None and loss_scale is None:  # the usual call
+        return _AGG_OWN_COUNTS.get(agg)
     code = _AGG_CODES.get(agg)
     if code is None:
         return None

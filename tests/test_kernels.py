@@ -297,6 +297,36 @@ def test_numbas_stack_arrays_are_c_contiguous_aligned_apart_and_not_counted():
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_numbas_heap_bytes_hold_what_is_written_and_say_when_memory_runs_out():
+    """``_numba_core._heap_bytes`` and ``_heap_free``, the row arrays of numba's one-thread
+    common entries above _STACK_ROWS rows (compiled without NRT): the size asked for (none
+    too), written and read back through views of other dtypes, given back; a size malloc
+    cannot give raises MemoryError instead of writing through a null pointer."""
+    import numba
+
+    from ppo_fast._numba_core import _heap_bytes, _heap_free
+
+    @numba.njit(_nrt=False)
+    def round_trip(n_bytes):
+        space = _heap_bytes(n_bytes)
+        values = space[: n_bytes // 8 * 8].view(np.float64)
+        for i in range(values.shape[0]):
+            values[i] = 0.5 * i
+        total = 0.0
+        for i in range(values.shape[0]):
+            total += values[i]
+        size = space.shape[0]
+        _heap_free(space)
+        return size, total
+
+    for n_bytes in (0, 8, 1000, 1 << 20):
+        n = n_bytes // 8
+        assert round_trip(n_bytes) == (n_bytes, 0.25 * n * (n - 1))
+    with pytest.raises(MemoryError, match="out of memory"):
+        round_trip(1 << 62)
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
 @NUMBA_PARALLEL
 def test_numba_runs_its_parallel_build_on_two_threads_and_its_serial_build_on_one(monkeypatch):
     """Every kernel: the build that must not run is replaced by one that fails. On two threads
