@@ -537,7 +537,6 @@ def _heap_free(typingctx, array):
     return types.none(array), codegen
 
 
-_U8 = np.uint64(8)
 _BYTE_ONES = np.uint64(0x0101010101010101)
 _BYTE_HIGHS = np.uint64(0x8080808080808080)
 
