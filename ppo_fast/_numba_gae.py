@@ -435,7 +435,7 @@ class _GAE:
     def __init__(self, whole_rows, chunked, kernel):
         self.function = whole_rows  # the Python source, for the interface test
         self.whole_rows = _Kernel(whole_rows, kernel, row_chunks=_gae_chunks)
-        self.chunked = _Kernel(chunked)
+        self.chunked = _Kernel(chunked, allocates=True)
         self.kernels = [self.whole_rows, self.chunked]
         # The common case has no long row (gae.py's fast path): the whole rows' entry.
         self.serial_common = self.whole_rows.serial_common

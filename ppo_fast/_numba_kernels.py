@@ -637,7 +637,9 @@ shape_rewards = _Specialised(_shape_rewards_rows, KERNELS["shape_rewards"])
 gae = _GAE(gae, _gae_chunked, KERNELS["gae"])
 discounted_returns = _Kernel(discounted_returns, KERNELS["discounted_returns"])
 remax = _Kernel(remax, KERNELS["remax"])
-optimal_token_baseline = _Kernel(optimal_token_baseline, KERNELS["optimal_token_baseline"])
+optimal_token_baseline = _Kernel(
+    optimal_token_baseline, KERNELS["optimal_token_baseline"], allocates=True
+)
 moments = _Kernel(moments, KERNELS["moments"])
 whiten = _Kernel(whiten, KERNELS["whiten"])
 clipped_surrogate = _Kernel(clipped_surrogate, KERNELS["clipped_surrogate"])
