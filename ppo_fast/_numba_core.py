@@ -39,6 +39,12 @@ table). Conventions that keep them fast and exact:
   a call), 20-45 ns a row, most of a short row's time (the clipped surrogate at 1024 x 8: 2.4x
   its twin's time, 1.2x with the loop inside). numba's inlining of a row function into such a
   loop (``inline="always"``) gave the same speed but a first call about 25% longer.
+- The serial builds (``_numba_builds._Kernel``) and the one-thread common entries are compiled
+  without reference counting too, but for the two kernels that allocate: numba then takes
+  their array arguments as they are, as the C entries do, instead of wrapping each in a
+  counted record (a malloc, a free and two atomic instructions). Their scratch is on the
+  stack (``_stack_array``) or, in the common entries above 128 rows, from malloc
+  (``_heap_bytes``).
 - In a scalar loop, validity is tested inline with `has_mask` hoisted: through a helper
   function the short-circuit control flow stops LLVM from vectorizing the loop (the loss
   kernels, before they ran in lanes: 9x slower).
