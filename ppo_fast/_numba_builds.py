@@ -13,14 +13,8 @@ from llvmlite import binding as llvm
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._numba_core import (
-    _CACHE,
-    _common_scales_into,
-    _heap_bytes,
-    _heap_free,
-    _pairwise_sum,
-    _stack_array,
-)
+from ._numba_core import _CACHE, _common_scales_into, _pairwise_sum
+from ._numba_memory import _heap_bytes, _heap_free, _stack_array
 from ._spec import FLAGS, FLOAT64, GROUPS, SCALES, Kernel
 
 _parallel_lock = threading.Lock()

@@ -652,3 +652,28 @@ def _count_valid_lanes(typingctx, valid):
         return builder.zext(count, ir.IntType(64))
 
     return types.int64(valid), codegen
+
+
+@_jit
+def _tail_fill(tail, tail_mask, a, b, c, d, has_d, mask, has_mask, i, count):
+    """Twin: src/rows.h ppo_tail_fill. A row's last partial block, the ``count`` < 8 tokens from
+    position i of three token arrays and a fourth where ``has_d``, into rows 0-3 of ``tail`` (row
+    4 takes the block's gradient), and their mask (1 without one) into ``tail_mask``, in
+    zero-padded lanes: one masked load and one store a row of ``tail`` (``_lanes_of_first``).
+    Inlined into its callers' numba IR. Called by address once or twice a row, it took the
+    arrays' fields one by one, and it copied an item at a time; on rows with a partial last block
+    (lengths not a multiple of 8) numba's kernels took up to twice the twins' time (float32
+    1024 x 8, one thread: GSPO 1.7x, the geometric mean 1.9x, the clipped surrogate 1.5x)."""
+    _lanes_put(tail[0], 0, _lanes_of_first(a, i, count))
+    _lanes_put(tail[1], 0, _lanes_of_first(b, i, count))
+    _lanes_put(tail[2], 0, _lanes_of_first(c, i, count))
+    nothing = _lanes_of_first(a, i, 0)  # zeros of the dtype
+    if has_d:
+        _lanes_put(tail[3], 0, _lanes_of_first(d, i, count))
+    else:
+        _lanes_put(tail[3], 0, nothing)
+    _lanes_put(tail[4], 0, nothing)
+    if has_mask:
+        _valid_put(tail_mask, 0, _valid_bytes_first(mask, i, count))
+    else:
+        _valid_put(tail_mask, 0, _valid_first(count))

@@ -28,7 +28,6 @@ from ._numba_core import (
     _prefetch,
     _prefetch_ahead,
     _select,
-    _stack_array,
     _without_refcounts,
     exp_poly,
     log_poly,
@@ -46,13 +45,13 @@ from ._numba_lanes import (
     _lanes_mul,
     _lanes_negative,
     _lanes_of,
-    _lanes_of_first,
     _lanes_put,
     _lanes_put_first,
     _lanes_rounded,
     _lanes_splat,
     _lanes_sub,
     _lanes_where,
+    _tail_fill,
     _valid_all,
     _valid_and,
     _valid_and_not,
@@ -61,6 +60,7 @@ from ._numba_lanes import (
     _valid_first,
     _valid_put,
 )
+from ._numba_memory import _stack_array
 
 _CHUNK = 256  # tokens per chunk of the loss kernels: their scratch rows stay in L1
 _UCHUNK = np.uint64(_CHUNK)
@@ -144,31 +144,6 @@ def _policy_gradient(
     gradient = _lanes_mul(_lanes_mul(negative_weight, _lanes_f64(slope)), scale)
     _lanes_put(grad, i, _lanes_where(valid, _lanes_rounded(gradient, zero), zero))
     return _lanes_add(loss, _lanes_mul(negative_weight, _lanes_f64(objective)))
-
-
-@_jit
-def _tail_fill(tail, tail_mask, a, b, c, d, has_d, mask, has_mask, i, count):
-    """Twin: src/rows.h ppo_tail_fill. A row's last partial block, the ``count`` < 8 tokens from
-    position i of three token arrays and a fourth where ``has_d``, into rows 0-3 of ``tail`` (row
-    4 takes the block's gradient), and their mask (1 without one) into ``tail_mask``, in
-    zero-padded lanes: one masked load and one store a row of ``tail`` (``_lanes_of_first``).
-    Inlined into its callers' numba IR. Called by address once or twice a row, it took the
-    arrays' fields one by one, and it copied an item at a time; on rows with a partial last block
-    (lengths not a multiple of 8) numba's kernels took up to twice the twins' time (float32
-    1024 x 8, one thread: GSPO 1.7x, the geometric mean 1.9x, the clipped surrogate 1.5x)."""
-    _lanes_put(tail[0], 0, _lanes_of_first(a, i, count))
-    _lanes_put(tail[1], 0, _lanes_of_first(b, i, count))
-    _lanes_put(tail[2], 0, _lanes_of_first(c, i, count))
-    nothing = _lanes_of_first(a, i, 0)  # zeros of the dtype
-    if has_d:
-        _lanes_put(tail[3], 0, _lanes_of_first(d, i, count))
-    else:
-        _lanes_put(tail[3], 0, nothing)
-    _lanes_put(tail[4], 0, nothing)
-    if has_mask:
-        _valid_put(tail_mask, 0, _valid_bytes_first(mask, i, count))
-    else:
-        _valid_put(tail_mask, 0, _valid_first(count))
 
 
 @_jit

@@ -19,7 +19,6 @@ from ._numba_core import (
     _prefetch,
     _rounded_like,
     _select,
-    _stack_array,
     _without_refcounts,
     exp_poly,
     log_poly,
@@ -42,13 +41,15 @@ from ._numba_lanes import (
     _lanes_splat,
     _lanes_sub,
     _lanes_where,
+    _tail_fill,
     _valid_all,
     _valid_and,
     _valid_and_not,
     _valid_bytes,
     _valid_or,
 )
-from ._numba_losses import _CHUNK, _U64, _UCHUNK, _tail_fill
+from ._numba_losses import _CHUNK, _U64, _UCHUNK
+from ._numba_memory import _stack_array
 
 _U7 = np.uint64(7)
 

@@ -261,7 +261,7 @@ def test_numbas_stack_arrays_are_c_contiguous_aligned_apart_and_not_counted():
     or a dtype that is not one, does not compile."""
     import numba
 
-    from ppo_fast._numba_core import _stack_array
+    from ppo_fast._numba_memory import _stack_array
 
     @numba.njit
     def fill(value):
@@ -304,7 +304,7 @@ def test_numbas_heap_bytes_hold_what_is_written_and_say_when_memory_runs_out():
     cannot give raises MemoryError instead of writing through a null pointer."""
     import numba
 
-    from ppo_fast._numba_core import _heap_bytes, _heap_free
+    from ppo_fast._numba_memory import _heap_bytes, _heap_free
 
     @numba.njit(_nrt=False)
     def round_trip(n_bytes):
