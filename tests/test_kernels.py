@@ -255,7 +255,7 @@ def test_numbas_mask_count_equals_numpys_for_every_start_and_length():
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
 def test_numbas_stack_arrays_are_c_contiguous_aligned_and_apart():
-    """``_numba_core._stack_array``, the kernels' scratch rows and the common entries' row
+    """``_numba_memory._stack_array``, the kernels' scratch rows and the common entries' row
     arrays: the shape and dtype asked for, C-contiguous, 64-byte aligned, each array its own
     memory (filled one after another, each keeps its values); a shape known only at run time,
     or a dtype that is not one, does not compile."""
