@@ -298,7 +298,7 @@ def test_numbas_stack_arrays_are_c_contiguous_aligned_and_apart():
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
 def test_numbas_heap_bytes_hold_what_is_written_and_say_when_memory_runs_out():
-    """``_numba_core._heap_bytes`` and ``_heap_free``, the row arrays of numba's one-thread
+    """``_numba_memory._heap_bytes`` and ``_heap_free``, the row arrays of numba's one-thread
     common entries above _STACK_ROWS rows (compiled without NRT): the size asked for (none
     too), written and read back through views of other dtypes, given back; a size malloc
     cannot give raises MemoryError instead of writing through a null pointer."""
