@@ -663,8 +663,9 @@ def row_totals(row_outputs):
 
 def common_scales(agg, normaliser, flat_mask, n_rows, width):
     """``_backend.common_scales`` compiled (``_numba_core._common_scales``; the one-thread
-    entries write theirs into their own rows, ``_common_scales_into``): the common case's row scales on more than one thread, counted in a loop numba compiles
-    (a ``np.count_nonzero`` a row, ``_rows.count_by_row``, took 0.51 ms at 1024 x 4096: numba's
+    entries write theirs into their own rows, ``_common_scales_into``): the common case's row
+    scales on more than one thread, counted in a loop numba compiles (a ``np.count_nonzero`` a
+    row, ``_rows.count_by_row``, took 0.51 ms at 1024 x 4096: numba's
     GSPO with seq-mean-token-mean on two threads 1.29x Cython's time, which counts in C)."""
     has_mask = flat_mask is not None
     return _common_scales(
