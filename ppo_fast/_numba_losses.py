@@ -12,8 +12,6 @@ vectorizes into L1 scratch rows.
 from __future__ import annotations
 
 import numpy as np
-from numba.core import types
-from numba.extending import intrinsic
 
 from ._numba_core import (
     _PREFETCH_BLOCK,
@@ -290,7 +288,7 @@ def _policy_rows_build(kind):
         logprobs, old_logprobs, advantages, weights, selected, starts, spans, lengths, mask,
         scales, beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos, tau_neg,
         divergence_low, divergence_high, binary_kl, grad, row_loss, row_first, row_second,
-        row_kl, scratch, tail, tail_mask, tail_selected,
+        row_kl, scratch, wide, tail, tail_mask, tail_selected,
     ):  # fmt: skip
         """Each row's valid prefix, a chunk of _CHUNK tokens at a time: the chunk's exps first
         into L1 scratch rows (the ratios, then SAPO's sigmoids, or DPPO's probabilities and its
@@ -343,8 +341,16 @@ def _policy_rows_build(kind):
                 if kind == _SAPO:
                     _sapo_sigmoids(advantages, first, ratios, seconds, n, tau_pos, tau_neg)
                 if kind == _DPPO:
-                    _exps(logprobs, first, probs, n)
-                    _exps(old_logprobs, first, old_probs, n)
+                    if binary_kl:  # in float64 (_binary_kls says why), into the probs row
+                        _exps_wide(logprobs, first, wide[0], n)
+                        _exps_wide(old_logprobs, first, wide[1], n)
+                        _binary_kls(
+                            logprobs, old_logprobs, advantages, first, wide[0], wide[1], probs, n,
+                            divergence_low, divergence_high,
+                        )  # fmt: skip
+                    else:
+                        _exps(logprobs, first, probs, n)
+                        _exps(old_logprobs, first, old_probs, n)
                     _dppo_inside(
                         logprobs, old_logprobs, advantages, first, probs, old_probs, seconds, n,
                         divergence_low, divergence_high, binary_kl,
@@ -419,6 +425,7 @@ def _policy_rows_build(kind):
         # uninitialised, as the twin's: a tail block reads the lanes past the row's end too,
         # which are not valid, and nothing of theirs reaches the outputs
         scratch = _stack_array((4, _CHUNK), logprobs.dtype)
+        wide = _stack_array((2, _CHUNK), np.float64)  # DPPO-KL's probabilities
         tail = _stack_array((5, 8), logprobs.dtype)
         tail[:] = 0
         tail_mask = _stack_array((8,), np.uint8)
@@ -429,7 +436,7 @@ def _policy_rows_build(kind):
             logprobs, old_logprobs, advantages, weights, selected, starts, spans, lengths, mask,
             scales, beta, dual_clip, ratio_low, ratio_high, log_ratio_clamp, tau_pos, tau_neg,
             divergence_low, divergence_high, binary_kl, grad, row_loss, row_first, row_second,
-            row_kl, scratch, tail, tail_mask, tail_selected,
+            row_kl, scratch, wide, tail, tail_mask, tail_selected,
         )  # fmt: skip
 
     return rows
@@ -561,30 +568,59 @@ def _exps(values, first, out, n):
 
 
 @_without_refcounts
+def _exps_wide(values, first, out, n):
+    """out[j] = exp(values[first + j]) in float64 for j < n, as _exps (a float32 input widened
+    first: DPPO-KL's probabilities, _dppo_inside says why)."""
+    _prefer_wide_vectors()
+    for j in range(n):
+        out[j] = exp_poly(np.float64(values[first + j]))
+
+
+@_without_refcounts
+def _binary_kls(
+    logprobs, old_logprobs, advantages, first, probs, old_probs, within, n, low, high
+):  # fmt: skip
+    """within[j] = 1 where DPPO's binary KL of the token at position first + j, d = p_old *
+    (old - logp) + (1 - p_old) * log((1 - p_old + 1e-8) / ((1 - p) + 1e-8)), is at most its
+    bound (high where A > 0, else low), else 0, for j < n, given the float64 probabilities: d in
+    float64, for in float32 its two terms, each about p * |logp - old|, cancel to about (p -
+    p_old)^2 / (2 p (1 - p)), below their rounding (about 3e-8) wherever |p - p_old| < 3e-4,
+    and a bound of 0 was decided by rounding there."""
+    _prefer_wide_vectors()
+    one = _one_like(low)
+    zero = one - one  # not low - low: a bound may be inf
+    for j in range(n):
+        i = first + j
+        old_prob = old_probs[j]
+        complement = 1.0 - old_prob
+        quotient = (complement + 1e-8) / ((1.0 - probs[j]) + 1e-8)
+        gap = np.float64(old_logprobs[i]) - np.float64(logprobs[i])
+        distance = old_prob * gap + complement * log_poly(quotient)
+        bound = _select(advantages[i] > zero, np.float64(high), np.float64(low))
+        within[j] = _select(distance <= bound, one, zero)
+
+
+@_without_refcounts
 def _dppo_inside(
     logprobs, old_logprobs, advantages, first, probs, old_probs, kept, n, low, high, binary_kl
 ):
     """kept[j] = 1 where the token at position first + j is within DPPO's trust region, else 0
-    (the oracle's v), for the n tokens from first, given their probabilities. A function of its
-    own, compiled without fastmath: the binary KL is compared with a threshold, and its rounding
-    is the oracle's order of operations."""
+    (the oracle's v), for the n tokens from first, given their probabilities (TV), or whether
+    their binary KL is within its bound in ``probs`` (KL: ``_binary_kls``), where p <= p_old is
+    read as logp <= old, on which no exp rounds (exp is increasing). A function of its own,
+    compiled without fastmath."""
     _prefer_wide_vectors()
-    zero = low - low
-    one = _one_like(zero)
-    eps = _eps_like(zero)
+    one = _one_like(low)
+    zero = one - one  # not low - low: a bound may be inf
     for j in range(n):
         i = first + j
-        prob = probs[j]
-        old_prob = old_probs[j]
         positive = advantages[i] > zero
         if binary_kl:
-            complement = one - old_prob
-            quotient = (complement + eps) / ((one - prob) + eps)
-            distance = old_prob * (old_logprobs[i] - logprobs[i]) + complement * log_poly(quotient)
-            inside_positive = (distance <= high) | (prob <= old_prob)
-            inside_negative = (distance <= low) | (prob >= old_prob)
+            within = probs[j] > zero
+            inside_positive = within | (logprobs[i] <= old_logprobs[i])
+            inside_negative = within | (logprobs[i] >= old_logprobs[i])
         else:
-            difference = prob - old_prob
+            difference = probs[j] - old_probs[j]
             inside_positive = difference <= high
             inside_negative = difference >= -low
         kept[j] = _select(_select_bool(positive, inside_positive, inside_negative), one, zero)
@@ -593,19 +629,6 @@ def _dppo_inside(
 @_jit
 def _select_bool(condition, a, b):
     return (condition & a) | ((not condition) & b)
-
-
-@intrinsic
-def _eps_like(typingctx, x):
-    """verl's 1e-8 of the binary KL, rounded to the type of the float x (``x * 1e-8`` would be
-    float64: numba's literal is)."""
-    if not isinstance(x, types.Float):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return context.get_constant(sig.return_type, 1e-8)
-
-    return x(x), codegen
 
 
 def dppo(

@@ -445,9 +445,12 @@ def dppo(
     rho = exp(clamp(logp - old, -clamp, clamp)); p = exp(logp), p_old = exp(old), exp
     saturating as the compiled kernels'; lo, hi = divergence_low, divergence_high. "tv": v = (p -
     p_old <= hi) where A > 0, (p - p_old >= -lo) elsewhere. "kl": with the binary KL d = p_old *
-    (old - logp) + (1 - p_old) * log((1 - p_old + 1e-8) / (1 - p + 1e-8)) (1e-8 in the dtype),
-    v = (d <= hi or p <= p_old) where A > 0, (d <= lo or p >= p_old) elsewhere. v multiplies (a
-    NaN stays NaN). Writes grad = scales[b] * -w * A * min(rho, cap) * v, and per row the
+    (old - logp) + (1 - p_old) * log((1 - p_old + 1e-8) / (1 - p + 1e-8)), evaluated in float64
+    (p and p_old too), v = (d <= hi or logp <= old) where A > 0, (d <= lo or logp >= old)
+    elsewhere (p <= p_old read on the log-probabilities, where nothing rounds). In
+    float32 the two terms of d cancel below their rounding (about 3e-8) wherever |p - p_old| <
+    3e-4, so that the dtype's arithmetic decided a bound of 0 by rounding. v multiplies (a NaN
+    stays NaN). Writes grad = scales[b] * -w * A * min(rho, cap) * v, and per row the
     unscaled sum of l, the number of tokens outside (v = 0), of those inside whose ratio is
     above the cap, and the sum of -log_ratio (clamped).
     """
@@ -456,7 +459,6 @@ def dppo(
     binary_kl = int(divergence) == BINARY_KL
     dtype = logprobs.dtype
     rnd = in_dtype(dtype)
-    eps = rnd(1e-8)
     for b in range(starts.shape[0]):
         total = outside_count = capped_count = kl_total = 0.0
         for t in range(spans[b]):
@@ -469,15 +471,15 @@ def dppo(
             log_ratio = _clip(rnd(logprob - old), -clamp, clamp)
             ratio = rnd(saturated_exp(log_ratio, dtype))
             prob, old_prob = rnd(saturated_exp(logprob, dtype)), rnd(saturated_exp(old, dtype))
-            if binary_kl:
-                complement = rnd(1.0 - old_prob)
-                quotient = safe_divide(rnd(complement + eps), rnd(rnd(1.0 - prob) + eps))
-                log_term = rnd(complement * rnd(safe_log(rnd(quotient))))
-                distance = rnd(rnd(old_prob * rnd(old - logprob)) + log_term)
+            if binary_kl:  # in float64
+                prob, old_prob = saturated_exp(logprob, np.float64), saturated_exp(old, np.float64)
+                complement = 1.0 - old_prob
+                quotient = safe_divide(complement + 1e-8, (1.0 - prob) + 1e-8)
+                distance = old_prob * (old - logprob) + complement * safe_log(quotient)
                 if advantage > 0.0:
-                    inside = distance <= high or prob <= old_prob
+                    inside = distance <= high or logprob <= old
                 else:
-                    inside = distance <= low or prob >= old_prob
+                    inside = distance <= low or logprob >= old
             else:
                 difference = rnd(prob - old_prob)
                 inside = difference <= high if advantage > 0.0 else difference >= -low

@@ -453,7 +453,8 @@ KERNELS: dict[str, Kernel] = {
             row_inputs=(_SCALES,),
             scalars=(
                 Scalar("divergence", CODE, choices=DIVERGENCES),
-                Scalar("divergence_low", TOKEN, examples=(0.2, 0.0, 0.05)),
+                # a bound of 0 (the binary KL's minimum), and inf with the other bound finite
+                Scalar("divergence_low", TOKEN, examples=(0.2, 0.0, math.inf)),
                 Scalar("divergence_high", TOKEN, examples=(0.28, math.inf, 0.01)),
                 Scalar("ratio_cap", TOKEN, examples=(20.0, math.inf, 1.0)),
                 Scalar("log_ratio_clamp", TOKEN, examples=(20.0, math.inf, 0.1)),

@@ -28,19 +28,23 @@ def _dppo_formula(
     l = -w * objective and d l / d logp = -w * slope (``torch._reinforce_formula``'s)."""
     log_ratio = _pt._clamped(logp - old, log_ratio_clamp)
     ratio = log_ratio.exp()
-    prob, old_prob = logp.exp(), old.exp()
     positive = adv > 0
     if divergence == 1:  # binary KL; _spec.DIVERGENCES
+        # in float64, p <= p_old read as logp <= old (the kernels' and the oracle's: in float32
+        # the two terms cancel below their rounding where p is near p_old)
+        wide_logp, wide_old = logp.double(), old.double()
+        prob, old_prob = wide_logp.exp(), wide_old.exp()
         complement = 1.0 - old_prob
-        distance = old_prob * (old - logp) + complement * torch.log(
+        distance = old_prob * (wide_old - wide_logp) + complement * torch.log(
             (complement + 1e-8) / ((1.0 - prob) + 1e-8)
         )
         inside = torch.where(
             positive,
-            (distance <= divergence_high) | (prob <= old_prob),
-            (distance <= divergence_low) | (prob >= old_prob),
+            (distance <= divergence_high) | (logp <= old),
+            (distance <= divergence_low) | (logp >= old),
         )
     else:
+        prob, old_prob = logp.exp(), old.exp()
         difference = prob - old_prob
         inside = torch.where(positive, difference <= divergence_high, difference >= -divergence_low)
     keep = inside.to(logp.dtype)

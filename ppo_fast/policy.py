@@ -480,8 +480,13 @@ def dppo_loss(
 
     - "tv" (DPPO-Binary-TV): p - p_old <= hi where A > 0; p - p_old >= -lo where A <= 0;
     - "kl" (DPPO-Binary-KL): with d = p_old * (old - logp) + (1 - p_old) * log((1 - p_old +
-      1e-8) / (1 - p + 1e-8)), the binary KL (1e-8 in the input dtype): d <= hi or p <= p_old
-      where A > 0; d <= lo or p >= p_old where A <= 0.
+      1e-8) / (1 - p + 1e-8)), the binary KL: d <= hi or p <= p_old where A > 0; d <= lo or p
+      >= p_old where A <= 0. d is evaluated in float64 (p and p_old too) and compared with the
+      bounds in float64; p <= p_old is read as logp <= old (exp is increasing). In float32 the two
+      terms of d cancel below their rounding wherever |p - p_old| < about 3e-4: verl's float32
+      expression finds d <= 0 for about 15% of such tokens, whose binary KL is positive, so
+      with a bound of 0 (or any bound below about 1e-7) its region is decided by rounding
+      there; here it is not.
 
     v multiplies the token's loss and gradient, so a NaN there stays NaN.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import COMPILED_NUMBA_PARALLEL
+from conftest import COMPILED, COMPILED_NUMBA_PARALLEL
 
 import ppo_fast
 
@@ -69,6 +69,48 @@ def test_dppo_gradient_is_the_held_ratio_times_the_advantage_inside_the_region(d
     np.testing.assert_allclose(result.grad, x.grad.numpy(), rtol=1e-12, atol=1e-15)
     assert result.clipfrac == pytest.approx(float(((~inside).double() * m).sum() / m.sum()))
     assert 0 < result.clipfrac < 1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("backend", ["python", *COMPILED])
+def test_dppo_kl_with_a_bound_of_zero_keeps_no_token_whose_probability_moved_against_it(
+    backend, dtype
+):
+    """The binary KL is positive wherever p != p_old: with a bound of 0 a token is inside
+    only where its probability did not move away from its advantage's side, however small the
+    move. In float32 the formula's two terms cancel below their rounding where |p - p_old| < 3e-4,
+    and the dtype's arithmetic kept about half of such tokens at random (and backends apart)."""
+    rng = np.random.default_rng(11)
+    old = rng.uniform(-3.0, -0.05, (64, 128)).astype(dtype)
+    # moves from 1e-6 to 1e-3 of |old|: every one well above an ulp of the log-probability
+    step = rng.uniform(1e-6, 1e-3, old.shape) * np.abs(old)
+    sign = rng.choice([-1.0, 1.0], old.shape)
+    logp = (old + sign * step).astype(dtype)
+    assert np.all(logp != old)
+    adv = rng.choice([-1.0, 1.0], old.shape).astype(dtype)
+    against = np.where(adv > 0, logp > old, logp < old)
+    assert 0.4 < against.mean() < 0.6
+    result = ppo_fast.dppo_loss(
+        logp, old, adv, divergence="kl", divergence_low=0.0, divergence_high=0.0,
+        ratio_cap=np.inf, backend=backend,
+    )  # fmt: skip
+    np.testing.assert_array_equal(result.grad == 0, against)
+    assert result.clipfrac == pytest.approx(against.mean())
+
+
+@pytest.mark.parametrize("divergence", ["tv", "kl"])
+def test_dppo_with_one_bound_inf_still_holds_the_other(divergence):
+    """divergence_low=inf with a finite divergence_high: 0.8.19's numba kernel took its 0 as
+    low - low, NaN there, and kept every token (the loss of no trust region at all)."""
+    logp, old, adv, _ = _batch(7, rows=4, width=64)
+    options = {"divergence": divergence, "divergence_low": np.inf, "divergence_high": 0.01}
+    oracle = ppo_fast.dppo_loss(logp, old, adv, backend="python", **options)
+    assert 0.05 < oracle.clipfrac < 0.5
+    for backend in COMPILED:
+        result = ppo_fast.dppo_loss(logp, old, adv, backend=backend, **options)
+        np.testing.assert_array_equal(result.grad == 0, oracle.grad == 0, err_msg=backend)
+        np.testing.assert_allclose(result.grad, oracle.grad, rtol=1e-12, err_msg=backend)
+        assert result.clipfrac == oracle.clipfrac, backend
 
 
 def test_kl_cov_selection_is_the_top_k_and_clip_cov_selection_follows_its_seed():

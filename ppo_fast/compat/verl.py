@@ -57,7 +57,10 @@ Differences, by design: masks must hold 0/1 (verl multiplies by any weights, ppo
 them with a ValueError); values stored at masked positions never reach the kernels, where verl's
 ``x * 0`` turns a NaN there into NaN results (parity holds for finite inputs); the fused losses are
 differentiated with respect to ``log_prob`` / ``vpreds`` only, and raise if the old log-probs,
-advantages, returns or old values require grad (verl's trainers detach them).
+advantages, returns or old values require grad (verl's trainers detach them); DPPO-KL's binary KL
+is evaluated in float64 (``ppo_fast.dppo_loss`` says why), so that on float32 inputs a token whose
+probability is within about 3e-4 of the old one can fall on the other side of a bound of 0 than
+verl's float32 rounding puts it (on the right side: its binary KL is positive).
 """
 
 from __future__ import annotations
