@@ -113,6 +113,51 @@ def test_dppo_with_one_bound_inf_still_holds_the_other(divergence):
         assert result.clipfrac == oracle.clipfrac, backend
 
 
+def _binary_kl(logp, old):
+    """verl's binary KL in float64 (the oracle's order of operations)."""
+    prob, old_prob = np.exp(logp), np.exp(old)
+    complement = 1.0 - old_prob
+    return old_prob * (old - logp) + complement * np.log((complement + 1e-8) / ((1 - prob) + 1e-8))
+
+
+@pytest.mark.parametrize("bound", [1e-3, 0.02, 0.2, 1.5])
+def test_dppo_kl_on_float32_decides_as_float64_next_to_every_bound(bound):
+    """Float32 log-probabilities a few ulp either side of where the binary KL crosses the bound
+    (found by bisection in float64), probabilities up to 1 - 1e-7, on both sides of p_old (A > 0
+    against the high bound, A < 0 against the low one): every backend decides them as the
+    oracle's float64 does (a float32 evaluation got 6-47% of them wrong)."""
+    rng = np.random.default_rng(int(bound * 1000))
+    n = 3000
+    old = -np.exp(rng.uniform(np.log(1e-7), np.log(7.0), n))  # probabilities up to 1 - 1e-7
+    above = rng.random(n) < 0.5  # logp above old (A > 0) or below it (A < 0)
+    low = np.where(above, old, old - 60.0)
+    high = np.where(above, 0.0, old)
+    for _ in range(80):  # bisection: d grows away from old on either side
+        middle = 0.5 * (low + high)
+        past = _binary_kl(middle, old) > bound
+        low, high = np.where(past == above, low, middle), np.where(past == above, middle, high)
+    root = 0.5 * (low + high)
+    crossing = np.abs(_binary_kl(root, old) - bound) < 1e-6 * max(bound, 1.0)
+    crossing &= np.cumsum(crossing) <= 4 * (crossing.sum() // 4)  # whole rows of 4
+    root, old32, above = root[crossing], old.astype(np.float32)[crossing], above[crossing]
+    assert root.size > n // 2  # above old, a large bound may be past log((1 - p_old) / 1e-8)
+    steps = np.arange(-4, 5)  # float32 ulps from the crossing
+    logp = root.astype(np.float32)[:, None].repeat(steps.size, axis=1)
+    for k, step in enumerate(steps):
+        for _ in range(abs(step)):
+            logp[:, k] = np.nextafter(logp[:, k], np.float32(np.sign(step) * np.inf))
+    logp = logp.reshape(-1, 36)  # rows of 4 crossings, 9 steps each
+    old_rows = np.repeat(old32, steps.size).reshape(logp.shape)
+    adv = np.where(np.repeat(above, steps.size), 1.0, -1.0).astype(np.float32).reshape(logp.shape)
+    options = {"divergence": "kl", "divergence_low": bound, "divergence_high": bound}
+    oracle = ppo_fast.dppo_loss(logp, old_rows, adv, backend="python", **options)
+    outside = oracle.grad == 0
+    assert 0.2 < outside.mean() < 0.8  # the crossings are where the decision turns
+    for backend in COMPILED:
+        result = ppo_fast.dppo_loss(logp, old_rows, adv, backend=backend, **options)
+        np.testing.assert_array_equal(result.grad == 0, outside, err_msg=backend)
+
+
 def test_kl_cov_selection_is_the_top_k_and_clip_cov_selection_follows_its_seed():
     logp, old, adv, mask = _batch(5, rows=6, width=30)
     picked = ppo_fast.kl_cov_selection(logp, adv, mask=mask, ratio=0.1)
