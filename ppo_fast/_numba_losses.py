@@ -569,8 +569,7 @@ def _exps(values, first, out, n):
 
 @_without_refcounts
 def _exps_wide(values, first, out, n):
-    """out[j] = exp(values[first + j]) in float64 for j < n, as _exps (a float32 input widened
-    first: DPPO-KL's probabilities, _dppo_inside says why)."""
+    """_exps in float64 (DPPO-KL's probabilities: _binary_kls says why)."""
     _prefer_wide_vectors()
     for j in range(n):
         out[j] = exp_poly(np.float64(values[first + j]))
@@ -580,12 +579,10 @@ def _exps_wide(values, first, out, n):
 def _binary_kls(
     logprobs, old_logprobs, advantages, first, probs, old_probs, within, n, low, high
 ):  # fmt: skip
-    """within[j] = 1 where DPPO's binary KL of the token at position first + j, d = p_old *
-    (old - logp) + (1 - p_old) * log((1 - p_old + 1e-8) / ((1 - p) + 1e-8)), is at most its
-    bound (high where A > 0, else low), else 0, for j < n, given the float64 probabilities: d in
-    float64, for in float32 its two terms, each about p * |logp - old|, cancel to about (p -
-    p_old)^2 / (2 p (1 - p)), below their rounding (about 3e-8) wherever |p - p_old| < 3e-4,
-    and a bound of 0 was decided by rounding there."""
+    """within[j] = 1 where the binary KL of the token at first + j, d = p_old * (old - logp) +
+    (1 - p_old) * log((1 - p_old + 1e-8) / ((1 - p) + 1e-8)), is at most its bound (high where
+    A > 0, else low), else 0, for j < n: in float64 from the float64 probabilities, for in
+    float32 d's two terms (each about p * |logp - old|) cancel below their rounding (3e-8)."""
     _prefer_wide_vectors()
     one = _one_like(low)
     zero = one - one  # not low - low: a bound may be inf
@@ -604,11 +601,9 @@ def _binary_kls(
 def _dppo_inside(
     logprobs, old_logprobs, advantages, first, probs, old_probs, kept, n, low, high, binary_kl
 ):
-    """kept[j] = 1 where the token at position first + j is within DPPO's trust region, else 0
-    (the oracle's v), for the n tokens from first, given their probabilities (TV), or whether
-    their binary KL is within its bound in ``probs`` (KL: ``_binary_kls``), where p <= p_old is
-    read as logp <= old, on which no exp rounds (exp is increasing). A function of its own,
-    compiled without fastmath."""
+    """kept[j] = 1 where the token at first + j is within DPPO's trust region, else 0 (the
+    oracle's v), for j < n, given the probabilities (TV), or in ``probs`` whether the binary KL
+    is within its bound (KL: ``_binary_kls``; p <= p_old read as logp <= old, exact)."""
     _prefer_wide_vectors()
     one = _one_like(low)
     zero = one - one  # not low - low: a bound may be inf
