@@ -398,11 +398,10 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_log(ppo_f64x8 x) {
                                 _mm512_set1_pd(NAN));
 }
 
-/* -- float32 exp and log on sixteen lanes, for two blocks of eight at once (the _pair
- * operations): the float32 lanes stay AVX2's eight, but exp and log are long chains of
- * dependent steps, and one AVX-512 instruction for two blocks halves them (DPPO's three exps
- * and a log a token). Operation for operation ppo_f32x8_exp and ppo_f32x8_log above, so the
- * bits are theirs. */
+/* -- float32 exp on sixteen lanes, for two blocks of eight at once (the _pair operations): the
+ * float32 lanes stay AVX2's eight, but exp is a long chain of dependent steps, and one AVX-512
+ * instruction for two blocks halves it (the ratios' and DPPO-TV's exps). Operation for operation
+ * ppo_f32x8_exp above, so the bits are its. */
 #define PPO_F32X8_PAIRS 1
 
 PPO_INLINE __m512 ppo_exp32_ps16(__m512 argument) {
@@ -429,37 +428,6 @@ PPO_INLINE __m512 ppo_exp32_ps16(__m512 argument) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(argument, argument, _CMP_UNORD_Q), y, argument);
 }
 
-PPO_INLINE __m512 ppo_log32_ps16(__m512 x) {
-    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(PPO_LOG32_TINY), _CMP_LT_OQ);
-    __m512 scaled = _mm512_mask_blend_ps(tiny, x, _mm512_mul_ps(x, _mm512_set1_ps(PPO_LOG32_SCALE)));
-    __m512i bits = _mm512_add_epi32(_mm512_castps_si512(scaled),
-                                    _mm512_set1_epi32((int32_t)PPO_LOG32_OFFSET));
-    __m512i k = _mm512_sub_epi32(_mm512_srli_epi32(bits, PPO_LOG32_SHIFT),
-                                 _mm512_set1_epi32(PPO_LOG32_BIAS));
-    k = _mm512_mask_sub_epi32(k, tiny, k, _mm512_set1_epi32(PPO_LOG32_SCALE_BITS));
-    __m512i m_bits = _mm512_add_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(PPO_LOG32_MANTISSA)),
-                                      _mm512_set1_epi32((int32_t)PPO_LOG32_SQRT_HALF));
-    __m512 f = _mm512_sub_ps(_mm512_castsi512_ps(m_bits), _mm512_set1_ps(1.0f));
-    __m512 half_square = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), f), f);
-    __m512 s = _mm512_div_ps(f, _mm512_add_ps(_mm512_set1_ps(2.0f), f));
-    __m512 z = _mm512_mul_ps(s, s);
-    __m512 r = _mm512_set1_ps(ppo_log32_series[0]);
-    for (int j = 1; j < 4; j++) r = _mm512_fmadd_ps(r, z, _mm512_set1_ps(ppo_log32_series[j]));
-    r = _mm512_mul_ps(r, z);
-    __m512 n = _mm512_cvtepi32_ps(k);
-    __m512 inner = _mm512_add_ps(_mm512_mul_ps(s, _mm512_add_ps(half_square, r)),
-                                 _mm512_mul_ps(n, _mm512_set1_ps(PPO_EXP32_LN2_LOW)));
-    __m512 y = _mm512_sub_ps(_mm512_mul_ps(n, _mm512_set1_ps(PPO_EXP32_LN2_HIGH)),
-                             _mm512_sub_ps(_mm512_sub_ps(half_square, inner), f));
-    /* log's value where the argument is 0, inf, NaN or negative, as ppo_log_special_ps */
-    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(INFINITY), _CMP_EQ_OQ), y, x);
-    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_EQ_OQ), y,
-                             _mm512_set1_ps(-INFINITY));
-    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), y,
-                                _mm512_set1_ps(NAN));
-}
-
 PPO_INLINE __m512 ppo_ps16_join(ppo_f32x8 a, ppo_f32x8 b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
 }
@@ -467,11 +435,6 @@ PPO_INLINE void ppo_f32x8_exp_pair(ppo_f32x8 a, ppo_f32x8 b, ppo_f32x8* exp_a, p
     __m512 both = ppo_exp32_ps16(ppo_ps16_join(a, b));
     *exp_a = _mm512_castps512_ps256(both);
     *exp_b = _mm512_extractf32x8_ps(both, 1);
-}
-PPO_INLINE void ppo_f32x8_log_pair(ppo_f32x8 a, ppo_f32x8 b, ppo_f32x8* log_a, ppo_f32x8* log_b) {
-    __m512 both = ppo_log32_ps16(ppo_ps16_join(a, b));
-    *log_a = _mm512_castps512_ps256(both);
-    *log_b = _mm512_extractf32x8_ps(both, 1);
 }
 
 #else
@@ -1087,25 +1050,17 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_log(ppo_f64x8 x) {
 }
 #endif
 
-/* exp and log of two blocks of eight (see PPO_F32X8_PAIRS): where no wider register holds both,
- * one block after the other. */
+/* exp of two blocks of eight (see PPO_F32X8_PAIRS): where no wider register holds both, one
+ * block after the other. */
 #ifndef PPO_F32X8_PAIRS
 PPO_INLINE void ppo_f32x8_exp_pair(ppo_f32x8 a, ppo_f32x8 b, ppo_f32x8* exp_a, ppo_f32x8* exp_b) {
     *exp_a = ppo_f32x8_exp(a);
     *exp_b = ppo_f32x8_exp(b);
 }
-PPO_INLINE void ppo_f32x8_log_pair(ppo_f32x8 a, ppo_f32x8 b, ppo_f32x8* log_a, ppo_f32x8* log_b) {
-    *log_a = ppo_f32x8_log(a);
-    *log_b = ppo_f32x8_log(b);
-}
 #endif
 PPO_INLINE void ppo_f64x8_exp_pair(ppo_f64x8 a, ppo_f64x8 b, ppo_f64x8* exp_a, ppo_f64x8* exp_b) {
     *exp_a = ppo_f64x8_exp(a);
     *exp_b = ppo_f64x8_exp(b);
-}
-PPO_INLINE void ppo_f64x8_log_pair(ppo_f64x8 a, ppo_f64x8 b, ppo_f64x8* log_a, ppo_f64x8* log_b) {
-    *log_a = ppo_f64x8_log(a);
-    *log_b = ppo_f64x8_log(b);
 }
 
 /* Lanes moved down (lane j takes lane j + k; GAE's scan, rows_gae.h), through memory where

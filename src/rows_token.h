@@ -146,7 +146,7 @@ PPO_INLINE void PPO_ROW(ppo_dppo_cases)(
         ptrdiff_t end = valid_end - first < PPO_CHUNK ? valid_end : first + PPO_CHUNK;
         ptrdiff_t whole_end = end - (end - first) % 8, i;
         PPO_ROW(ppo_dppo_sums) sums = {loss, kl, PPO_C(zero)(), PPO_C(zero)()};
-        /* the exps and logs two blocks a step, then the odd block left */
+        /* the exps two blocks a step, then the odd block left */
         for (i = first; i + 16 <= whole_end; i += 16) {
             PPO_ROW(ppo_prefetch_ahead)(
                 logprobs, old_logprobs, advantages, has_weights ? weights : NULL,

@@ -158,7 +158,7 @@ def test_every_build_gives_the_same_bits(batch, n_threads):
 
 
 # The kernels of src/rows_*.h go through a row 8 tokens at a time (the losses in chunks of
-# 256; DPPO's exps and logs two blocks of 8 a step, then an odd block), and copy a last partial
+# 256; DPPO's exps two blocks of 8 a step, then an odd block), and copy a last partial
 # block into padded lanes; the policy loss and shaped rewards stop at a row's length, the value
 # loss reads the padding too. Rows on either side of each of those edges:
 EDGE_LENGTHS = [0, 1, 7, 8, 9, 15, 16, 17, 24, 255, 256, 257, 263, 264, 513]
