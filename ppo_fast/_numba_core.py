@@ -593,19 +593,6 @@ def _one_like(typingctx, x):
 
 
 @intrinsic
-def _is_float32(typingctx, x):
-    """Whether the float x is a float32, as a constant LLVM folds."""
-    if not isinstance(x, types.Float):
-        return None
-    narrow = x == types.float32
-
-    def codegen(context, builder, sig, args):
-        return context.get_constant(types.boolean, narrow)
-
-    return types.boolean(x), codegen
-
-
-@intrinsic
 def _rounded_like(typingctx, x, like):
     """The float64 x rounded to the type of the float ``like`` (as a C cast, or a store): numba's
     arithmetic on a float32 and a float64 is float64."""

@@ -28,8 +28,8 @@ from ._numba_core import (
     _select,
     _without_refcounts,
     exp_poly,
+    log_poly,
 )
-from ._numba_dppo import _dppo_chunk
 from ._numba_lanes import (
     _count_valid_lanes,
     _lane_total,
@@ -341,9 +341,19 @@ def _policy_rows_build(kind):
                 if kind == _SAPO:
                     _sapo_sigmoids(advantages, first, ratios, seconds, n, tau_pos, tau_neg)
                 if kind == _DPPO:
-                    _dppo_chunk(
-                        logprobs, old_logprobs, advantages, first, n, divergence_low,
-                        divergence_high, binary_kl, probs, old_probs, wide, seconds,
+                    if binary_kl:  # in float64 (_binary_kls says why), into the probs row
+                        _exps_wide(logprobs, first, wide[0], n)
+                        _exps_wide(old_logprobs, first, wide[1], n)
+                        _binary_kls(
+                            logprobs, old_logprobs, advantages, first, wide[0], wide[1], probs, n,
+                            divergence_low, divergence_high,
+                        )  # fmt: skip
+                    else:
+                        _exps(logprobs, first, probs, n)
+                        _exps(old_logprobs, first, old_probs, n)
+                    _dppo_inside(
+                        logprobs, old_logprobs, advantages, first, probs, old_probs, seconds, n,
+                        divergence_low, divergence_high, binary_kl,
                     )  # fmt: skip
                 for i in range(first, whole_end, _U8):
                     if kind == _REINFORCE and (i - first) % _positions_per_line(logprobs) == 0:
@@ -546,6 +556,74 @@ def sapo(
         one - one, one, one, one, log_ratio_clamp, tau_pos, tau_neg, one, one, False, grad,
         row_loss, row_loss, row_loss, row_kl,
     )  # fmt: skip
+
+
+@_without_refcounts
+def _exps(values, first, out, n):
+    """out[j] = exp(values[first + j]) for j < n: one inlined exp per function (numba's SSA pass
+    loses track of a second, as _sapo_sigmoids says)."""
+    _prefer_wide_vectors()
+    for j in range(n):
+        out[j] = exp_poly(values[first + j])
+
+
+@_without_refcounts
+def _exps_wide(values, first, out, n):
+    """_exps in float64 (DPPO-KL's probabilities: _binary_kls says why)."""
+    _prefer_wide_vectors()
+    for j in range(n):
+        out[j] = exp_poly(np.float64(values[first + j]))
+
+
+@_without_refcounts
+def _binary_kls(
+    logprobs, old_logprobs, advantages, first, probs, old_probs, within, n, low, high
+):  # fmt: skip
+    """within[j] = 1 where the binary KL of the token at first + j, d = p_old * (old - logp) +
+    (1 - p_old) * log((1 - p_old + 1e-8) / ((1 - p) + 1e-8)), is at most its bound (high where
+    A > 0, else low), else 0, for j < n: in float64 from the float64 probabilities, for in
+    float32 d's two terms (each about p * |logp - old|) cancel below their rounding (3e-8)."""
+    _prefer_wide_vectors()
+    one = _one_like(low)
+    zero = one - one  # not low - low: a bound may be inf
+    for j in range(n):
+        i = first + j
+        old_prob = old_probs[j]
+        complement = 1.0 - old_prob
+        quotient = (complement + 1e-8) / ((1.0 - probs[j]) + 1e-8)
+        gap = np.float64(old_logprobs[i]) - np.float64(logprobs[i])
+        distance = old_prob * gap + complement * log_poly(quotient)
+        bound = _select(advantages[i] > zero, np.float64(high), np.float64(low))
+        within[j] = _select(distance <= bound, one, zero)
+
+
+@_without_refcounts
+def _dppo_inside(
+    logprobs, old_logprobs, advantages, first, probs, old_probs, kept, n, low, high, binary_kl
+):
+    """kept[j] = 1 where the token at first + j is within DPPO's trust region, else 0 (the
+    oracle's v), for j < n, given the probabilities (TV), or in ``probs`` whether the binary KL
+    is within its bound (KL: ``_binary_kls``; p <= p_old read as logp <= old, exact)."""
+    _prefer_wide_vectors()
+    one = _one_like(low)
+    zero = one - one  # not low - low: a bound may be inf
+    for j in range(n):
+        i = first + j
+        positive = advantages[i] > zero
+        if binary_kl:
+            within = probs[j] > zero
+            inside_positive = within | (logprobs[i] <= old_logprobs[i])
+            inside_negative = within | (logprobs[i] >= old_logprobs[i])
+        else:
+            difference = probs[j] - old_probs[j]
+            inside_positive = difference <= high
+            inside_negative = difference >= -low
+        kept[j] = _select(_select_bool(positive, inside_positive, inside_negative), one, zero)
+
+
+@_jit
+def _select_bool(condition, a, b):
+    return (condition & a) | ((not condition) & b)
 
 
 def dppo(

@@ -125,10 +125,9 @@ def test_dppo_kl_on_float32_decides_as_float64_next_to_every_bound(bound):
     """Float32 log-probabilities a few ulp either side of where the binary KL crosses the bound
     (found by bisection in float64), probabilities up to 1 - 1e-7, on both sides of p_old (A > 0
     against the high bound, A < 0 against the low one): every backend decides them as the
-    oracle's float64 does, its float32 pre-pass included (``_numba_dppo._binary_kls_narrow``:
-    a plain float32 evaluation got 6-47% of them wrong)."""
+    oracle's float64 does (a float32 evaluation got 6-47% of them wrong)."""
     rng = np.random.default_rng(int(bound * 1000))
-    n = 1000
+    n = 3000
     old = -np.exp(rng.uniform(np.log(1e-7), np.log(7.0), n))  # probabilities up to 1 - 1e-7
     above = rng.random(n) < 0.5  # logp above old (A > 0) or below it (A < 0)
     low = np.where(above, old, old - 60.0)
@@ -139,6 +138,7 @@ def test_dppo_kl_on_float32_decides_as_float64_next_to_every_bound(bound):
         low, high = np.where(past == above, low, middle), np.where(past == above, middle, high)
     root = 0.5 * (low + high)
     crossing = np.abs(_binary_kl(root, old) - bound) < 1e-6 * max(bound, 1.0)
+    crossing &= np.cumsum(crossing) <= 4 * (crossing.sum() // 4)  # whole rows of 4
     root, old32, above = root[crossing], old.astype(np.float32)[crossing], above[crossing]
     assert root.size > n // 2  # above old, a large bound may be past log((1 - p_old) / 1e-8)
     steps = np.arange(-4, 5)  # float32 ulps from the crossing
@@ -146,13 +146,9 @@ def test_dppo_kl_on_float32_decides_as_float64_next_to_every_bound(bound):
     for k, step in enumerate(steps):
         for _ in range(abs(step)):
             logp[:, k] = np.nextafter(logp[:, k], np.float32(np.sign(step) * np.inf))
-    # rows of 8 copies of a token: the kernels decide a row's chunk in float64 when the dtype
-    # cannot vouch for one of its tokens, which would hide a wrong decision of another, and
-    # Cython's pre-pass takes whole blocks of 8 (a row's partial block goes to float64)
-    logp = logp.reshape(-1, 1).repeat(8, axis=1)
-    old_rows = np.repeat(old32, steps.size)[:, None].repeat(8, axis=1)
-    adv = np.where(np.repeat(above, steps.size), 1.0, -1.0).astype(np.float32)[:, None]
-    adv = adv.repeat(8, axis=1)
+    logp = logp.reshape(-1, 36)  # rows of 4 crossings, 9 steps each
+    old_rows = np.repeat(old32, steps.size).reshape(logp.shape)
+    adv = np.where(np.repeat(above, steps.size), 1.0, -1.0).astype(np.float32).reshape(logp.shape)
     options = {"divergence": "kl", "divergence_low": bound, "divergence_high": bound}
     oracle = ppo_fast.dppo_loss(logp, old_rows, adv, backend="python", **options)
     outside = oracle.grad == 0
