@@ -329,6 +329,25 @@ def _mask_array(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
     return is_one.view(np.uint8)
 
 
+# The scalar types other than float that a stage's fast path reads as the float ``scalar``
+# makes of them (float(value), exactly its bits): gamma=1, dual_clip=3, or a value taken out of
+# a NumPy array, went the general way (3x the time of a call at 8 x 128) before 0.8.21.
+_FAST_REALS = frozenset((int, np.float64, np.float32, np.int64, np.int32))
+
+
+def fast_real(value: Any) -> Any:
+    """``value`` as a float where it is an int (not a bool) or a NumPy float or int scalar that
+    a float64 holds, for a stage's fast path, whose test is ``type(value) is float``; anything
+    else (None included) unchanged, for the general way to accept or reject with its errors.
+    Callers test ``type(value) is not float`` first, so that a float costs no call."""
+    if type(value) in _FAST_REALS:
+        try:
+            return float(value)
+        except OverflowError:  # an int past float64: the general way says so
+            return value
+    return value
+
+
 # starts and spans of the padded (B, T) layouts met so far: the same few shapes come back on
 # every step of a training loop. Shared by every call of that shape; nothing writes into them.
 def common_case(arrays: tuple[Any, ...], mask: Any) -> bool:

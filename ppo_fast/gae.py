@@ -100,6 +100,10 @@ def gae(
     GAEResult(advantages, returns), each shaped like ``rewards`` with its dtype (the arrays of
     ``out`` when given); 0 at positions that are not valid. Inputs are never modified.
     """
+    if type(gamma) is not float:
+        gamma = _validate.fast_real(gamma)
+    if type(lam) is not float:
+        lam = _validate.fast_real(lam)
     if (
         type(gamma) is float
         and type(lam) is float

@@ -236,6 +236,14 @@ def clipped_surrogate(
     / d logprobs shaped like ``logprobs`` (0 where not valid), and the statistics (floats, NaN
     with no valid token).
     """
+    if type(clip_low) is not float:
+        clip_low = _validate.fast_real(clip_low)
+    if type(clip_high) is not float and clip_high is not None:
+        clip_high = _validate.fast_real(clip_high)
+    if type(dual_clip) is not float and dual_clip is not None:
+        dual_clip = _validate.fast_real(dual_clip)
+    if type(log_ratio_clamp) is not float and log_ratio_clamp is not None:
+        log_ratio_clamp = _validate.fast_real(log_ratio_clamp)
     if (
         type(clip_low) is float
         and 0.0 <= clip_low <= 1.0  # NaN fails the comparisons: it goes the general way
@@ -472,6 +480,8 @@ def value_loss(
     ``values`` (0 where not valid), and the fraction of valid tokens where the clipped term is
     strictly larger (NaN with no valid token).
     """
+    if type(clip) is not float and clip is not None:
+        clip = _validate.fast_real(clip)
     if (
         (clip is None or (type(clip) is float and clip >= 0.0))  # NaN: the general way
         and (common := _common_agg(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale))

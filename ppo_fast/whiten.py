@@ -257,6 +257,8 @@ def whiten(
     An array shaped like ``x`` with its dtype (``out`` when given); positions that are not valid
     are 0.
     """
+    if type(eps) is not float:
+        eps = _validate.fast_real(eps)
     if (
         type(eps) is float
         and 0.0 <= eps < math.inf  # NaN fails the comparisons: it goes the general way

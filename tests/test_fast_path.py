@@ -156,12 +156,19 @@ def the_stages(arrays):
     path, its hyperparameters at and inside their bounds."""
     policy = dict(logprobs=arrays["lp"], old_logprobs=arrays["old"], advantages=arrays["a"])
     value = dict(values=arrays["v"], old_values=arrays["old"], returns=arrays["r"])
-    for gamma, lam in [(0.99, 0.95), (1.0, 1.0), (-0.0, 0.0)]:
+    # ints and NumPy scalars too: the fast path reads them as floats, as the general way does
+    for gamma, lam in [(0.99, 0.95), (1.0, 1.0), (-0.0, 0.0), (1, np.float64(0.95)), (0, 1)]:
         yield ppo_fast.gae, dict(rewards=arrays["r"], values=arrays["v"], gamma=gamma, lam=lam)
-    for clip_high, dual_clip, clamp in [(None, None, None), (0.28, 3.0, 20.0), (np.inf,) * 3]:
-        options = dict(clip_low=0.2, clip_high=clip_high, dual_clip=dual_clip)
+    for clip_low, clip_high, dual_clip, clamp in [
+        (0.2, None, None, None),
+        (0.2, 0.28, 3.0, 20.0),
+        (0.2, np.inf, np.inf, np.inf),
+        (np.float64(0.2), np.float32(0.28), 3, np.int64(20)),
+        (0, 1, np.float32(1.5), np.int32(1)),
+    ]:
+        options = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
         yield ppo_fast.clipped_surrogate, dict(**policy, **options, log_ratio_clamp=clamp)
-    for clip in [None, 0.2, 0.0, np.inf]:
+    for clip in [None, 0.2, 0.0, np.inf, 0, np.float64(0.2), np.float32(0.5)]:
         yield ppo_fast.value_loss, dict(**value, clip=clip)
     # every aggregation mode but token-mean (which the rest use: the losses' defaults but
     # geo_mean's) for every loss with a fast path, with its defaults otherwise; then each loss
@@ -183,7 +190,13 @@ def the_stages(arrays):
     ]
     for k, (loss, inputs) in enumerate(losses):
         yield loss, dict(**inputs, **normalised[k % len(normalised)])
-    for shift_mean, unbiased, eps in [(True, False, 1e-8), (False, True, 0.0), (True, True, 1e30)]:
+    for shift_mean, unbiased, eps in [
+        (True, False, 1e-8),
+        (False, True, 0.0),
+        (True, True, 1e30),
+        (True, True, 0),
+        (False, False, np.float32(1e-5)),
+    ]:
         options = dict(shift_mean=shift_mean, unbiased=unbiased, eps=eps)
         yield ppo_fast.whiten, dict(x=arrays["a"], **options)
     for loss, settings in FAMILY:
