@@ -390,14 +390,14 @@ def _clipped_surrogate_common(
     grad_out: np.ndarray | None,
     backend: str | None,
 ) -> PolicyLossResult:
-    """The common case, checked by the caller (``_validate.common_case``: three C-contiguous
-    (B, T) arrays of one float dtype, no mask or a bool one; float hyperparameters in range
-    (``bounds``: clip_low, clip_high, dual_clip, log_ratio_clamp; None as the general way reads
-    it), an aggregation mode's code and normaliser (``agg``, from ``_common_agg``); no
-    weights; ``grad_out`` None or as ``_validate.common_outputs`` accepts it): what the general
-    way computes, from the same arrays, in the backend's common-case entry, which counts the
-    valid positions, scales the rows and totals the row outputs as the general way does
-    (tests/test_fast_path.py compares the two)."""
+    """The common case, checked by the caller (``_validate.common_case``: three C-contiguous (B, T)
+    arrays of one float dtype, no mask or a bool one; float hyperparameters in range (``bounds``:
+    clip_low, clip_high, dual_clip, log_ratio_clamp, ints and NumPy scalars made floats by
+    ``_validate.fast_real``; None as the general way reads it), an aggregation mode's code and
+    normaliser (``agg``, from ``_common_agg``); no weights; ``grad_out`` None or as
+    ``_validate.common_outputs`` accepts it): what the general way computes, from the same arrays,
+    in the backend's common-case entry, which counts the valid positions, scales the rows and totals
+    the row outputs as the general way does (tests/test_fast_path.py compares the two)."""
     shape, dtype = logprobs.shape, logprobs.dtype
     key = (dtype, *bounds)
     scalars = _common_bounds.get(key)

@@ -2,18 +2,16 @@
 
 ``gae``, ``clipped_surrogate``, ``value_loss``, ``whiten`` and the policy-loss family
 (``reinforce_loss`` ... ``dppo_loss``, any aggregation mode over the batch's own counts, without
-weights) recognise the common case
-(``_validate.common_case``: C-contiguous (B, T) NumPy arrays of one float dtype, no mask or a
-bool one, plain float hyperparameters, preallocated outputs apart from the inputs) and call the
-backend's common-case entries (``_backend.common``: the Cython
-kernels' own ``<kernel>_common``, which counts the valid positions, works out a loss's row scales
-and totals the row outputs in C; for numba and the oracle, one written from the table kernel).
-Turning ``common_case`` off sends every call the general way (``batch`` starts from it too), so
-each test runs a call both ways and compares: results bit for bit, errors by type and message.
-That the fast path was taken is checked, so that no comparison is of the general way with
-itself. The entries themselves are compared with their table kernel and NumPy's sums, kernel by
-kernel.
-"""
+weights) recognise the common case (``_validate.common_case``: C-contiguous (B, T) NumPy arrays of
+one float dtype, no mask or a bool one, real hyperparameters (floats, ints, NumPy scalars),
+preallocated outputs apart from the inputs) and call the backend's common-case entries
+(``_backend.common``: the Cython kernels' own ``<kernel>_common``, which counts the valid positions,
+works out a loss's row scales and totals the row outputs in C; for numba and the oracle, one written
+from the table kernel). Turning ``common_case`` off sends every call the general way (``batch``
+starts from it too), so each test runs a call both ways and compares: results bit for bit, errors by
+type and message. That the fast path was taken is checked, so that no comparison is of the general
+way with itself. The entries themselves are compared with their table kernel and NumPy's sums,
+kernel by kernel."""
 
 from __future__ import annotations
 
