@@ -115,8 +115,13 @@ def gae(
     ):
         # rows of at most _LONG_ROW positions: none runs in chunks (the common entries run
         # each row whole, as the batch function runs such rows)
+        kernel_mask = (
+            mask
+            if _validate.common_case((rewards, values), mask)
+            else _validate.numeric_mask((rewards, values), mask)
+        )
         if (
-            _validate.common_case((rewards, values), mask)
+            kernel_mask is not False
             and rewards.shape[1] <= _LONG_ROW
             and (
                 out is None
@@ -127,7 +132,7 @@ def gae(
                 )
             )
         ):
-            return _gae_common(rewards, values, gamma, lam, mask, out, backend)
+            return _gae_common(rewards, values, gamma, lam, kernel_mask, out, backend)
     (token_rewards, token_values), rows = _validate.batch(
         {"rewards": rewards, "values": values}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens
     )

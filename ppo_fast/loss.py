@@ -255,9 +255,11 @@ def clipped_surrogate(
         is not None
     ):
         inputs = (logprobs, old_logprobs, advantages)
-        if _common_arrays(inputs, mask, grad_out):
+        if (kernel_mask := _common_arrays(inputs, mask, grad_out)) is not False:
             bounds = (clip_low, clip_high, dual_clip, log_ratio_clamp)
-            return _clipped_surrogate_common(*inputs, bounds, mask, common, grad_out, backend)
+            return _clipped_surrogate_common(
+                *inputs, bounds, kernel_mask, common, grad_out, backend
+            )
     arrays: dict[str, Any] = {
         "logprobs": logprobs,
         "old_logprobs": old_logprobs,
@@ -351,28 +353,30 @@ def _common_agg(
     return None
 
 
-def _common_arrays(inputs: tuple[Any, ...], mask: Any, grad_out: Any, selected: Any = None) -> bool:
-    """Whether a loss's token ``inputs``, ``mask``, ``grad_out`` and KL-Cov's token selection
-    ``selected`` (None for the other losses) are the common case (``_validate.common_case``;
-    ``selected`` a C-contiguous bool NumPy array shaped like the inputs, not a subclass;
-    ``_validate.common_outputs``: ``grad_out`` apart from all of them). Anything else goes the
-    general way, which accepts it or says why not."""
-    return (
-        _validate.common_case(inputs, mask)
-        and (
-            selected is None
-            or (
-                type(selected) is np.ndarray
-                and selected.dtype == np.bool_
-                and selected.shape == inputs[0].shape
-                and selected.flags.c_contiguous
-            )
-        )
-        and (
-            grad_out is None
-            or _validate.common_outputs((grad_out,), inputs[0], (*inputs, mask, selected))
-        )
-    )
+def _common_arrays(inputs: tuple[Any, ...], mask: Any, grad_out: Any, selected: Any = None) -> Any:
+    """The mask for the kernel's common-case entry (None, the bool ``mask``, or a 0/1 mask of
+    numbers as bool: ``_validate.numeric_mask``) where a loss's token ``inputs``, ``mask``,
+    ``grad_out`` and KL-Cov's token selection ``selected`` (None for the other losses) are the
+    common case (``_validate.common_case``; ``selected`` a C-contiguous bool NumPy array shaped
+    like the inputs, not a subclass; ``_validate.common_outputs``: ``grad_out`` apart from all of
+    them, the mask given included); else False: the general way, which accepts them or says why
+    not."""
+    if _validate.common_case(inputs, mask):
+        kernel_mask = mask
+    elif (kernel_mask := _validate.numeric_mask(inputs, mask)) is False:
+        return False
+    if selected is not None and not (
+        type(selected) is np.ndarray
+        and selected.dtype == np.bool_
+        and selected.shape == inputs[0].shape
+        and selected.flags.c_contiguous
+    ):
+        return False
+    if grad_out is not None and not _validate.common_outputs(
+        (grad_out,), inputs[0], (*inputs, mask, selected)
+    ):
+        return False
+    return kernel_mask
 
 
 # The token scalars of the common case by (dtype, clip_low, clip_high, dual_clip,
@@ -488,8 +492,8 @@ def value_loss(
         is not None
     ):
         inputs = (values, old_values, returns)
-        if _common_arrays(inputs, mask, grad_out):
-            return _value_loss_common(*inputs, clip, mask, common, grad_out, backend)
+        if (kernel_mask := _common_arrays(inputs, mask, grad_out)) is not False:
+            return _value_loss_common(*inputs, clip, kernel_mask, common, grad_out, backend)
     (new, old, target), rows = _validate.batch(
         {"values": values, "old_values": old_values, "returns": returns},
         mask=mask,

@@ -165,9 +165,10 @@ def _run(
         is not None
     ):
         inputs = (arrays["logprobs"], arrays["old_logprobs"], arrays["advantages"])
-        if _common_arrays(inputs, layout["mask"], grad_out, selected):
+        kernel_mask = _common_arrays(inputs, layout["mask"], grad_out, selected)
+        if kernel_mask is not False:
             return _run_common(
-                kernel, inputs, layout["mask"], agg, grad_out, backend, scalars, codes, selected
+                kernel, inputs, kernel_mask, agg, grad_out, backend, scalars, codes, selected
             )
     # weights alone are optional: a None for any other array is for _validate to name
     given = {k: v for k, v in arrays.items() if k != "weights" or v is not None}

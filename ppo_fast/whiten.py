@@ -265,10 +265,15 @@ def whiten(
         and moments is None
         and lengths is None
         and cu_seqlens is None
-        and _validate.common_case((x,), mask)
+        and (
+            kernel_mask := (
+                mask if _validate.common_case((x,), mask) else _validate.numeric_mask((x,), mask)
+            )
+        )
+        is not False
         and (out is None or _validate.common_outputs((out,), x, (x, mask)))
     ):
-        return _whiten_common(x, mask, shift_mean, unbiased, eps, out, backend)
+        return _whiten_common(x, kernel_mask, shift_mean, unbiased, eps, out, backend)
     (array,), rows = _validate.batch({"x": x}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     if out is not None:
         (out,) = _validate.out_arrays(
