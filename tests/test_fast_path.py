@@ -666,3 +666,37 @@ def test_numbas_compiled_entries_stay_off_with_its_on_disk_cache(tmp_path):
         outputs.append(done.stdout.split())
     assert outputs[0][0] == "True" and outputs[1][0] == "False"
     assert outputs[0][1:] == outputs[1][1:]
+
+
+def test_the_fast_paths_read_ints_and_number_masks_only_as_the_general_way_does():
+    """``fast_real`` makes floats of what ``scalar`` reads as float(value) and leaves the rest
+    (a bool, an int past float64, None, a string) to the general way; ``numeric_mask`` makes
+    the bool mask of a 0/1 mask of numbers beside arrays of the common case, and refuses what
+    it cannot read in one compiled pass."""
+    for value in (3, np.int64(-2), np.float32(0.1), np.float64(0.2), 2**60 + 1):
+        got = _validate.fast_real(value)
+        assert type(got) is float and got == _validate.scalar("x", value)
+    for value in (True, 10**400, None, "0.2", np.float16(0.5), 0.2):
+        assert _validate.fast_real(value) is value
+    x = np.zeros((2, 3), np.float32)
+    ints = np.array([[1, 0, 1], [0, 0, 1]])
+    for mask in (ints, ints.astype(np.float64), ints.astype(np.uint16), np.where(ints, 1.0, -0.0)):
+        got = _validate.numeric_mask((x,), mask)
+        assert got.dtype == np.bool_ and got.shape == x.shape
+        np.testing.assert_array_equal(got, ints == 1)
+    refused = [
+        ints * 2,
+        np.where(ints, np.nan, 0.0),
+        ints.astype(">i8"),  # byte-swapped: NumPy's way
+        np.asfortranarray(ints),
+        ints[:, :2].copy(),
+        ints.astype(np.float16),
+        ints.astype(bool),  # bool: common_case's, not this
+        ints.tolist(),
+    ]
+    for mask in refused:
+        assert _validate.numeric_mask((x,), mask) is False
+    assert (
+        _validate.numeric_mask((np.asfortranarray(np.zeros((3, 2), np.float32)),), ints.T.copy())
+        is False
+    )
