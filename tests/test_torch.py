@@ -158,6 +158,9 @@ def test_statistics_tensors_hold_the_floats_rounded_as_torch_tensor_rounds_them(
     rng = np.random.default_rng(4)
     values = [*rng.normal(size=50) * 10.0 ** rng.integers(-45, 39, 50)]
     values += [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-46, 3.4028235e38, 3.5e38, 1 / 3]
+    # float32's largest, and the floats next to it either side (past it: the way around NumPy)
+    largest = float(np.finfo(np.float32).max)
+    values += [largest, -largest, np.nextafter(largest, np.inf), np.nextafter(largest, 0.0)]
     for dtype in (torch.float32, torch.float64):
         like = torch.zeros((), dtype=dtype)
         for value, tensor in zip(values, pt._scalars(like, *values), strict=True):
