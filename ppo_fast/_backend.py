@@ -145,6 +145,13 @@ def _cached_resolve(name: str | None) -> ModuleType:
     return module
 
 
+def table_kernel(name: str, backend: str | None) -> Callable:
+    """Kernel ``name`` of the table on ``backend``, to be called with every argument in the
+    table's order (``Kernel.arguments``), ``n_threads`` last: for a stage's fast path, which
+    makes them itself (``run`` makes them from names)."""
+    return getattr(_cached_resolve(backend), name)
+
+
 def run(name: str, backend: str | None, **arguments) -> None:
     """Run kernel ``name`` of the table on ``backend``, its arguments given by name.
 

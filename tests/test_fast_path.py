@@ -41,15 +41,22 @@ SHAPES = [(8, 128), (3, 5), (0, 4), (2, 0), (1, 1), (9, 3), (17, 2), (130, 3), (
 
 @pytest.fixture
 def fast_calls(monkeypatch):
-    """The kernels whose common-case entry a fast path took since the fixture started."""
+    """The kernels whose common-case entry a fast path took since the fixture started, or whose
+    table kernel it called itself (``_backend.table_kernel``: ``kl_cov_selection``'s)."""
     calls: list[str] = []
     common = _backend.common
+    table_kernel = _backend.table_kernel
 
     def counted(name, backend, n_threads=0, *types):
         calls.append(name)
         return common(name, backend, n_threads, *types)
 
+    def counted_table_kernel(name, backend):
+        calls.append(name)
+        return table_kernel(name, backend)
+
     monkeypatch.setattr(_backend, "common", counted)
+    monkeypatch.setattr(_backend, "table_kernel", counted_table_kernel)
     return calls
 
 
@@ -249,6 +256,29 @@ def test_the_fast_path_gives_the_general_ways_bits_or_errors(backend, dtype, fas
                 same_bits(outs, [a for a in filled[1] if isinstance(a, np.ndarray)], what)
                 assert all(any(a is out for a in filled[1]) for out in outs), what
     assert len(fast_calls) - fast_calls.count("whiten") == calls  # each call took the fast way
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_kl_cov_selections_fast_path_gives_the_general_ways_bits(backend, dtype, fast_calls):
+    """``kl_cov_selection`` on the common case (its table kernel called with the arguments the
+    fast path makes) against the general way, over the masks and ratios that select one token,
+    some, all of them, and more than there are; ints and NumPy scalars too."""
+    rng = np.random.default_rng(13)
+    shapes = SHAPES if backend != "python" else SHAPES[1:]
+    calls = 0
+    for shape in shapes:
+        arrays = token_arrays(rng, shape, dtype)
+        for mask in stage_masks(rng, shape):
+            for ratio in (0.0002, 0.3, 1.0, 7.0, 1, np.float32(0.25)):
+                kwargs = dict(logprobs=arrays["lp"], advantages=arrays["a"], ratio=ratio)
+                kwargs.update(mask=mask, backend=backend)
+                fast = outcome(ppo_fast.kl_cov_selection, **kwargs)
+                general = general_way(outcome, ppo_fast.kl_cov_selection, **kwargs)
+                assert fast[0] == general[0] == "ok", (shape, kwargs)
+                same_bits(fast[1], general[1], f"{shape} {kwargs}")
+                calls += 1
+    assert fast_calls.count("kl_cov_top_k") == calls  # each call took the fast way
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="the numba backend does not load here")
@@ -486,8 +516,8 @@ def test_the_cython_common_entries_refuse_what_they_cannot_read():
 def _fast_targets():
     """Hostile-input targets whose valid call is a common case: gae without a bootstrap, the
     clipped surrogate without weights (tests/hostile.py's own target takes them, which the fast
-    path leaves to the general way), the value loss (with num_tokens), whiten and the policy
-    family (the geometric mean with num_seqs)."""
+    path leaves to the general way), the value loss (with num_tokens), whiten, KL-Cov's selection
+    and the policy family (the geometric mean with num_seqs)."""
 
     def gae(rng):
         arrays = hostile._tokens(rng, "rewards", "values")
@@ -499,6 +529,11 @@ def _fast_targets():
         arrays = hostile._tokens(rng, "logprobs", "old_logprobs", logp=True)
         arrays.update(hostile._tokens(rng, "advantages"))
         return {**arrays, **policy_scalars, "mask": hostile.MASK.copy()}
+
+    def selection(rng):
+        arrays = hostile._tokens(rng, "logprobs", logp=True)
+        arrays.update(hostile._tokens(rng, "advantages"))
+        return {**arrays, "ratio": 0.3, "mask": hostile.MASK.copy()}
 
     value_scalars = {"clip": 0.2, "num_tokens": 50.0}  # token-mean over a given count
 
@@ -549,6 +584,14 @@ def _fast_targets():
                 **rows,
             )
             for loss, scalars in FAMILY_SCALARS
+        ),
+        hostile.Target(
+            "kl_cov_selection[common]",
+            ppo_fast.kl_cov_selection,
+            selection,
+            ("logprobs", "advantages"),
+            scalars={"ratio": 0.3},
+            **rows,
         ),
         hostile.Target(
             "kl_cov_loss[common]",
@@ -605,8 +648,9 @@ def test_hostile_inputs_get_the_same_answer_or_error_both_ways(target, fast_call
         else:
             assert type(fast[1]) is type(general[1]), case.id(target)
             assert str(fast[1]) == str(general[1]), case.id(target)
-    # the valid call, at least, went the fast way (a family loss's kernel: its name less _loss)
-    name = target.call.__name__
+    # the valid call, at least, went the fast way (a family loss's kernel: its name less _loss;
+    # KL-Cov's selection: its table kernel)
+    name = {"kl_cov_selection": "kl_cov_top_k"}.get(target.call.__name__, target.call.__name__)
     assert name in fast_calls or name.removesuffix("_loss") in fast_calls
 
 
