@@ -380,14 +380,32 @@ def common_case(arrays: tuple[Any, ...], mask: Any) -> bool:
     )
 
 
-def numeric_mask(arrays: tuple[Any, ...], mask: Any) -> Any:
-    """For the stages' fast paths, where ``common_case(arrays, mask)`` is false: a 0/1 ``mask``
-    of numbers (verl's int64 or float ``response_mask``: an exact, C-contiguous NumPy array of
-    a dtype the compiled loop takes, of the arrays' shape) beside token ``arrays`` of the common
-    case, as the bool mask that the general way makes of it (``_mask_array``: the same bytes, in
-    one compiled pass); False for anything else (a value other than 0 and 1 included), which
-    goes the general way, to be accepted or refused with its errors. Such a mask took the
-    general way before 0.8.21: 4x the time of a call at 8 x 128."""
+# Up to this many positions a lengths layout takes the stages' fast paths as the bool mask of
+# its valid positions (the same bits: tests/test_fast_path.py): the mask is B x T bytes written
+# and read again, which above it costs more than the general way's checks (8 x 128: gae 15.6 us
+# the general way, about 5 us as a mask).
+LENGTHS_AS_MASK_POSITIONS = 1 << 16
+_LENGTH_DTYPES = frozenset((np.dtype(np.int64), np.dtype(np.int32)))
+_row_positions: dict[int, np.ndarray] = {}  # np.arange(T) by T, bounded as _rows' caches
+
+
+def converted_mask(arrays: tuple[Any, ...], mask: Any, lengths: Any = None) -> Any:
+    """For the stages' fast paths, where ``common_case(arrays, mask)`` is false or ``lengths``
+    is given: beside token ``arrays`` of the common case, the bool mask of the valid positions
+    of
+
+    - a 0/1 ``mask`` of numbers (verl's int64 or float ``response_mask``: an exact,
+      C-contiguous NumPy array of a dtype the compiled loop takes, of the arrays' shape), as the
+      general way converts it (``_mask_array``: the same bytes, in one compiled pass), or
+    - ``lengths`` with no mask (an int64 or int32 (B,) NumPy array, each in [0, T], for at most
+      LENGTHS_AS_MASK_POSITIONS positions): t < lengths[b], whose results are the lengths
+      layout's bit for bit;
+
+    False for anything else (a mask value other than 0 and 1 or a length out of range
+    included), which goes the general way, to be accepted or refused with its errors. Such
+    masks and lengths took the general way before 0.8.21: 4x the time of a call at 8 x 128."""
+    if lengths is not None:
+        return False if mask is not None else _lengths_mask(arrays, lengths)
     if (
         type(mask) is not _NDARRAY
         or mask.dtype not in _LOOP_MASK_DTYPES
@@ -403,6 +421,29 @@ def numeric_mask(arrays: tuple[Any, ...], mask: Any) -> Any:
     if not convert(mask.reshape(-1), valid.reshape(-1)):
         return False
     return valid.view(_BOOL)
+
+
+def _lengths_mask(arrays: tuple[Any, ...], lengths: Any) -> Any:
+    if (
+        type(lengths) is not _NDARRAY
+        or lengths.dtype not in _LENGTH_DTYPES
+        or lengths.ndim != 1
+        or not common_case(arrays, None)
+    ):
+        return False
+    n_rows, width = arrays[0].shape
+    if lengths.shape[0] != n_rows or n_rows * width > LENGTHS_AS_MASK_POSITIONS:
+        return False
+    # one reduction for both bounds: a negative length is past T as an unsigned integer
+    unsigned = lengths.view(np.uint64 if lengths.itemsize == 8 else np.uint32)
+    if n_rows and unsigned.max() > width:
+        return False
+    positions = _row_positions.get(width)
+    if positions is None:
+        if len(_row_positions) >= 64:
+            _row_positions.clear()
+        positions = _row_positions[width] = np.arange(width)
+    return positions < lengths[:, None]
 
 
 def common_outputs(outputs: tuple[Any, ...], like: np.ndarray, inputs: tuple[Any, ...]) -> bool:

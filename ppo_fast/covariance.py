@@ -115,10 +115,12 @@ def kl_cov_selection(
     """
     if type(ratio) is not float:
         ratio = _validate.fast_real(ratio)
-    if type(ratio) is float and 0.0 < ratio < math.inf and lengths is None and cu_seqlens is None:
+    if type(ratio) is float and 0.0 < ratio < math.inf and cu_seqlens is None:
         arrays = (logprobs, advantages)
         kernel_mask = (
-            mask if _validate.common_case(arrays, mask) else _validate.numeric_mask(arrays, mask)
+            mask
+            if lengths is None and _validate.common_case(arrays, mask)
+            else _validate.converted_mask(arrays, mask, lengths)
         )
         if kernel_mask is not False:
             return _kl_cov_selection_common(logprobs, advantages, ratio, kernel_mask, backend)
@@ -157,11 +159,12 @@ def _kl_cov_selection_common(
     mask: np.ndarray | None,
     backend: str | None,
 ) -> np.ndarray:
-    """The common case, checked by the caller (``_validate.common_case``: two C-contiguous (B, T)
-    arrays of one float dtype; no mask or a bool one, ``_validate.numeric_mask``'s for a 0/1 one
-    of numbers; a float ratio in (0, inf)): the general way's kernel call, its arguments made
-    without the general way's checks and copies (8 x 128, Intel Xeon: 8.5-8.9 -> 5.0 us on
-    Cython, of which the kernel takes 1.5-2.8). tests/test_fast_path.py compares the two."""
+    """The common case, checked by the caller (``_validate.common_case``: two C-contiguous (B,
+    T) arrays of one float dtype; no mask or a bool one, ``_validate.converted_mask``'s for a
+    0/1 one of numbers or for lengths; a float ratio in (0, inf)): the general way's kernel
+    call, its arguments made without the general way's checks and copies (8 x 128, Intel Xeon:
+    8.5-8.9 -> 5.0 us on Cython, of which the kernel takes 1.5-2.8). tests/test_fast_path.py
+    compares the two."""
     n_rows, width = logprobs.shape
     starts, spans = _rows.padded_layout(n_rows, width)
     groups = _whole_batch_groups.get(n_rows)

@@ -109,7 +109,6 @@ def gae(
         and type(lam) is float
         and 0.0 <= gamma <= 1.0  # NaN fails the comparisons: it goes the general way
         and 0.0 <= lam <= 1.0
-        and lengths is None
         and cu_seqlens is None
         and bootstrap is None
     ):
@@ -117,8 +116,8 @@ def gae(
         # each row whole, as the batch function runs such rows)
         kernel_mask = (
             mask
-            if _validate.common_case((rewards, values), mask)
-            else _validate.numeric_mask((rewards, values), mask)
+            if lengths is None and _validate.common_case((rewards, values), mask)
+            else _validate.converted_mask((rewards, values), mask, lengths)
         )
         if (
             kernel_mask is not False
@@ -128,7 +127,7 @@ def gae(
                 or (
                     type(out) is tuple
                     and len(out) == 2
-                    and _validate.common_outputs(out, rewards, (rewards, values, mask))
+                    and _validate.common_outputs(out, rewards, (rewards, values, mask, lengths))
                 )
             )
         ):

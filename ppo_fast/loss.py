@@ -255,7 +255,7 @@ def clipped_surrogate(
         is not None
     ):
         inputs = (logprobs, old_logprobs, advantages)
-        if (kernel_mask := _common_arrays(inputs, mask, grad_out)) is not False:
+        if (kernel_mask := _common_arrays(inputs, mask, grad_out, None, lengths)) is not False:
             bounds = (clip_low, clip_high, dual_clip, log_ratio_clamp)
             return _clipped_surrogate_common(
                 *inputs, bounds, kernel_mask, common, grad_out, backend
@@ -329,11 +329,12 @@ def _common_agg(
     loss_scale: Any,
 ) -> tuple[int, float] | None:
     """(the code of ``agg``, its normaliser) when a loss is asked for the common case's layout
-    and normalisers: padded rows (a mask or none), any aggregation mode, and at most the
+    and normalisers: padded rows (a mask, lengths or none: ``_common_arrays`` decides), any
+    aggregation mode, and at most the
     normaliser that applies to it, a plain float or int in (0, 2**53] (the normaliser 0.0 when
     none is given: the batch's own count); None otherwise (the general way, which also names a
     bad mode or normaliser)."""
-    if type(agg) is not str or lengths is not None or cu_seqlens is not None:
+    if type(agg) is not str or cu_seqlens is not None:
         return None
     if num_tokens is None and num_seqs is None and loss_scale is None:  # the usual call
         return _AGG_OWN_COUNTS.get(agg)
@@ -353,17 +354,19 @@ def _common_agg(
     return None
 
 
-def _common_arrays(inputs: tuple[Any, ...], mask: Any, grad_out: Any, selected: Any = None) -> Any:
-    """The mask for the kernel's common-case entry (None, the bool ``mask``, or a 0/1 mask of
-    numbers as bool: ``_validate.numeric_mask``) where a loss's token ``inputs``, ``mask``,
-    ``grad_out`` and KL-Cov's token selection ``selected`` (None for the other losses) are the
-    common case (``_validate.common_case``; ``selected`` a C-contiguous bool NumPy array shaped
-    like the inputs, not a subclass; ``_validate.common_outputs``: ``grad_out`` apart from all of
-    them, the mask given included); else False: the general way, which accepts them or says why
-    not."""
-    if _validate.common_case(inputs, mask):
+def _common_arrays(
+    inputs: tuple[Any, ...], mask: Any, grad_out: Any, selected: Any = None, lengths: Any = None
+) -> Any:
+    """The mask for the kernel's common-case entry (None, the bool ``mask``, or the bool mask of
+    a 0/1 mask of numbers or of ``lengths``: ``_validate.converted_mask``) where a loss's token
+    ``inputs``, its layout, ``grad_out`` and KL-Cov's token selection ``selected`` (None for the
+    other losses) are the common case (``_validate.common_case``; ``selected`` a C-contiguous
+    bool NumPy array shaped like the inputs, not a subclass; ``_validate.common_outputs``:
+    ``grad_out`` apart from all of them, the mask or lengths given included); else False: the
+    general way, which accepts them or says why not."""
+    if lengths is None and _validate.common_case(inputs, mask):
         kernel_mask = mask
-    elif (kernel_mask := _validate.numeric_mask(inputs, mask)) is False:
+    elif (kernel_mask := _validate.converted_mask(inputs, mask, lengths)) is False:
         return False
     if selected is not None and not (
         type(selected) is np.ndarray
@@ -373,7 +376,7 @@ def _common_arrays(inputs: tuple[Any, ...], mask: Any, grad_out: Any, selected: 
     ):
         return False
     if grad_out is not None and not _validate.common_outputs(
-        (grad_out,), inputs[0], (*inputs, mask, selected)
+        (grad_out,), inputs[0], (*inputs, mask, selected, lengths)
     ):
         return False
     return kernel_mask
@@ -492,7 +495,7 @@ def value_loss(
         is not None
     ):
         inputs = (values, old_values, returns)
-        if (kernel_mask := _common_arrays(inputs, mask, grad_out)) is not False:
+        if (kernel_mask := _common_arrays(inputs, mask, grad_out, None, lengths)) is not False:
             return _value_loss_common(*inputs, clip, kernel_mask, common, grad_out, backend)
     (new, old, target), rows = _validate.batch(
         {"values": values, "old_values": old_values, "returns": returns},

@@ -165,7 +165,7 @@ def _run(
         is not None
     ):
         inputs = (arrays["logprobs"], arrays["old_logprobs"], arrays["advantages"])
-        kernel_mask = _common_arrays(inputs, layout["mask"], grad_out, selected)
+        kernel_mask = _common_arrays(inputs, layout["mask"], grad_out, selected, layout["lengths"])
         if kernel_mask is not False:
             return _run_common(
                 kernel, inputs, kernel_mask, agg, grad_out, backend, scalars, codes, selected

@@ -263,15 +263,16 @@ def whiten(
         type(eps) is float
         and 0.0 <= eps < math.inf  # NaN fails the comparisons: it goes the general way
         and moments is None
-        and lengths is None
         and cu_seqlens is None
         and (
             kernel_mask := (
-                mask if _validate.common_case((x,), mask) else _validate.numeric_mask((x,), mask)
+                mask
+                if lengths is None and _validate.common_case((x,), mask)
+                else _validate.converted_mask((x,), mask, lengths)
             )
         )
         is not False
-        and (out is None or _validate.common_outputs((out,), x, (x, mask)))
+        and (out is None or _validate.common_outputs((out,), x, (x, mask, lengths)))
     ):
         return _whiten_common(x, kernel_mask, shift_mean, unbiased, eps, out, backend)
     (array,), rows = _validate.batch({"x": x}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)

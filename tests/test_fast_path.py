@@ -80,21 +80,32 @@ def masks(rng, shape):
     return [None, padded, holes, odd_bytes, np.zeros(shape, dtype=bool)]
 
 
-# The shapes whose calls also get masks of numbers: the conversion is shape-blind, the rest of
-# the fast path is the bool mask's (each mask of SHAPES costs the suite about 10 s).
-NUMBER_MASK_SHAPES = {(8, 128), (3, 5), (0, 4), (17, 2)}
+# The shapes whose calls also get masks of numbers and lengths: the conversions are
+# shape-blind, the rest of the fast path is the bool mask's (each layout over every shape of
+# SHAPES costs the suite about 10 s).
+CONVERTED_SHAPES = {(8, 128), (3, 5), (0, 4), (17, 2)}
 
 
-def stage_masks(rng, shape):
-    """``masks``, then for NUMBER_MASK_SHAPES 0/1 masks of numbers (verl's int64 or float
-    ``response_mask``; -0.0 is 0), which a stage's fast path takes as the bool mask of the same
-    bytes."""
+def stage_layouts(rng, shape):
+    """``masks`` as {"mask": ...}, then for CONVERTED_SHAPES 0/1 masks of numbers (verl's int64
+    or float ``response_mask``; -0.0 is 0) and lengths (int64 and int32; 0 and T), which a
+    stage's fast path takes as a bool mask."""
     none, padded, holes, *others = masks(rng, shape)
-    if shape not in NUMBER_MASK_SHAPES:
-        return [none, padded, holes, *others]
+    layouts = [{"mask": mask} for mask in (none, padded, holes, *others)]
+    if shape not in CONVERTED_SHAPES:
+        return layouts
     numbers = [padded.astype(np.int64), holes.astype(np.float32), padded.astype(np.uint8)]
     numbers.append(np.where(holes, 1.0, -0.0))
-    return [none, padded, holes, *others, *numbers]
+    n_rows, width = shape
+    lengths = rng.integers(0, width + 1, n_rows)
+    if n_rows > 1:
+        lengths[:2] = (0, width)
+    return [
+        *layouts,
+        *({"mask": mask} for mask in numbers),
+        {"lengths": lengths},
+        {"lengths": lengths.astype(np.int32)},
+    ]
 
 
 def same_bits(fast, general, what=""):
@@ -244,9 +255,9 @@ def test_the_fast_path_gives_the_general_ways_bits_or_errors(backend, dtype, fas
     calls = 0
     for shape in shapes:
         arrays = token_arrays(rng, shape, dtype)
-        for mask in stage_masks(rng, shape):
+        for layout in stage_layouts(rng, shape):
             for call, kwargs in the_stages(arrays):
-                kwargs.update(mask=mask, backend=backend)
+                kwargs.update(**layout, backend=backend)
                 what = f"{call.__name__} {shape} {kwargs}"
                 fast = outcome(call, **kwargs)
                 general = general_way(outcome, call, **kwargs)
@@ -277,10 +288,10 @@ def test_kl_cov_selections_fast_path_gives_the_general_ways_bits(backend, dtype,
     calls = 0
     for shape in shapes:
         arrays = token_arrays(rng, shape, dtype)
-        for mask in stage_masks(rng, shape):
+        for layout in stage_layouts(rng, shape):
             for ratio in (0.0002, 0.3, 1.0, 7.0, 1, np.float32(0.25)):
                 kwargs = dict(logprobs=arrays["lp"], advantages=arrays["a"], ratio=ratio)
-                kwargs.update(mask=mask, backend=backend)
+                kwargs.update(**layout, backend=backend)
                 fast = outcome(ppo_fast.kl_cov_selection, **kwargs)
                 general = general_way(outcome, ppo_fast.kl_cov_selection, **kwargs)
                 assert fast[0] == general[0] == "ok", (shape, kwargs)
@@ -720,11 +731,11 @@ def test_numbas_compiled_entries_stay_off_with_its_on_disk_cache(tmp_path):
     assert outputs[0][1:] == outputs[1][1:]
 
 
-def test_the_fast_paths_read_ints_and_number_masks_only_as_the_general_way_does():
+def test_the_fast_paths_read_ints_masks_of_numbers_and_lengths_as_the_general_way_does():
     """``fast_real`` makes floats of what ``scalar`` reads as float(value) and leaves the rest
-    (a bool, an int past float64, None, a string) to the general way; ``numeric_mask`` makes
-    the bool mask of a 0/1 mask of numbers beside arrays of the common case, and refuses what
-    it cannot read in one compiled pass."""
+    (a bool, an int past float64, None, a string) to the general way; ``converted_mask`` makes
+    the bool mask of a 0/1 mask of numbers or of lengths beside arrays of the common case, and
+    refuses what it cannot read so."""
     for value in (3, np.int64(-2), np.float32(0.1), np.float64(0.2), 2**60 + 1):
         got = _validate.fast_real(value)
         assert type(got) is float and got == _validate.scalar("x", value)
@@ -733,7 +744,7 @@ def test_the_fast_paths_read_ints_and_number_masks_only_as_the_general_way_does(
     x = np.zeros((2, 3), np.float32)
     ints = np.array([[1, 0, 1], [0, 0, 1]])
     for mask in (ints, ints.astype(np.float64), ints.astype(np.uint16), np.where(ints, 1.0, -0.0)):
-        got = _validate.numeric_mask((x,), mask)
+        got = _validate.converted_mask((x,), mask)
         assert got.dtype == np.bool_ and got.shape == x.shape
         np.testing.assert_array_equal(got, ints == 1)
     refused = [
@@ -747,8 +758,24 @@ def test_the_fast_paths_read_ints_and_number_masks_only_as_the_general_way_does(
         ints.tolist(),
     ]
     for mask in refused:
-        assert _validate.numeric_mask((x,), mask) is False
+        assert _validate.converted_mask((x,), mask) is False
     assert (
-        _validate.numeric_mask((np.asfortranarray(np.zeros((3, 2), np.float32)),), ints.T.copy())
+        _validate.converted_mask((np.asfortranarray(np.zeros((3, 2), np.float32)),), ints.T.copy())
         is False
     )
+    # lengths: the mask of t < lengths[b]; refused with a mask, out of [0, T], of another dtype
+    # or shape, and past LENGTHS_AS_MASK_POSITIONS positions (the general way's there)
+    lengths = np.array([3, 0])
+    for given in (lengths, lengths.astype(np.int32)):
+        got = _validate.converted_mask((x,), None, given)
+        np.testing.assert_array_equal(got, [[True, True, True], [False, False, False]])
+    for given in (lengths + 1, lengths - 1, lengths.astype(np.float64), lengths.astype(np.uint64)):
+        assert _validate.converted_mask((x,), None, given) is False
+    for given in (lengths[:1], lengths[None, :], lengths.tolist()):
+        assert _validate.converted_mask((x,), None, given) is False
+    assert _validate.converted_mask((x,), ints, lengths) is False
+    width = _validate.LENGTHS_AS_MASK_POSITIONS // 2
+    for n_rows, fits in ((2, True), (3, False)):
+        wide = np.zeros((n_rows, width), np.float32)
+        got = _validate.converted_mask((wide,), None, np.full(n_rows, 5))
+        assert (got is not False) == fits
