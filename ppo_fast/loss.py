@@ -330,10 +330,9 @@ def _common_agg(
 ) -> tuple[int, float] | None:
     """(the code of ``agg``, its normaliser) when a loss is asked for the common case's layout
     and normalisers: padded rows (a mask, lengths or none: ``_common_arrays`` decides), any
-    aggregation mode, and at most the
-    normaliser that applies to it, a plain float or int in (0, 2**53] (the normaliser 0.0 when
-    none is given: the batch's own count); None otherwise (the general way, which also names a
-    bad mode or normaliser)."""
+    aggregation mode, and at most the normaliser that applies to it, a plain float or int in (0,
+    2**53] (the normaliser 0.0 when none is given: the batch's own count); None otherwise (the
+    general way, which also names a bad mode or normaliser)."""
     if type(agg) is not str or cu_seqlens is not None:
         return None
     if num_tokens is None and num_seqs is None and loss_scale is None:  # the usual call
