@@ -251,8 +251,7 @@ def clipped_surrogate(
         and (dual_clip is None or (type(dual_clip) is float and dual_clip > 1.0))
         and (log_ratio_clamp is None or (type(log_ratio_clamp) is float and log_ratio_clamp > 0.0))
         and weights is None
-        and (common := _common_agg(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale))
-        is not None
+        and (common := _common_agg(agg, cu_seqlens, num_tokens, num_seqs, loss_scale)) is not None
     ):
         inputs = (logprobs, old_logprobs, advantages)
         if (kernel_mask := _common_arrays(inputs, mask, grad_out, None, lengths)) is not False:
@@ -322,7 +321,6 @@ _AGG_OWN_COUNTS = {name: (code, 0.0) for name, code in _AGG_CODES.items()}
 
 def _common_agg(
     agg: Any,
-    lengths: Any,
     cu_seqlens: Any,
     num_tokens: Any,
     num_seqs: Any,
@@ -490,8 +488,7 @@ def value_loss(
         clip = _validate.fast_real(clip)
     if (
         (clip is None or (type(clip) is float and clip >= 0.0))  # NaN: the general way
-        and (common := _common_agg(agg, lengths, cu_seqlens, num_tokens, num_seqs, loss_scale))
-        is not None
+        and (common := _common_agg(agg, cu_seqlens, num_tokens, num_seqs, loss_scale)) is not None
     ):
         inputs = (values, old_values, returns)
         if (kernel_mask := _common_arrays(inputs, mask, grad_out, None, lengths)) is not False:

@@ -155,7 +155,6 @@ def _run(
         and (
             agg := _common_agg(
                 normalisers["agg"],
-                layout["lengths"],
                 layout["cu_seqlens"],
                 normalisers["num_tokens"],
                 normalisers["num_seqs"],
