@@ -329,17 +329,15 @@ def _mask_array(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
     return is_one.view(np.uint8)
 
 
-# The scalar types other than float that a stage's fast path reads as the float ``scalar``
-# makes of them (float(value), exactly its bits): gamma=1, dual_clip=3, or a value taken out of
-# a NumPy array, went the general way (3x the time of a call at 8 x 128) before 0.8.21.
 _FAST_REALS = frozenset((int, np.float64, np.float32, np.int64, np.int32))
 
 
 def fast_real(value: Any) -> Any:
-    """``value`` as a float where it is an int (not a bool) or a NumPy float or int scalar that
-    a float64 holds, for a stage's fast path, whose test is ``type(value) is float``; anything
-    else (None included) unchanged, for the general way to accept or reject with its errors.
-    Callers test ``type(value) is not float`` first, so that a float costs no call."""
+    """``value`` as the float ``scalar`` makes of it (float(value): its bits) where it is an int
+    (not a bool) or a NumPy float or int scalar that a float64 holds, for a stage's fast path,
+    whose test is ``type(value) is float`` (``gamma=1`` went the general way before 0.8.21: 3x
+    the time at 8 x 128); anything else unchanged, for the general way and its errors. Callers
+    test ``type(value) is not float`` first, so that a float costs no call."""
     if type(value) in _FAST_REALS:
         try:
             return float(value)
@@ -348,8 +346,6 @@ def fast_real(value: Any) -> Any:
     return value
 
 
-# starts and spans of the padded (B, T) layouts met so far: the same few shapes come back on
-# every step of a training loop. Shared by every call of that shape; nothing writes into them.
 def common_case(arrays: tuple[Any, ...], mask: Any) -> bool:
     """Whether the token ``arrays`` and the ``mask`` are the common case, checked in a few
     attribute reads.
@@ -380,10 +376,9 @@ def common_case(arrays: tuple[Any, ...], mask: Any) -> bool:
     )
 
 
-# Up to this many positions a lengths layout takes the stages' fast paths as the bool mask of
-# its valid positions (the same bits: tests/test_fast_path.py): the mask is B x T bytes written
-# and read again, which above it costs more than the general way's checks (8 x 128: gae 15.4 us
-# the general way, 7.3 us as a mask).
+# Up to this many positions lengths take the fast paths as the bool mask of their valid
+# positions (the same bits); above, writing and reading B x T bytes costs more than the general
+# way's checks (8 x 128: gae 15.4 us the general way, 7.3 us as a mask).
 LENGTHS_AS_MASK_POSITIONS = 1 << 16
 _LENGTH_DTYPES = frozenset((np.dtype(np.int64), np.dtype(np.int32)))
 _row_positions: dict[int, np.ndarray] = {}  # np.arange(T) by T, bounded as _rows' caches
@@ -392,18 +387,13 @@ _row_positions: dict[int, np.ndarray] = {}  # np.arange(T) by T, bounded as _row
 def converted_mask(arrays: tuple[Any, ...], mask: Any, lengths: Any = None) -> Any:
     """For the stages' fast paths, where ``common_case(arrays, mask)`` is false or ``lengths``
     is given: beside token ``arrays`` of the common case, the bool mask of the valid positions
-    of
-
-    - a 0/1 ``mask`` of numbers (verl's int64 or float ``response_mask``: an exact,
-      C-contiguous NumPy array of a dtype the compiled loop takes, of the arrays' shape), as the
-      general way converts it (``_mask_array``: the same bytes, in one compiled pass), or
-    - ``lengths`` with no mask (an int64 or int32 (B,) NumPy array, each in [0, T], for at most
-      LENGTHS_AS_MASK_POSITIONS positions): t < lengths[b], whose results are the lengths
-      layout's bit for bit;
-
-    False for anything else (a mask value other than 0 and 1 or a length out of range
-    included), which goes the general way, to be accepted or refused with its errors. Such
-    masks and lengths took the general way before 0.8.21: 4x the time of a call at 8 x 128."""
+    of a 0/1 ``mask`` of numbers (verl's int64 or float ``response_mask``: an exact, C-contiguous
+    NumPy array of a dtype the compiled loop takes, of the arrays' shape; converted as
+    ``_mask_array`` converts it, in one compiled pass) or of ``lengths`` with no mask (an int64
+    or int32 (B,) NumPy array in [0, T], for at most LENGTHS_AS_MASK_POSITIONS positions:
+    t < lengths[b], the lengths layout's bits); else False (a mask value other than 0 and 1 or a
+    length out of range included): the general way, with its errors. Before 0.8.21 such masks
+    and lengths went the general way: 3-4x the time of a call at 8 x 128."""
     if lengths is not None:
         return False if mask is not None else _lengths_mask(arrays, lengths)
     if (
