@@ -42,7 +42,7 @@ from .returns import (
 from .rewards import kl_penalty, shape_rewards
 from .whiten import Moments, masked_moments, whiten
 
-__version__ = "0.8.21"
+__version__ = "0.8.22"
 
 __all__ = [
     "AdvantagesResult",

@@ -8,7 +8,7 @@ import warnings
 import peers
 import pytest
 import torch
-from peers.cases import MASKS, assert_parity, assert_same_arguments, batch
+from peers.cases import MASKS, RTOL, assert_parity, assert_same_arguments, batch
 
 from ppo_fast.compat import verl as compat
 
@@ -33,18 +33,30 @@ def test_peer_is_named_in_the_ids():
 @KINDS
 @DTYPES
 @pytest.mark.parametrize(("gamma", "lam"), [(1.0, 0.95), (0.99, 1.0), (0.9, 0.0)])
-def test_gae_advantage_return(peer, kind, dtype, gamma, lam):
+@pytest.mark.parametrize(
+    "mask_dtype", [torch.int64, torch.bool, torch.float32, torch.float64], ids=str
+)
+def test_gae_advantage_return(peer, kind, dtype, gamma, lam, mask_dtype):
     b = batch(kind, dtype)
-    expected = VERL.compute_gae_advantage_return(b.rewards, b.values, b.mask, gamma, lam)
-    actual = compat.compute_gae_advantage_return(b.rewards, b.values, b.mask, gamma, lam)
+    mask = b.mask.to(mask_dtype)
+    # verl's loop computes 1 - response_mask, which torch refuses for bool: its int64 mask's
+    # results stand for the bool mask's (the results' dtype follows a floating mask's)
+    verl_mask = b.mask if mask_dtype == torch.bool else mask
+    expected = VERL.compute_gae_advantage_return(b.rewards, b.values, verl_mask, gamma, lam)
+    actual = compat.compute_gae_advantage_return(b.rewards, b.values, mask, gamma, lam)
     assert isinstance(actual, tuple) and len(actual) == 2
-    # Every position, masked ones included: verl leaves the carried advantage there.
-    assert_parity(actual[0], expected[0], f"{peer} advantages")
-    assert_parity(actual[1], expected[1], f"{peer} returns")
+    # Every position, masked ones included: verl leaves the carried advantage there. Judged at
+    # the inputs' precision: with a float64 mask verl's results are float64, but its last
+    # step's delta is a float32 sum of float32 inputs (ours: every step in float64).
+    rtol = RTOL[dtype]
+    assert_parity(actual[0], expected[0], f"{peer} advantages", rtol=rtol)
+    assert_parity(actual[1], expected[1], f"{peer} returns", rtol=rtol)
 
 
 @pytest.mark.parametrize("peer", [PEER.label])
-@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.bool, torch.float32], ids=str)
+@pytest.mark.parametrize(
+    "mask_dtype", [torch.int64, torch.bool, torch.float32, torch.float64], ids=str
+)
 @KINDS
 @DTYPES
 def test_masked_moments_and_whitening(peer, mask_dtype, kind, dtype):
@@ -58,17 +70,22 @@ def test_masked_moments_and_whitening(peer, mask_dtype, kind, dtype):
         assert_parity(
             compat.masked_mean(x, mask, axis), VERL.masked_mean(x, mask, axis), f"{peer} mean"
         )
+    # At the values' precision: a float64 mask makes verl's variance float64, but its deviations
+    # from the mean (values - mean, a 0-d mean) stay in the values' dtype.
+    rtol = RTOL[dtype]
     for unbiased in (True, False):
         assert_parity(
             compat.masked_var(x, mask, unbiased),
             VERL.masked_var(x, mask, unbiased),
             f"{peer} var unbiased={unbiased}",
+            rtol=rtol,
         )
     for shift_mean in (True, False):
         assert_parity(
             compat.masked_whiten(x, mask, shift_mean),
             VERL.masked_whiten(x, mask, shift_mean),
             f"{peer} whiten shift_mean={shift_mean}",
+            rtol=rtol,
         )
 
 

@@ -24,9 +24,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from .. import _validate
 from .. import torch as ppo_torch
+
+
+def valid_positions(mask: torch.Tensor) -> torch.Tensor:
+    """A 0/1 ``mask`` tensor of any dtype as a CPU bool tensor of its shape, converted in one
+    compiled pass with the kernels' errors for any other value (``_validate._mask_array``, as
+    every kernel call converts it). Converted once, it is handed to each kernel of a compat call
+    in place of the peer's mask: verl's ``response_mask`` is int64, 8 bytes a position to read
+    and convert again on every call, against the bool's one."""
+    flat = _validate._mask_array(ppo_torch.to_numpy(mask, "mask"), tuple(mask.shape))
+    return torch.from_numpy(flat.view(np.bool_).reshape(tuple(mask.shape)))
+
+
+def _mask_sum(mask: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``mask.sum()`` as the peer takes it, ``valid`` being ``valid_positions(mask)``. torch sums
+    a bool or integer mask in int64, where a 0/1 mask's sum is the count of its valid positions:
+    counted from ``valid`` (a byte a position). A floating mask's sum is torch's own, in its
+    dtype, as the peer's (a float32 sum rounds past 2**24)."""
+    if mask.is_floating_point():
+        return mask.sum()
+    count = np.count_nonzero(valid.numpy())
+    return torch.tensor(count, dtype=torch.int64, device=mask.device)
 
 
 def _on_kernels(values: Any, mask: Any) -> bool:
@@ -48,8 +71,9 @@ class PeerMaskedStats:
     # from its verbatim copy: what runs where the kernel does not.
     peer_masked_var: Callable[[Any, Any, bool], torch.Tensor]
     peer_masked_whiten: Callable[[Any, Any, bool], torch.Tensor]
-    # The mean's denominator from the mask, as the peer writes it: the dtype of the 0-d results
-    # follows it (verl's ``+ 1e-8`` is in torch's default dtype for integer and bool masks).
+    # The mean's denominator from the mask's sum (``mask.sum()``), as the peer writes it: the
+    # dtype of the 0-d results follows it (verl's ``+ 1e-8`` is in torch's default dtype for
+    # integer and bool masks).
     mean_denominator: Callable[[torch.Tensor], torch.Tensor]
     no_token_error: str
     # None: the peer divides by n - 1 = 0 and the variance is NaN (0 * inf).
@@ -60,18 +84,23 @@ class PeerMaskedStats:
             return self._kernel_mean_var(values, mask, unbiased)[1]
         return self.peer_masked_var(values, mask, unbiased)
 
-    def masked_whiten(self, values: Any, mask: Any, shift_mean: bool) -> torch.Tensor:
+    def masked_whiten(
+        self, values: Any, mask: Any, shift_mean: bool, valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The peer's masked_whiten; ``valid``: ``valid_positions(mask)``, if the caller has it."""
         if not _on_kernels(values, mask):
             return self.peer_masked_whiten(values, mask, shift_mean)
-        mean, var = self._kernel_mean_var(values, mask, unbiased=True)
-        whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+        mean, var = self._kernel_mean_var(values, mask, unbiased=True, valid=valid)
+        # The peer's (values - mean) * rsqrt(var + 1e-8), the product in place: the same
+        # operations, one fresh tensor fewer to fault in.
+        whitened = values - mean
+        whitened *= torch.rsqrt(var + 1e-8)
         if not shift_mean:
             whitened += mean
         return whitened
 
-    def _bessel(self, variance: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _bessel(self, variance: torch.Tensor, mask_sum: torch.Tensor) -> torch.Tensor:
         """The peer's unbiased correction of the kernel's variance, with its errors."""
-        mask_sum = mask.sum()
         if mask_sum == 0:
             raise ValueError(self.no_token_error)
         if mask_sum == 1 and self.one_token_error is not None:
@@ -80,12 +109,21 @@ class PeerMaskedStats:
         return variance * bessel_correction
 
     def _kernel_mean_var(
-        self, values: torch.Tensor, mask: torch.Tensor, unbiased: bool
+        self,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        unbiased: bool,
+        valid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The peer's masked mean and variance with the sums from the moments kernel."""
-        flat_values, flat_mask = values.reshape(1, -1), mask.reshape(1, -1)
+        """The peer's masked mean and variance with the sums from the moments kernel, which reads
+        ``valid`` (``valid_positions(mask)``, made here unless given) where the peer reads the
+        mask; the results' dtypes follow the peer's mask."""
+        if valid is None:
+            valid = valid_positions(mask)
+        flat_values, flat_mask = values.reshape(1, -1), valid.reshape(1, -1)
         sum_dtype = torch.promote_types(values.dtype, mask.dtype)
-        count = self.mean_denominator(mask)
+        mask_sum = _mask_sum(mask, valid)
+        count = self.mean_denominator(mask_sum)
         first = ppo_torch.masked_moments(flat_values, mask=flat_mask)
         mean = torch.tensor(first.sum, dtype=sum_dtype, device=values.device) / count
         if not torch.isfinite(mean):
@@ -95,5 +133,5 @@ class PeerMaskedStats:
         second = ppo_torch.masked_moments(flat_values, mask=flat_mask, shift=float(mean))
         variance = torch.tensor(second.sum_sq, dtype=sum_dtype, device=values.device) / count
         if unbiased:
-            variance = self._bessel(variance, mask)
+            variance = self._bessel(variance, mask_sum)
         return mean, variance

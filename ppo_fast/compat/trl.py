@@ -69,7 +69,7 @@ __all__ = [
 _STATS = PeerMaskedStats(
     peer_masked_var=_trl.masked_var,
     peer_masked_whiten=_trl.masked_whiten,
-    mean_denominator=torch.sum,
+    mean_denominator=lambda mask_sum: mask_sum,
     no_token_error=(
         "The sum of the mask is zero, which can happen when `mini_batch_size=1`;"
         "try increase the `mini_batch_size` or `gradient_accumulation_steps`"

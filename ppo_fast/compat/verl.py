@@ -83,6 +83,7 @@ from .._peers.verl_0_9_1 import (
     masked_mean,
     masked_sum,
 )
+from ._masked import valid_positions
 from ._verl_estimators import (
     compute_gdpo_outcome_advantage,
     compute_gpg_outcome_advantage,
@@ -98,6 +99,7 @@ from ._verl_estimators import (
     compute_rloo_outcome_advantage,
     compute_rloo_vectorized_outcome_advantage,
 )
+from ._verl_functional import _STATS as _VERL_STATS
 from ._verl_functional import _carry_into_masked, masked_var, masked_whiten
 from ._verl_policy_losses import (
     _as_verl_mean,
@@ -183,13 +185,20 @@ def compute_gae_advantage_return(
     """
     with torch.no_grad():
         dtype = torch.promote_types(token_level_rewards.dtype, values.dtype)
+        if isinstance(response_mask, torch.Tensor) and response_mask.is_floating_point():
+            # verl's loop blends by the mask (lastgaelam_ * response_mask[:, t] + ...): a
+            # floating mask joins the promotion (float64 advantages for float32 values)
+            dtype = torch.promote_types(dtype, response_mask.dtype)
         rewards, values = token_level_rewards.to(dtype), values.to(dtype)
-        advantages = ppo_torch.gae(
-            rewards, values, gamma=gamma, lam=lam, mask=response_mask
-        ).advantages
-        advantages = _carry_into_masked(advantages, response_mask)
+        # The mask converted once for the three steps (verl's int64 response_mask: 8 bytes a
+        # position that each would read and convert); gae's errors for anything else.
+        valid = response_mask
+        if isinstance(valid, torch.Tensor) and rewards.shape == values.shape == valid.shape:
+            valid = valid_positions(response_mask)
+        advantages = ppo_torch.gae(rewards, values, gamma=gamma, lam=lam, mask=valid).advantages
+        advantages = _carry_into_masked(advantages, valid)
         returns = advantages + values
-        advantages = masked_whiten(advantages, response_mask)
+        advantages = _VERL_STATS.masked_whiten(advantages, response_mask, True, valid=valid)
     return advantages, returns
 
 
