@@ -42,7 +42,7 @@ from ._numba_core import (
     _without_refcounts,
     fma,
 )
-from ._numba_covariance import _kl_cov_top_k_shared, kl_cov_top_k
+from ._numba_covariance import _kl_cov_top_k_serial, _kl_cov_top_k_shared, kl_cov_top_k
 from ._numba_gae import _ERROR_BOUND, _GAE, _RUNNING_BOUND, _gae_chunked, gae
 from ._numba_lanes import (
     _lane,
@@ -683,6 +683,18 @@ def serial_common(name):
     if _CACHE:
         return None
     return globals()[name].serial_common()
+
+
+def serial_table_kernel(name):
+    """The one-thread build of table kernel ``name`` as one compiled function of the table's
+    arguments, n_threads (1) last, or None where there is none: ``_backend.table_kernel`` calls
+    it for a fast path on one thread, through its exact entry. KL-Cov's selection has one: the
+    serial build of its shared source, ``_kl_cov_top_k_serial``, whose last argument, the ranges
+    of rows a group is cut into, is the table's n_threads (one thread, one range), where the
+    table kernel is two Python functions around it (``_Kernel``'s call and ``kl_cov_top_k``).
+    The other kernels' serial builds take the table's arguments without n_threads; their fast
+    paths call ``_backend.common``."""
+    return _kl_cov_top_k_serial if name == "kl_cov_top_k" else None
 
 
 def exact_entry(dispatcher, arguments):

@@ -174,7 +174,10 @@ def _kl_cov_selection_common(
             _whole_batch_groups.clear()
         _whole_batch_groups[n_rows] = groups
     selected = np.empty((n_rows, width), dtype=bool)
-    kernel = _backend.table_kernel("kl_cov_top_k", backend)
+    n_threads = _threads.threads_for(n_rows, n_rows * width)
+    kernel = _backend.table_kernel(
+        "kl_cov_top_k", backend, n_threads, logprobs.dtype, mask is not None
+    )
     kernel(
         logprobs.reshape(-1),
         advantages.reshape(-1),
@@ -185,7 +188,7 @@ def _kl_cov_selection_common(
         *groups,
         ratio,
         selected.view(np.uint8).reshape(-1),
-        _threads.threads_for(n_rows, n_rows * width),
+        n_threads,
     )
     return selected
 

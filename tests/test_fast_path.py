@@ -51,9 +51,9 @@ def fast_calls(monkeypatch):
         calls.append(name)
         return common(name, backend, n_threads, *types)
 
-    def counted_table_kernel(name, backend):
+    def counted_table_kernel(name, backend, n_threads=0, *types):
         calls.append(name)
-        return table_kernel(name, backend)
+        return table_kernel(name, backend, n_threads, *types)
 
     monkeypatch.setattr(_backend, "common", counted)
     monkeypatch.setattr(_backend, "table_kernel", counted_table_kernel)
@@ -314,20 +314,25 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
     from ppo_fast import _numba_kernels
 
     types_by_key: dict[tuple, set] = {}
-    common = _backend.common
 
-    def typed(name, backend, n_threads=0, dtype=None, masked=False):
-        entry = common(name, backend, n_threads, dtype, masked)
+    def typed(entries):
+        def typed_entry(name, backend, n_threads=0, dtype=None, masked=False):
+            entry = entries(name, backend, n_threads, dtype, masked)
 
-        def call(*arguments):
-            types = tuple(numba.typeof(a) for a in arguments)
-            types_by_key.setdefault((name, dtype, masked), set()).add(types)
-            return entry(*arguments)
+            def call(*arguments):
+                if n_threads == 1 and dtype is not None:  # what keys an exact entry
+                    types = tuple(numba.typeof(a) for a in arguments)
+                    types_by_key.setdefault((name, dtype, masked), set()).add(types)
+                return entry(*arguments)
 
-        return call
+            return call
 
-    monkeypatch.setattr(_backend, "common", typed)
+        return typed_entry
+
+    monkeypatch.setattr(_backend, "common", typed(_backend.common))
+    monkeypatch.setattr(_backend, "table_kernel", typed(_backend.table_kernel))
     monkeypatch.setattr(_backend, "_commons", {})  # learned anew
+    monkeypatch.setattr(_backend, "_serial_tables", {})
     rng = np.random.default_rng(3)
     for dtype in DTYPES:
         for shape in [(8, 128), (1, 5), (3, 1), (9, 3), (130, 3)]:
@@ -337,7 +342,10 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
                     kwargs.update(mask=mask, backend="numba")
                     for options in (kwargs, with_outputs(call, kwargs, shape, dtype)[0]):
                         outcome(call, **options)
-    assert {name for name, _, _ in types_by_key} == set(COMMON)
+                for ratio in (0.0002, 1, np.float32(0.5)):
+                    selection = dict(logprobs=arrays["lp"], advantages=arrays["a"], ratio=ratio)
+                    outcome(ppo_fast.kl_cov_selection, **selection, mask=mask, backend="numba")
+    assert {name for name, _, _ in types_by_key} == {*COMMON, "kl_cov_top_k"}
     assert {dtype for _, dtype, _ in types_by_key} == {np.dtype(d) for d in DTYPES}
     for key, seen in types_by_key.items():
         assert len(seen) == 1, (key, seen)
@@ -345,6 +353,10 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
         if one_thread and dtype is not None:
             dispatcher = _numba_kernels.serial_common(name)
             assert entry in {o.entry_point for o in dispatcher.overloads.values()}, name
+    assert _backend._serial_tables
+    for (name, *_), entry in _backend._serial_tables.items():
+        dispatcher = _numba_kernels.serial_table_kernel(name)
+        assert entry in {o.entry_point for o in dispatcher.overloads.values()}, name
 
 
 @pytest.mark.parametrize("backend", COMPILED)
