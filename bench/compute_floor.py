@@ -3,6 +3,7 @@
     python bench/compute_floor.py                          the losses, GAE and whiten (~2 min)
     python bench/compute_floor.py --kernels gae,gspo       some of them
     python bench/compute_floor.py --backends cython        one backend
+    python bench/compute_floor.py --two-threads            and a table for two threads
 
 The memory floor (DESIGN.md section 7, ``ppo-fast bench``'s ``x floor``) assumes a kernel waits
 only on memory. A kernel can also be bound by its instructions. This script measures that bound
@@ -19,6 +20,12 @@ the bench measures it), the compute floor in multiples of it, and the large batc
 in multiples of it. Where the compute floor is above a target (``x floor``), fewer instructions
 per token, not fewer bytes, is what can reach it. Per-call overheads (validation, allocation) are
 in both times: at 32x2048 they are a few microseconds against hundreds.
+
+With ``--two-threads`` a second table holds the two-thread target: the large batch's memory floor
+at the copy bandwidth of two threads, the compute floor halved (the arithmetic split evenly over
+two cores, with no cost for the split: the least two threads can take) in multiples of it, and
+the large batch measured on two threads. Where the halved compute floor is above 1.2x, no
+schedule of today's instructions reaches the target on two threads.
 
 Timing as the bench's: medians of several samples, the backends' samples taken in turn. The VM
 this runs on moves within seconds; compare the columns of one run.
@@ -69,6 +76,9 @@ def main() -> None:
     parser.add_argument("--shape", default="1024x4096", help="the large batch (memory-bound)")
     parser.add_argument("--small", default="32x2048", help="the L2-resident batch")
     parser.add_argument("--samples", type=int, default=15)
+    parser.add_argument(
+        "--two-threads", action="store_true", help="also a table against two threads' floor"
+    )
     args = parser.parse_args()
     quiet_openmp()
     set_threads(1)
@@ -94,6 +104,7 @@ def main() -> None:
         "| measured (large batch) | small batch, ns per valid token |"
     )
     print("|---|---|---|---|---|---|")
+    computes = {}  # (kernel, backend): the compute floor, seconds
     for name in args.kernels.split(","):
         kernel = registry.KERNELS[name]
         floor = floor_seconds(*kernel.traffic(large), bandwidth)
@@ -102,12 +113,38 @@ def main() -> None:
         small_times = _medians(small_runs, repeat, args.samples)
         large_times = _medians(large_runs, 1, args.samples)
         for backend in backends:
-            compute = small_times[backend] / small_tokens * large_tokens
+            compute = computes[name, backend] = small_times[backend] / small_tokens * large_tokens
             measured = large_times[backend]
             print(
                 f"| {name} | {backend} | {floor * 1e3:.2f} ms | {compute * 1e3:.2f} ms = "
                 f"{compute / floor:.2f}x | {measured * 1e3:.2f} ms = {measured / floor:.2f}x | "
                 f"{small_times[backend] / small_tokens * 1e9:.2f} |",
+                flush=True,
+            )
+    if args.two_threads:
+        _two_threads(args, backends, large, computes)
+
+
+def _two_threads(args, backends, large: Batch, computes: dict) -> None:
+    """The second table: the compute floors halved against two threads' memory floor."""
+    set_threads(2)
+    bandwidth = copy_bandwidth(2)
+    print(f"\ncopy bandwidth (2 threads, this run) {bandwidth / 1e9:.1f} GB/s; two threads\n")
+    print(
+        "| kernel | backend | memory floor, two threads | compute floor halved "
+        "| measured (large batch, two threads) |"
+    )
+    print("|---|---|---|---|---|")
+    for name in args.kernels.split(","):
+        kernel = registry.KERNELS[name]
+        floor = floor_seconds(*kernel.traffic(large), bandwidth)
+        large_times = _medians({b: _call(kernel, b, large) for b in backends}, 1, args.samples)
+        for backend in backends:
+            half = computes[name, backend] / 2
+            measured = large_times[backend]
+            print(
+                f"| {name} | {backend} | {floor * 1e3:.2f} ms | {half * 1e3:.2f} ms = "
+                f"{half / floor:.2f}x | {measured * 1e3:.2f} ms = {measured / floor:.2f}x |",
                 flush=True,
             )
 
