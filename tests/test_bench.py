@@ -487,3 +487,32 @@ def test_the_dataset_benchmark_runs_and_checks_against_verl(tmp_path):
     difference = float(out.stdout.split("largest |ppo_fast - verl| advantage: ")[1].split()[0])
     assert difference < 1e-5  # float32
     assert out.stdout.count("ppo_fast, whole file") == 1, out.stdout
+
+
+def test_the_compute_floor_script_prints_both_tables(tmp_path):
+    """bench/compute_floor.py (the README's compute-floor tables) on tiny batches: a row of
+    each table for every kernel and backend asked for, the two-thread one's compute floor
+    half the one-thread one's (the same measurement, halved)."""
+    out = subprocess.run(
+        [
+            *(sys.executable, "bench/compute_floor.py", "--two-threads", "--samples", "1"),
+            *("--kernels", "gae,clipped_surrogate", "--backends", "python"),
+            *("--shape", "8x64", "--small", "4x64"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    one, two = out.stdout.split("two threads\n")
+    for table, columns in ((one, 8), (two, 7)):  # the cells and the two ends
+        rows = [line for line in table.splitlines() if line.startswith("| gae |")]
+        rows += [line for line in table.splitlines() if line.startswith("| clipped_surrogate |")]
+        assert len(rows) == 2, table
+        assert all(len(row.split("|")) == columns for row in rows), rows
+    for name in ("gae", "clipped_surrogate"):
+        compute = next(r for r in one.splitlines() if r.startswith(f"| {name} |")).split("|")[4]
+        halved = next(r for r in two.splitlines() if r.startswith(f"| {name} |")).split("|")[4]
+        full, half = float(compute.split(" ms")[0]), float(halved.split(" ms")[0])
+        assert half == pytest.approx(full / 2, abs=0.01), (compute, halved)
