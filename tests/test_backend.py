@@ -138,8 +138,9 @@ def test_omp_num_threads_garbage_is_ignored_with_one_warning(monkeypatch, garbag
     monkeypatch.delenv("PPO_FAST_NUM_THREADS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", garbage)
     _threads._warn_ignored_omp.cache_clear()
-    with pytest.warns(RuntimeWarning, match="OMP_NUM_THREADS=.* ppo_fast ignores it"):
+    with pytest.warns(RuntimeWarning, match="OMP_NUM_THREADS=.* ppo_fast ignores it") as caught:
         assert ppo_fast.get_num_threads() == _threads._cpu_count()
+    assert caught[0].filename == __file__  # the warning points at the caller's line
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per value: the second call is silent
         assert ppo_fast.get_num_threads() == _threads._cpu_count()
@@ -327,3 +328,28 @@ def test_settings_read_per_call_follow_the_environment(monkeypatch):
     finally:
         ppo_fast.set_backend(None)
     assert _backend._cached_resolve(None) is _backend.resolve(None)
+
+
+def test_the_resolved_backends_are_kept_per_setting_and_bounded(monkeypatch):
+    """``_cached_resolve`` resolves a setting once, keeps each setting's module beside the
+    others' (a program that alternates two settings resolves each once), and holds at most 65
+    of them (a program whose variable never repeats)."""
+    resolved: list[object] = []
+    resolve = _backend.resolve
+
+    def counted(name=None):
+        resolved.append(name)
+        return resolve(name)
+
+    monkeypatch.setattr(_backend, "resolve", counted)
+    monkeypatch.setattr(_backend, "_resolved", {})
+    monkeypatch.delenv("PPO_FAST_BACKEND", raising=False)
+    for _ in range(3):
+        for name in ("python", None):
+            assert _backend._cached_resolve(name) is resolve(name)
+    assert resolved == ["python", None]
+    for k in range(100):
+        monkeypatch.setenv("PPO_FAST_BACKEND", "python" + " " * k)  # one module, new values
+        assert _backend._cached_resolve(None) is _backend._load("python")
+        assert len(_backend._resolved) <= 65
+    assert len(resolved) == 102
