@@ -7,6 +7,7 @@ with a mask or lengths, or packed with cu_seqlens), on numba, Cython or the pure
 """
 
 from ._backend import BackendUnavailableError, available_backends, get_backend, set_backend
+from ._result_arrays import set_result_cache
 from ._threads import get_num_threads, set_num_threads
 from ._warmup import warmup
 from .covariance import clip_cov_selection, kl_cov_selection
@@ -42,7 +43,7 @@ from .returns import (
 from .rewards import kl_penalty, shape_rewards
 from .whiten import Moments, masked_moments, whiten
 
-__version__ = "0.8.22"
+__version__ = "0.8.23"
 
 __all__ = [
     "AdvantagesResult",
@@ -82,6 +83,7 @@ __all__ = [
     "sapo_loss",
     "set_backend",
     "set_num_threads",
+    "set_result_cache",
     "shape_rewards",
     "value_loss",
     "warmup",

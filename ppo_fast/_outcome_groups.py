@@ -13,7 +13,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _groups, _loops, _rows, _validate
+from . import _groups, _loops, _result_arrays, _rows, _validate
 from ._groups import Groups, factorize
 
 Singleton = Literal["raw", "zero", "error"]
@@ -93,7 +93,7 @@ def _broadcast(
     per_row: np.ndarray, layout: _rows.Rows, out: np.ndarray | None = None
 ) -> np.ndarray:
     if out is None:
-        out = np.empty(layout.shape, dtype=per_row.dtype)
+        out = _result_arrays.empty(layout.shape, per_row.dtype)
     if layout.packed:
         out[...] = np.repeat(per_row, layout.spans)
         return out

@@ -35,7 +35,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _rows, _threads, _validate
+from . import _backend, _result_arrays, _rows, _threads, _validate
+
+_BOOL = np.dtype(np.bool_)
 
 
 def valid_positions(
@@ -132,7 +134,7 @@ def kl_cov_selection(
         cu_seqlens=cu_seqlens,
     )
     logp, adv = checked
-    selected = np.empty(logp.shape, dtype=bool)  # the kernel writes its flags in bool's bytes
+    selected = _result_arrays.empty(logp.shape, _BOOL)  # the kernel writes flags in bool's bytes
     _backend.run(
         "kl_cov_top_k",
         backend,
@@ -173,7 +175,7 @@ def _kl_cov_selection_common(
         if len(_whole_batch_groups) >= 64:
             _whole_batch_groups.clear()
         _whole_batch_groups[n_rows] = groups
-    selected = np.empty((n_rows, width), dtype=bool)
+    selected = _result_arrays.empty((n_rows, width), _BOOL)
     n_threads = _threads.threads_for(n_rows, n_rows * width)
     kernel = _backend.table_kernel(
         "kl_cov_top_k", backend, n_threads, logprobs.dtype, mask is not None

@@ -44,7 +44,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _rows, _threads, _validate
+from . import _backend, _result_arrays, _rows, _threads, _validate
 from ._spec import GAE_CHUNKS
 
 _LONG_ROW = GAE_CHUNKS.long_row
@@ -145,8 +145,8 @@ def gae(
             "bootstrap", bootstrap, rows.n_rows, allow_inf=True, allow_nan=True, rows_only=True
         )
     if out is None:
-        advantages = np.empty_like(token_rewards)
-        returns = np.empty_like(token_rewards)
+        advantages = _result_arrays.empty(token_rewards.shape, token_rewards.dtype)
+        returns = _result_arrays.empty(token_rewards.shape, token_rewards.dtype)
     else:
         advantages, returns = _validate.out_arrays(
             ("advantages", "returns"),
@@ -194,8 +194,10 @@ def _gae_common(
     compares the two)."""
     shape, dtype = rewards.shape, rewards.dtype
     if out is None:
-        advantages = np.empty(shape, dtype)
-        returns = np.empty(shape, dtype)
+        # a small result is np.empty's, without a call around it (the fast path's cost)
+        empty = np.empty if rewards.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
+        advantages = empty(shape, dtype)
+        returns = empty(shape, dtype)
     else:
         advantages, returns = out
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])  # no row is long

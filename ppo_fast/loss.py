@@ -59,7 +59,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _rows, _threads, _validate
+from . import _backend, _result_arrays, _rows, _threads, _validate
 from ._policy_scalars import _surrogate_scalars
 from ._spec import AGGREGATIONS
 
@@ -274,7 +274,7 @@ def clipped_surrogate(
 
     token = logp.dtype.type  # the per-token arithmetic runs in the input dtype
     if grad_out is None:
-        grad = np.empty_like(logp)
+        grad = _result_arrays.empty(logp.shape, logp.dtype)
     else:
         grad = _validate.out_array(
             "grad_out",
@@ -418,7 +418,11 @@ def _clipped_surrogate_common(
         if len(_common_bounds) >= 64:
             _common_bounds.clear()
         _common_bounds[key] = scalars
-    grad = np.empty(shape, dtype) if grad_out is None else grad_out
+    if grad_out is not None:
+        grad = grad_out
+    else:  # a small result is np.empty's, without a call around it (the fast path's cost)
+        empty = np.empty if logprobs.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
+        grad = empty(shape, dtype)
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
     entry = _backend.common("clipped_surrogate", backend, n_threads, dtype, mask is not None)
     valid, loss, clipped, dual_clipped, kl = entry(
@@ -502,7 +506,7 @@ def value_loss(
     bound = math.inf if clip is None else _validate.scalar("clip", clip, lo=0.0, allow_inf=True)
     scales, valid = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
     if grad_out is None:
-        grad = np.empty_like(new)
+        grad = _result_arrays.empty(new.shape, new.dtype)
     else:
         grad = _validate.out_array(
             "grad_out",
@@ -553,7 +557,11 @@ def _value_loss_common(
     ``_validate.common_outputs`` accepts it): what the general way computes, in the backend's
     common-case entry (tests/test_fast_path.py compares the two)."""
     shape, dtype = values.shape, values.dtype
-    grad = np.empty(shape, dtype) if grad_out is None else grad_out
+    if grad_out is not None:
+        grad = grad_out
+    else:  # as _clipped_surrogate_common's
+        empty = np.empty if values.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
+        grad = empty(shape, dtype)
     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
     bound = dtype.type(math.inf if clip is None else clip)
     valid, loss, clipped = _backend.common(

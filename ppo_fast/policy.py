@@ -99,7 +99,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _threads, _validate
+from . import _backend, _result_arrays, _threads, _validate
 from ._policy_scalars import (
     _cispo_scalars,
     _dppo_scalars,
@@ -180,7 +180,7 @@ def _run(
     weights = checked[3].ravel() if "weights" in given else _NO_WEIGHTS[logp.dtype]
     scales, valid = _row_scales(rows=rows, **normalisers)
     if grad_out is None:
-        grad = np.empty_like(logp)
+        grad = _result_arrays.empty(logp.shape, logp.dtype)
     else:
         grad = _validate.out_array(
             "grad_out", grad_out, logp.shape, logp.dtype, {**given, **layout}
@@ -239,7 +239,11 @@ def _run_common(
     logprobs = inputs[0]
     shape, dtype = logprobs.shape, logprobs.dtype
     token = dtype.type  # the per-token arithmetic runs in the input dtype
-    grad = np.empty(shape, dtype) if grad_out is None else grad_out
+    if grad_out is not None:
+        grad = grad_out
+    else:  # as loss._clipped_surrogate_common's
+        empty = np.empty if logprobs.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
+        grad = empty(shape, dtype)
     codes = codes or {}
     values = [
         token(scalars[name]) if name in scalars else codes[name] for name in _COMMON_SCALARS[kernel]

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _groups, _rows, _validate
+from . import _backend, _groups, _result_arrays, _rows, _validate
 from .whiten import whiten as _whiten
 
 _OUTPUTS = ("advantages", "returns")
@@ -83,7 +83,7 @@ def _outputs(
 ) -> tuple[np.ndarray, ...]:
     """Fresh result arrays shaped like ``like``, or the checked arrays of ``out``."""
     if out is None:
-        return tuple(np.empty_like(like) for _ in results)
+        return tuple(_result_arrays.empty(like.shape, like.dtype) for _ in results)
     return _validate.out_arrays(results, out, like, inputs)
 
 

@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _threads, _validate
+from . import _backend, _result_arrays, _threads, _validate
 from ._spec import ESTIMATORS
 
 Estimator = Literal["k1", "k2", "k3", "abs"]
@@ -77,7 +77,7 @@ def kl_penalty(
     n = flat_logp.shape[0]
     starts = np.arange(0, n, _threads.MIN_POSITIONS_PER_THREAD, dtype=np.int64)
     if out is None:
-        result = np.empty_like(logp)
+        result = _result_arrays.empty(logp.shape, logp.dtype)
     else:
         (result,) = _validate.out_arrays(
             ("kl",), out, logp, {"logprobs": logprobs, "ref_logprobs": ref_logprobs}
@@ -154,7 +154,7 @@ def shape_rewards(
         "scores", scores, rows.n_rows, allow_inf=True, allow_nan=True, rows_only=True
     )
     if out is None:
-        rewards = np.empty_like(logp)
+        rewards = _result_arrays.empty(logp.shape, logp.dtype)
     else:
         (rewards,) = _validate.out_arrays(
             ("rewards",),

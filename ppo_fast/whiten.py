@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _backend, _rows, _threads, _validate
+from . import _backend, _result_arrays, _rows, _threads, _validate
 
 
 @dataclass(frozen=True)
@@ -299,7 +299,7 @@ def whiten(
         mean, variance = moments.mean, moments.var(unbiased)
     scale = _inverse_scale(variance, epsilon)
     if out is None:
-        out = np.empty_like(array)
+        out = _result_arrays.empty(array.shape, array.dtype)
     _backend.run(
         "whiten",
         backend,
@@ -340,7 +340,9 @@ def _whiten_common(
     )
     scale = _inverse_scale(variance, eps)
     if out is None:
-        out = np.empty(x.shape, x.dtype)
+        # as gae's fast path
+        empty = np.empty if x.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
+        out = empty(x.shape, x.dtype)
     offset = 0.0 if shift_mean else mean
     _backend.common("whiten", backend, n_threads, dtype, masked)(
         x, mask, mean, scale, offset, out, n_threads

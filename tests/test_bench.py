@@ -394,6 +394,16 @@ def test_memory_and_first_call_probes_run_in_fresh_processes():
     assert engine.import_seconds("ppo_fast") > 0
 
 
+def test_the_memory_probe_counts_a_calls_results_on_fresh_memory():
+    """The probe turns result reuse off (ppo_fast.set_result_cache(0)): with it on, the warm-up
+    call's freed results stay resident and the call's two 2 MiB results would not count."""
+    args = ["gae", "ppo_fast[cython]", [512, 1024], "float32"]
+    memory = engine.run_probe("memory_probe", args, engine.MALLOC_ENV)
+    assert memory["status"] == "ok", memory
+    assert "VmHWM" in memory["method"]  # Linux: the peak resets, so the figure is the call's
+    assert memory["extra_peak_bytes"] >= 4 << 20
+
+
 @pytest.mark.slow  # installs, or runs fresh processes: the fast lane (-m "not slow") skips it
 def test_bench_suites_run_once_as_tests():
     """pytest-benchmark's suites in bench/, once with timing off, on tiny batches: every kind of

@@ -85,15 +85,22 @@ class PeerMaskedStats:
         return self.peer_masked_var(values, mask, unbiased)
 
     def masked_whiten(
-        self, values: Any, mask: Any, shift_mean: bool, valid: torch.Tensor | None = None
+        self,
+        values: Any,
+        mask: Any,
+        shift_mean: bool,
+        valid: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The peer's masked_whiten; ``valid``: ``valid_positions(mask)``, if the caller has it."""
+        """The peer's masked_whiten; ``valid``: ``valid_positions(mask)``, if the caller has it;
+        ``out``: a tensor of the values' shape and dtype to write the result in (the values
+        themselves, when the caller owns them), when it is computed on the kernels."""
         if not _on_kernels(values, mask):
             return self.peer_masked_whiten(values, mask, shift_mean)
         mean, var = self._kernel_mean_var(values, mask, unbiased=True, valid=valid)
         # The peer's (values - mean) * rsqrt(var + 1e-8), the product in place: the same
-        # operations, one fresh tensor fewer to fault in.
-        whitened = values - mean
+        # operations, one fresh tensor fewer to fault in (two with ``out``).
+        whitened = torch.sub(values, mean, out=out) if out is not None else values - mean
         whitened *= torch.rsqrt(var + 1e-8)
         if not shift_mean:
             whitened += mean

@@ -195,10 +195,15 @@ def compute_gae_advantage_return(
         valid = response_mask
         if isinstance(valid, torch.Tensor) and rewards.shape == values.shape == valid.shape:
             valid = valid_positions(response_mask)
-        advantages = ppo_torch.gae(rewards, values, gamma=gamma, lam=lam, mask=valid).advantages
-        advantages = _carry_into_masked(advantages, valid)
-        returns = advantages + values
-        advantages = _VERL_STATS.masked_whiten(advantages, response_mask, True, valid=valid)
+        result = ppo_torch.gae(rewards, values, gamma=gamma, lam=lam, mask=valid)
+        advantages = _carry_into_masked(result.advantages, valid)
+        # verl's returns written over the kernel's, and the whitened advantages over the
+        # advantages: tensors of this call, on memory that earlier results used
+        # (ppo_fast.set_result_cache), where new ones would fault in fresh pages
+        returns = torch.add(advantages, values, out=result.returns)
+        advantages = _VERL_STATS.masked_whiten(
+            advantages, response_mask, True, valid=valid, out=advantages
+        )
     return advantages, returns
 
 
