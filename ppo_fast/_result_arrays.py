@@ -10,7 +10,7 @@ faults also contend (README, "Fresh pages").
 So a result of at least ``POOLED_BYTES`` is a view of a block of bytes kept here. Its base is a
 ``_Block``, which NumPy keeps as the base of every view made from the result (and torch's
 ``from_numpy`` keeps the array): when the last of them dies, the block comes back to the free
-list. The next result of about its size (at most twice smaller) reuses its pages. The free
+list. The next result of its size, or down to half of it, reuses its pages. The free
 list holds at most ``set_result_cache``'s bytes (``DEFAULT_CACHE_BYTES``), the least recently
 freed dropped first; 0 turns reuse off. A block in use is the caller's memory, as a fresh array
 would be: nothing here ever writes it or hands it out twice.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import threading
 
 import numpy as np
@@ -92,6 +93,15 @@ class _Pool:
 
 
 _pool = _Pool(DEFAULT_CACHE_BYTES)
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held the lock at the fork; no thread of the child will
+    # release it. The blocks stay valid (the child's copies of the parent's pages).
+    _pool.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Block:

@@ -499,6 +499,33 @@ def test_the_dataset_benchmark_runs_and_checks_against_verl(tmp_path):
     assert out.stdout.count("ppo_fast, whole file") == 1, out.stdout
 
 
+def test_the_call_overhead_script_times_the_kernel_within_the_public_call():
+    """bench/call_overhead.py (the README's public-call table) on a tiny batch: for each kernel
+    asked for, both rows' public time and the time inside the backend's entries in the same
+    calls, which is positive (the entries were wrapped) and below the public time."""
+    out = subprocess.run(
+        [
+            *(sys.executable, "bench/call_overhead.py", "--samples", "3", "--backend", "python"),
+            *("--kernels", "gae,gae+whiten,clipped_surrogate", "--shape", "8x64"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for name in ("gae", "gae+whiten", "clipped_surrogate"):
+        row = next(r for r in out.stdout.splitlines() if r.startswith(f"| {name} |"))
+        cells = [c.strip() for c in row.split("|")[2:-1]]
+        if name == "gae+whiten":  # no out= row
+            assert cells[3:] == ["-", "-", "-"], row
+            cells = cells[:3]
+        for public, inside, ratio in (cells[:3], cells[3:6])[: len(cells) // 3]:
+            public_ms, inside_ms = float(public.split()[0]), float(inside.split()[0])
+            assert 0 < inside_ms <= public_ms, row
+            assert float(ratio.rstrip("x")) >= 1.0, row
+
+
 def test_the_compute_floor_script_prints_both_tables(tmp_path):
     """bench/compute_floor.py (the README's compute-floor tables) on tiny batches: a row of
     each table for every kernel and backend asked for, the two-thread one's compute floor

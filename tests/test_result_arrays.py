@@ -7,6 +7,8 @@ uses (a view of a result, a torch tensor made from it).
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -190,6 +192,29 @@ def test_a_result_freed_while_the_pool_is_locked_is_kept_by_the_next_call():
         assert [b.ctypes.data for b in pool.returned] == [address]
     assert _result_arrays.empty((256, 1024), dtype).ctypes.data == address
     assert not pool.returned
+
+
+def test_a_child_forked_while_the_pool_is_locked_reuses_memory():
+    """A fork while another thread holds the pool's lock: the child gets a lock of its own."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    dtype = np.dtype(np.float32)
+    result = _result_arrays.empty((256, 1024), dtype)
+    address = result.ctypes.data
+    del result
+    read, write = os.pipe()
+    with _result_arrays._pool.lock:
+        pid = os.fork()
+        if pid == 0:  # the child: report whether it reuses the block, and exit at once
+            signal.alarm(20)  # a child stuck on the parent's lock dies: no answer, a failure
+            reused = _result_arrays.empty((256, 1024), dtype).ctypes.data == address
+            os.write(write, b"1" if reused else b"0")
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
 
 
 def test_threads_get_separate_memory_and_the_right_results():
