@@ -503,46 +503,43 @@ def test_the_call_overhead_script_times_the_kernel_within_the_public_call():
     """bench/call_overhead.py (the README's public-call table) on a tiny batch: for each kernel
     asked for, both rows' public time and the time inside the backend's entries in the same
     calls, which is positive (the entries were wrapped) and below the public time."""
+    out = _bench_script(
+        "call_overhead.py", "--samples", "3", "--backend", "python", "--shape", "8x64",
+        "--kernels", "gae,gae+whiten,clipped_surrogate",
+    )  # fmt: skip
+    for name, has_out in (("gae", True), ("gae+whiten", False), ("clipped_surrogate", False)):
+        row = next(r for r in out.splitlines() if r.startswith(f"| {name} |"))
+        cells = [c.strip() for c in row.split("|")[2:-1]]
+        if not has_out:  # the bench has no out= row for it
+            assert cells[3:] == ["-", "-", "-"], row
+        for public, inside, ratio in (cells[:3], cells[3:]) if has_out else (cells[:3],):
+            public_ms, inside_ms = float(public.split()[0]), float(inside.split()[0])
+            assert 0 < inside_ms <= public_ms, row
+            assert float(ratio.rstrip("x")) >= 1.0, row
+
+
+def _bench_script(script: str, *arguments: str) -> str:
+    """The standard output of bench/<script> run with ``arguments``, which must succeed."""
     out = subprocess.run(
-        [
-            *(sys.executable, "bench/call_overhead.py", "--samples", "3", "--backend", "python"),
-            *("--kernels", "gae,gae+whiten,clipped_surrogate", "--shape", "8x64"),
-        ],
+        (sys.executable, f"bench/{script}", *arguments),
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    for name in ("gae", "gae+whiten", "clipped_surrogate"):
-        row = next(r for r in out.stdout.splitlines() if r.startswith(f"| {name} |"))
-        cells = [c.strip() for c in row.split("|")[2:-1]]
-        if name == "gae+whiten":  # no out= row
-            assert cells[3:] == ["-", "-", "-"], row
-            cells = cells[:3]
-        for public, inside, ratio in (cells[:3], cells[3:6])[: len(cells) // 3]:
-            public_ms, inside_ms = float(public.split()[0]), float(inside.split()[0])
-            assert 0 < inside_ms <= public_ms, row
-            assert float(ratio.rstrip("x")) >= 1.0, row
+    return out.stdout
 
 
 def test_the_compute_floor_script_prints_both_tables(tmp_path):
     """bench/compute_floor.py (the README's compute-floor tables) on tiny batches: a row of
     each table for every kernel and backend asked for, the two-thread one's compute floor
     half the one-thread one's (the same measurement, halved)."""
-    out = subprocess.run(
-        [
-            *(sys.executable, "bench/compute_floor.py", "--two-threads", "--samples", "1"),
-            *("--kernels", "gae,clipped_surrogate", "--backends", "python"),
-            *("--shape", "8x64", "--small", "4x64"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    one, two = out.stdout.split("two threads\n")
+    out = _bench_script(
+        "compute_floor.py", "--two-threads", "--samples", "1", "--backends", "python",
+        "--kernels", "gae,clipped_surrogate", "--shape", "8x64", "--small", "4x64",
+    )  # fmt: skip
+    one, two = out.split("two threads\n")
     for table, columns in ((one, 8), (two, 7)):  # the cells and the two ends
         rows = [line for line in table.splitlines() if line.startswith("| gae |")]
         rows += [line for line in table.splitlines() if line.startswith("| clipped_surrogate |")]
