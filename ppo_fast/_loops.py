@@ -107,6 +107,54 @@ def mask_bytes(mask: np.ndarray, out: np.ndarray) -> bool:
     return ok
 
 
+def convert_mask(mask: np.ndarray, out: np.ndarray, n_threads: int) -> bool | None:
+    """``mask_bytes(mask, out)`` (flat arrays), on ``n_threads`` consecutive ranges of positions
+    at once when that is more than one; None where numba does not import. The bits do not depend
+    on the threads (each position is converted on its own). An int64 (1024, 4096) mask on an
+    Intel Xeon: 1.54 ms on one thread, 0.82 on two."""
+    serial = compiled("mask_bytes")
+    if serial is None:
+        return None
+    if n_threads > 1:
+        import numba
+
+        from ._numba_builds import _parallel_lock
+
+        n_threads = min(n_threads, numba.config.NUMBA_NUM_THREADS)
+        # numba's workqueue layer runs one parallel region at a time: a call made while another
+        # thread's runs converts on this thread alone, as the kernels do (_numba_builds._Kernel)
+        if n_threads > 1 and _parallel_lock.acquire(blocking=False):
+            try:
+                return _mask_bytes_in_parts()(mask, out, n_threads)
+            finally:
+                _parallel_lock.release()
+    return serial(mask, out)
+
+
+@functools.cache
+def _mask_bytes_in_parts() -> Any:
+    """A prange over ranges of positions, each run by mask_bytes' own compiled code, called by
+    address (``_numba_builds._compiled_caller``): a loop written in the prange body is not
+    vectorized (1.8x slower than mask_bytes on two threads)."""
+    import numba
+
+    from ._numba_builds import _compiled_caller
+
+    call = _compiled_caller(compiled("mask_bytes"), ("mask", "out"))
+
+    def in_parts(mask, out, n_parts):
+        numba.set_num_threads(n_parts)  # compiled: from Python about 1 us a call
+        n = mask.shape[0]
+        ok = np.empty(n_parts, dtype=np.bool_)
+        for p in numba.prange(n_parts):
+            low = n * p // n_parts
+            high = n * (p + 1) // n_parts
+            ok[p] = call(mask[low:high], out[low:high])
+        return ok.all()
+
+    return numba.njit(nogil=True, parallel=True)(in_parts)
+
+
 @functools.cache
 def compiled(name: str) -> Any:
     """The loop ``name`` of this module compiled by numba, or None where numba does not import."""

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _loops
+from . import _loops, _threads
 from ._rows import EMPTY_MASK, Rows, constant_rows, padded_layout
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -315,10 +315,10 @@ def _mask_array(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
     if mask.dtype.kind not in "biuf":
         raise TypeError(f"mask must be bool or 0/1 numbers, got dtype {mask.dtype}")
     flat = mask.reshape(-1)
-    convert = _loops.compiled("mask_bytes") if mask.dtype in _LOOP_MASK_DTYPES else None
-    if convert is not None:
+    if mask.dtype in _LOOP_MASK_DTYPES:
         valid = np.empty(flat.shape[0], dtype=np.uint8)
-        if convert(kernel_array(flat), valid):
+        n_threads = _threads.threads_for(flat.shape[0], flat.shape[0])
+        if _loops.convert_mask(kernel_array(flat), valid, n_threads):
             return valid
     is_one = flat == 1
     if not np.all(is_one | (flat == 0)):
@@ -404,12 +404,10 @@ def converted_mask(arrays: tuple[Any, ...], mask: Any, lengths: Any = None) -> A
         or mask.shape != arrays[0].shape
     ):
         return False
-    convert = _loops.compiled("mask_bytes")
-    if convert is None:
-        return False
     valid = np.empty(mask.shape, dtype=np.uint8)
-    if not convert(mask.reshape(-1), valid.reshape(-1)):
-        return False
+    n_threads = _threads.threads_for(mask.size, mask.size)
+    if not _loops.convert_mask(mask.reshape(-1), valid.reshape(-1), n_threads):
+        return False  # a value other than 0 and 1, or no numba
     return valid.view(_BOOL)
 
 

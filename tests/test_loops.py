@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import NUMBA_PARALLEL
 
 from ppo_fast import _groups, _loops, _validate, outcome
 
@@ -169,3 +170,39 @@ def test_masks_of_numbers_convert_as_numpy_does(dtype, monkeypatch):
             _same_bits(compiled, expected)
             np.testing.assert_array_equal(compiled, mask.reshape(-1) == 1)
         np.testing.assert_array_equal(mask, given)
+
+
+@NUMBA_PARALLEL
+@pytest.mark.parametrize(
+    "dtype", [d for d in MASK_DTYPES if np.dtype(d) in _validate._LOOP_MASK_DTYPES]
+)
+def test_masks_convert_to_the_same_bytes_and_verdict_on_any_number_of_threads(dtype):
+    """``convert_mask`` on one thread and over one or two ranges of positions (the parallel
+    build itself, and through the entry the stages call): the same bytes and the same verdict,
+    with a bad value in the first range, the last, at a range's edge or nowhere; a call made
+    while another holds numba's parallel region runs on its own thread, with the same result."""
+    _numba_builds = pytest.importorskip("ppo_fast._numba_builds")  # numba, or NumPy's way
+    rng = np.random.default_rng(5)
+    n = 2 * 1000 + 1  # ranges of unequal length
+    good = (rng.random(n) < 0.6).astype(dtype)
+    cases = [good, good[:0], good[:1]]
+    for position in (0, n // 2, n // 2 - 1, n - 1):  # n // 2: where the second of two starts
+        bad = good.copy()
+        bad[position] = 2
+        cases.append(bad)
+    in_parts = _loops._mask_bytes_in_parts()
+    for mask in cases:
+        expected = np.empty(mask.shape[0], np.uint8)
+        verdict = _loops.compiled("mask_bytes")(mask, expected)
+        assert verdict == bool(np.all((mask == 0) | (mask == 1)))
+        for parts in (1, 2):
+            out = np.full(mask.shape[0], 7, np.uint8)
+            assert in_parts(mask, out, parts) == verdict
+            np.testing.assert_array_equal(out, expected)
+        out = np.full(mask.shape[0], 7, np.uint8)
+        assert _loops.convert_mask(mask, out, 2) == verdict
+        np.testing.assert_array_equal(out, expected)
+        with _numba_builds._parallel_lock:
+            out = np.full(mask.shape[0], 7, np.uint8)
+            assert _loops.convert_mask(mask, out, 2) == verdict
+            np.testing.assert_array_equal(out, expected)
