@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NUMBA_PARALLEL
 
 from ppo_fast import _groups, _loops, _validate, outcome
 
@@ -172,7 +171,8 @@ def test_masks_of_numbers_convert_as_numpy_does(dtype, monkeypatch):
         np.testing.assert_array_equal(mask, given)
 
 
-@NUMBA_PARALLEL
+# Not in conftest's NUMBA_PARALLEL group: that group shares the kernels' parallel builds; this
+# compiles its own, and the group's worker is the suite's longest.
 @pytest.mark.parametrize(
     "dtype", [d for d in MASK_DTYPES if np.dtype(d) in _validate._LOOP_MASK_DTYPES]
 )
