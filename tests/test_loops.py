@@ -171,8 +171,8 @@ def test_masks_of_numbers_convert_as_numpy_does(dtype, monkeypatch):
         np.testing.assert_array_equal(mask, given)
 
 
-# Not in conftest's NUMBA_PARALLEL group: that group shares the kernels' parallel builds; this
-# compiles its own, and the group's worker is the suite's longest.
+# Not in conftest's NUMBA_PARALLEL group, which shares the kernels' parallel builds on one
+# worker (about 180 s of compiles in a --durations run): this compiles a build of its own.
 @pytest.mark.parametrize(
     "dtype", [d for d in MASK_DTYPES if np.dtype(d) in _validate._LOOP_MASK_DTYPES]
 )
