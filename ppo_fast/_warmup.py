@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _backend, _examples, _groups, _threads, _validate, outcome
+from . import _backend, _examples, _groups, _loops, _threads, _validate, outcome
 from ._spec import KERNELS
 
 
@@ -18,8 +18,11 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
 
     Runs each kernel on a small batch and, when more than one thread is in use, on one large
     enough to take the parallel build; every build of a specialised kernel (each KL estimator);
-    the common-case entry of each kernel that has one (``_backend.common``); and, for a kernel
-    whose long rows run in chunks (GAE), a row that long too.
+    the common-case entry of each kernel that has one (``_backend.common``), without a mask and
+    with a bool one, on each of those batches; for a kernel whose long rows run in chunks (GAE),
+    a row that long too; and the conversion of a 0/1 mask of int64, int32 or ``dtypes`` numbers
+    that the stages' fast paths run (``_loops.convert_mask``). Before 0.8.24 the entries with a
+    mask and the conversion compiled at the first call that used them.
     For cython and python this only loads the backend. Whatever the backend, it also compiles
     the hash table that numbers many integer group ids (``_groups``) and the loops of the group
     estimators (``_loops``), for ``dtypes``, onto a mask and onto lengths.
@@ -45,9 +48,28 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
                     _backend.run(kernel.name, name, **arguments)
         for kernel in KERNELS.values():
             if kernel.common:  # numba's entries also compile the totals of the row outputs
-                named = _examples.common_arguments(kernel, sizes[0], dtype, rng)
-                entry = _backend.common(kernel.name, name, 1)
-                entry(*(named[argument] for argument in kernel.common_arguments[:-1]), 1)
+                for shape in sizes:
+                    n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
+                    named = _examples.common_arguments(kernel, shape, dtype, rng)
+                    # the entry without a mask and the one with a bool mask: each compiles
+                    for mask in (None, rng.random(shape) < 0.9):
+                        named["mask"] = mask
+                        entry = _backend.common(kernel.name, name, n_threads)
+                        arguments = [named[argument] for argument in kernel.common_arguments[:-1]]
+                        entry(*arguments, n_threads)
+    _warm_mask_conversion(dtypes, sizes)
+
+
+def _warm_mask_conversion(dtypes: tuple[str, ...], sizes: list[tuple[int, int]]) -> None:
+    """The conversion of a 0/1 mask of numbers into the kernels' bool mask (``_loops``), which
+    the fast paths run on such a mask: compiled once per mask dtype, for int64 and int32 (torch's
+    long and int masks, verl's ``response_mask``) and for ``dtypes`` (a float mask), on each
+    thread count ``sizes`` take."""
+    for mask_dtype in dict.fromkeys(("int64", "int32", *dtypes)):
+        for shape in sizes:
+            mask = np.ones(shape[0] * shape[1], dtype=mask_dtype)
+            out = np.empty(mask.size, dtype=np.uint8)
+            _loops.convert_mask(mask, out, _threads.threads_for(mask.size, mask.size))
 
 
 def _warm_group_estimators(dtypes: tuple[str, ...]) -> None:

@@ -258,24 +258,54 @@ def test_calls_from_several_python_threads_at_once(compiled_backend):
 
 @pytest.mark.slow  # installs, or runs fresh processes: the fast lane (-m "not slow") skips it
 def test_warmup_compiles_ahead_of_time():
-    # One thread: the serial builds (the parallel ones, compiled for a second thread, cost as
-    # much again; test_warmup_runs_the_large_batches_when_threads_are_used covers that branch).
+    """After warmup, the public calls of the usual layouts compile nothing (numba's compile
+    events): no mask, a bool mask, a 0/1 mask of int64, int32 or float numbers, lengths, and a
+    row long enough for GAE's chunks. In a fresh process, on one thread (the parallel builds cost
+    as much again; test_warmup_runs_the_large_batches_when_threads_are_used covers that branch),
+    for one dtype, and for the kernels these calls run: warmup's loop over the table is the same
+    for every kernel, and compiling all of them took 50 s of the suite."""
     out = run_python("""
+        import numpy as np
         import ppo_fast
-        from ppo_fast import _groups, _loops, _numba_kernels as k
+        from numba.core import event
+        from ppo_fast import _groups, _loops, _warmup, _numba_kernels as k
+        from ppo_fast._spec import KERNELS
+        used = ("gae", "moments", "whiten", "clipped_surrogate")
+        _warmup.KERNELS = {name: KERNELS[name] for name in used}
         before = len(k.gae.whole_rows.serial.signatures)
         ppo_fast.set_num_threads(1)
-        ppo_fast.warmup("numba", dtypes=("float32",))  # one dtype: a compile per kernel
+        with event.install_recorder("numba:compile") as warming:
+            ppo_fast.warmup("numba", dtypes=("float32",))
         hash_table = _groups._hash_factorizer()
         print(before, len(k.gae.whole_rows.serial.signatures),
               len(k.gae.chunked.serial.signatures), len(k.whiten.serial.signatures),
-              len(hash_table.signatures))
+              len(hash_table.signatures), len(warming.buffer) > 0)
         loops = ("add_by_group", "centre_by_group", "take_by_group", "broadcast_by_mask",
                  "broadcast_by_lengths")
         print(*(bool(_loops.compiled(name).signatures) for name in loops))
+        rng = np.random.default_rng(0)
+        x, y, z = rng.normal(size=(3, 8, 128)).astype(np.float32)
+        valid = rng.random((8, 128)) < 0.9
+        layouts = [{"mask": None}, {"mask": valid}, {"lengths": np.full(8, 100)}]
+        layouts += [{"mask": valid.astype(t)} for t in ("int64", "int32", "float32")]
+        compiled = []
+        for layout in layouts:
+            with event.install_recorder("numba:compile") as calls:
+                ppo_fast.gae(x, y, backend="numba", **layout)
+                ppo_fast.whiten(x, backend="numba", **layout)
+                ppo_fast.clipped_surrogate(x, y, z, backend="numba", **layout)
+            compiled += [e.data["dispatcher"].py_func.__qualname__ for _, e in calls.buffer]
+        with event.install_recorder("numba:compile") as calls:
+            long_row = np.zeros((1, KERNELS["gae"].chunks.long_row + 1), np.float32)
+            ppo_fast.gae(long_row, long_row, backend="numba")
+        compiled += [e.data["dispatcher"].py_func.__qualname__ for _, e in calls.buffer]
+        print("compiled after warmup:", sorted(set(compiled)))
     """)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["0", "1", "1", "1", "1"] + ["True"] * 5
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["0", "1", "1", "1", "1", "True"]
+    assert lines[1].split() == ["True"] * 5
+    assert lines[2] == "compiled after warmup: []"
 
 
 @pytest.mark.skipif("cython" not in COMPILED, reason="the Cython backend is not built here")
