@@ -10,10 +10,11 @@ faults also contend (README, "Fresh pages").
 So a result of at least ``POOLED_BYTES`` is a view of a block of bytes kept here. Its base is a
 ``_Block``, which NumPy keeps as the base of every view made from the result (and torch's
 ``from_numpy`` keeps the array): when the last of them dies, the block comes back to the free
-list. The next result of its size, or down to half of it, reuses its pages. The free
-list holds at most ``set_result_cache``'s bytes (``DEFAULT_CACHE_BYTES``), the least recently
-freed dropped first; 0 turns reuse off. A block in use is the caller's memory, as a fresh array
-would be: nothing here ever writes it or hands it out twice.
+list. The next result of its size, or down to half of it, reuses its pages. The free list
+holds at most ``set_result_cache``'s bytes (else ``PPO_FAST_RESULT_CACHE``'s, else
+``DEFAULT_CACHE_BYTES``), the least recently freed dropped first; 0 turns reuse off. A block in
+use is the caller's memory, as a fresh array would be: nothing here ever writes it or hands it
+out twice.
 """
 
 from __future__ import annotations
@@ -94,6 +95,39 @@ class _Pool:
 
 _pool = _Pool(DEFAULT_CACHE_BYTES)
 
+ENVIRONMENT_VARIABLE = "PPO_FAST_RESULT_CACHE"
+# The limit set_result_cache gave (None: the environment variable's, else the default), and the
+# raw value of the variable that _pool.limit was last set from.
+_explicit_limit: int | None = None
+_environment_raw: str | None = None
+
+
+def _limit_from(raw: str | None) -> int:
+    """The limit that PPO_FAST_RESULT_CACHE's raw value ``raw`` names (None or "": the default)."""
+    if raw is None or not raw.strip():
+        return DEFAULT_CACHE_BYTES
+    try:
+        limit = int(raw.strip())
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        raise ValueError(
+            f"{ENVIRONMENT_VARIABLE} must be a byte count, an int >= 0, got {raw!r}: "
+            f"e.g. {ENVIRONMENT_VARIABLE}={DEFAULT_CACHE_BYTES} (the default), or 0 to keep none"
+        )
+    return limit
+
+
+def _follow_environment() -> None:
+    """Without a ``set_result_cache`` limit, make the pool's limit what PPO_FAST_RESULT_CACHE says
+    now (read when a result of at least POOLED_BYTES is made: a variable changed between calls
+    is seen by the next such call, and a bad value raises at each)."""
+    global _environment_raw
+    raw = os.environ.get(ENVIRONMENT_VARIABLE)
+    if raw != _environment_raw:
+        _pool.set_limit(_limit_from(raw))
+        _environment_raw = raw
+
 
 def _after_fork_in_child() -> None:
     # A thread of the parent may have held the lock at the fork; no thread of the child will
@@ -128,12 +162,16 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised C-contiguous array, as ``np.empty(shape, dtype)``; from the pool when it
     holds at least POOLED_BYTES and reuse is on."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < POOLED_BYTES or _pool.limit == 0:
+    if nbytes < POOLED_BYTES:
+        return np.empty(shape, dtype)
+    if _explicit_limit is None:
+        _follow_environment()
+    if _pool.limit == 0:
         return np.empty(shape, dtype)
     return np.asarray(_Block(_pool, _pool.take(nbytes), tuple(shape), dtype))
 
 
-def set_result_cache(max_bytes: int) -> None:
+def set_result_cache(max_bytes: int | None) -> None:
     """Keep at most ``max_bytes`` of freed result memory for reuse (default 512 MiB; 0: none).
 
     Results of at least 1 MiB (a 256 x 1024 float32 array) are made on memory that earlier
@@ -144,12 +182,22 @@ def set_result_cache(max_bytes: int) -> None:
     to the allocator first; setting a smaller limit gives back the excess now. Such a result
     is a view (``flags.owndata`` is False, so ``ndarray.resize`` refuses it); it is otherwise
     an ordinary array, and its memory is never reused while any array or tensor refers to it.
+
+    Without a call of this function, the limit is the environment variable
+    ``PPO_FAST_RESULT_CACHE`` (a byte count; 0 keeps none), read when a large result is made,
+    else the default. ``max_bytes=None`` goes back to the variable, or the default.
     """
+    global _explicit_limit, _environment_raw
+    if max_bytes is None:
+        _explicit_limit = None
+        _environment_raw = None  # the next large result sets the limit from the variable again
+        return
     if type(max_bytes) is bool or not isinstance(max_bytes, (int, np.integer)):
         raise TypeError(
-            f"max_bytes must be an int, got {type(max_bytes).__name__}: "
-            "pass a byte count such as 512 << 20, or 0 to keep none"
+            f"max_bytes must be an int or None, got {type(max_bytes).__name__}: "
+            "pass a byte count such as 512 << 20, 0 to keep none, or None for the default"
         )
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}: pass 0 to keep none")
-    _pool.set_limit(int(max_bytes))
+    _explicit_limit = int(max_bytes)
+    _pool.set_limit(_explicit_limit)

@@ -90,7 +90,7 @@ def _fresh_pool():
     ppo_fast.set_result_cache(_result_arrays.DEFAULT_CACHE_BYTES)
     yield
     ppo_fast.set_result_cache(0)
-    ppo_fast.set_result_cache(_result_arrays.DEFAULT_CACHE_BYTES)
+    ppo_fast.set_result_cache(None)  # back to PPO_FAST_RESULT_CACHE, or the default
 
 
 def _pooled(array: np.ndarray) -> bool:
@@ -252,9 +252,9 @@ def test_threads_get_separate_memory_and_the_right_results():
 @pytest.mark.parametrize(
     ("value", "error", "pattern"),
     [
-        (1.5, TypeError, "max_bytes must be an int, got float"),
-        (True, TypeError, "max_bytes must be an int, got bool"),
-        ("512", TypeError, "max_bytes must be an int, got str"),
+        (1.5, TypeError, "max_bytes must be an int or None, got float"),
+        (True, TypeError, "max_bytes must be an int or None, got bool"),
+        ("512", TypeError, "max_bytes must be an int or None, got str"),
         (-1, ValueError, "max_bytes must be >= 0, got -1"),
     ],
 )
@@ -262,3 +262,43 @@ def test_set_result_cache_rejects_a_bad_limit(value, error, pattern):
     with pytest.raises(error, match=pattern):
         ppo_fast.set_result_cache(value)
     assert _result_arrays._pool.limit == _result_arrays.DEFAULT_CACHE_BYTES
+
+
+def test_the_environment_variable_sets_the_limit_unless_set_result_cache_does(monkeypatch):
+    """PPO_FAST_RESULT_CACHE (bytes) is the limit until set_result_cache gives one, and again
+    after set_result_cache(None); it is read at each large result, so a change is seen by the
+    next call."""
+    data = _batch()
+
+    def pooled_gae() -> bool:
+        return _pooled(CALLS["gae"](data).advantages)
+
+    ppo_fast.set_result_cache(None)
+    monkeypatch.setenv("PPO_FAST_RESULT_CACHE", "0")
+    assert not pooled_gae()
+    assert _result_arrays._pool.limit == 0
+    monkeypatch.setenv("PPO_FAST_RESULT_CACHE", f" {4 << 20} ")
+    assert pooled_gae()
+    assert _result_arrays._pool.limit == 4 << 20
+    ppo_fast.set_result_cache(0)  # the function's limit wins over the variable
+    assert not pooled_gae()
+    ppo_fast.set_result_cache(None)
+    assert pooled_gae()
+    assert _result_arrays._pool.limit == 4 << 20
+    monkeypatch.delenv("PPO_FAST_RESULT_CACHE")
+    assert pooled_gae()
+    assert _result_arrays._pool.limit == _result_arrays.DEFAULT_CACHE_BYTES
+
+
+@pytest.mark.parametrize("raw", ["abc", "-1", "1.5", "1e6", "512MiB"])
+def test_a_bad_environment_variable_raises_at_each_large_result(monkeypatch, raw):
+    data = _batch()
+    ppo_fast.set_result_cache(None)
+    monkeypatch.setenv("PPO_FAST_RESULT_CACHE", raw)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="PPO_FAST_RESULT_CACHE must be a byte count, an int"):
+            CALLS["gae"](data)
+    small = np.zeros((8, 128), np.float32)
+    ppo_fast.gae(small, small)  # a result under 1 MiB does not read it
+    ppo_fast.set_result_cache(1 << 20)
+    assert _pooled(CALLS["gae"](data).advantages)
