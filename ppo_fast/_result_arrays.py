@@ -97,9 +97,11 @@ _pool = _Pool(DEFAULT_CACHE_BYTES)
 
 ENVIRONMENT_VARIABLE = "PPO_FAST_RESULT_CACHE"
 # The limit set_result_cache gave (None: the environment variable's, else the default), and the
-# raw value of the variable that _pool.limit was last set from.
+# raw value of the variable that _pool.limit was last set from (_NOT_READ: none yet, so the next
+# large result sets it, whatever the variable holds, unset included).
+_NOT_READ = object()
 _explicit_limit: int | None = None
-_environment_raw: str | None = None
+_environment_raw: object = _NOT_READ
 
 
 def _limit_from(raw: str | None) -> int:
@@ -190,7 +192,7 @@ def set_result_cache(max_bytes: int | None) -> None:
     global _explicit_limit, _environment_raw
     if max_bytes is None:
         _explicit_limit = None
-        _environment_raw = None  # the next large result sets the limit from the variable again
+        _environment_raw = _NOT_READ  # the next large result sets the limit from the variable
         return
     if type(max_bytes) is bool or not isinstance(max_bytes, (int, np.integer)):
         raise TypeError(

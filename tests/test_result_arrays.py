@@ -288,6 +288,11 @@ def test_the_environment_variable_sets_the_limit_unless_set_result_cache_does(mo
     monkeypatch.delenv("PPO_FAST_RESULT_CACHE")
     assert pooled_gae()
     assert _result_arrays._pool.limit == _result_arrays.DEFAULT_CACHE_BYTES
+    ppo_fast.set_result_cache(0)  # and back to the default with the variable unset
+    assert not pooled_gae()
+    ppo_fast.set_result_cache(None)
+    assert pooled_gae()
+    assert _result_arrays._pool.limit == _result_arrays.DEFAULT_CACHE_BYTES
 
 
 @pytest.mark.parametrize("raw", ["abc", "-1", "1.5", "1e6", "512MiB"])
