@@ -51,10 +51,10 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
                 for shape in sizes:
                     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
                     named = _examples.common_arguments(kernel, shape, dtype, rng)
-                    # the entry without a mask and the one with a bool mask: each compiles
+                    entry = _backend.common(kernel.name, name, n_threads)
+                    # without a mask and with a bool one: each compiles an overload
                     for mask in (None, rng.random(shape) < 0.9):
                         named["mask"] = mask
-                        entry = _backend.common(kernel.name, name, n_threads)
                         arguments = [named[argument] for argument in kernel.common_arguments[:-1]]
                         entry(*arguments, n_threads)
     _warm_mask_conversion(dtypes, sizes)

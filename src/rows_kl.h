@@ -84,9 +84,9 @@ PPO_INLINE void PPO_ROW(ppo_kl_penalty_cases)(
     /* Two blocks a step, so that their exp chains interleave (k3 is bound by their latency).
      * Each step prefetches the lines PPO_CHUNK positions ahead (into the next row past this
      * one's end: the rows lie end to end): with k3's exp between its loads, the hardware
-     * prefetchers fall behind the stream (float32 (1024, 4096), one thread, AVX-512 build:
-     * 7.4-7.8 ms without, 4.4-4.5 with them; numba's twin, which LLVM unrolls further, 4.8-5.0;
-     * in L2 both took the same time without them). */
+     * prefetchers fall behind the stream (float32 (1024, 4096), one thread, AVX-512 build,
+     * medians: 7.4-7.8 ms without, 4.7-5.0 with them; numba's twin 4.8-5.4; on a batch in L2
+     * both took the same time without them). */
     for (i = start; i + 16 <= whole_end; i += 16) {
         PPO_ROW(ppo_prefetch_ahead)(
             logprobs, ref_logprobs, NULL, NULL, NULL, start, i, i + PPO_CHUNK);
