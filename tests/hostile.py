@@ -515,6 +515,19 @@ def _close(actual: np.ndarray, expected: np.ndarray) -> str | None:
     return None
 
 
+class _Later:
+    """A failure message made when it is shown: ``check`` describes each case's arrays only if an
+    assertion fails (made for every case, they were a twentieth of the hostile tests' time)."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __str__(self) -> str:
+        return self.make()
+
+    __repr__ = __str__
+
+
 def describe(target: Target, case: Case, kwargs: dict[str, Any]) -> str:
     """The whole case, for a failure message."""
     lines = [f"{target.name}, case {case.description!r} (argument {case.argument})"]
@@ -550,7 +563,9 @@ def check(target: Target, case: Case, compiled: list[str]) -> str:
     docstring and return the outcome ("result", "error" or "peer-error")."""
     kwargs = to_call(target, case.mutate(target.build(np.random.default_rng(0))))
     before = {name: snapshot(value) for name, value in kwargs.items()}
-    what = describe(target, case, case.mutate(target.build(np.random.default_rng(0))))
+    what = _Later(
+        lambda: describe(target, case, case.mutate(target.build(np.random.default_rng(0))))
+    )
     backends = list(compiled)
     if case.same_as is None:
         expected = run(target, kwargs, "python")

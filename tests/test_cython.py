@@ -94,10 +94,10 @@ def assert_agrees_with_numba(batch):
         expected = case.run(_numba_kernels)
         actual = case.run(_cython_backend)
         for name, output in expected.items():
-            what = f"{name}\n{case.describe()}"
-            np.testing.assert_allclose(
-                actual[name], output, **tolerance(case, name, batch.dtype), err_msg=what
-            )
+            with case.described(name):
+                np.testing.assert_allclose(
+                    actual[name], output, **tolerance(case, name, batch.dtype)
+                )
 
 
 def assert_every_build_gives_the_same_bits(batch, n_threads):
@@ -113,11 +113,8 @@ def assert_every_build_gives_the_same_bits(batch, n_threads):
             wider = case.run(kernels, n_threads)
             for name, output in portable.items():
                 bits = f"u{output.itemsize}"
-                np.testing.assert_array_equal(
-                    wider[name].view(bits),
-                    output.view(bits),
-                    err_msg=f"{kernels.BUILD}: {name}\n{case.describe()}",
-                )
+                with case.described(f"{kernels.BUILD}: {name}"):
+                    np.testing.assert_array_equal(wider[name].view(bits), output.view(bits))
 
 
 needs_a_wider_build = pytest.mark.skipif(

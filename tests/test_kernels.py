@@ -68,20 +68,20 @@ def test_binding_a_kernel_without_an_argument_names_it():
 def _assert_outputs_equal_oracle(actual, expected, case, dtype, backend):
     rtol = RTOL[np.dtype(dtype)]
     for name, want in expected.items():
-        got = actual[name]
-        what = f"backend={backend} dtype={np.dtype(dtype)} output={name}\n{case.describe()}"
-        assert got.dtype == want.dtype, what
-        nonfinite = ~np.isfinite(want)
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
-        np.testing.assert_array_equal(got[nonfinite], want[nonfinite], err_msg=what)
-        finite = np.abs(want[~nonfinite])
-        # Per-row sums cancel: judge them on the scale of the row's terms, bounded here by the
-        # largest magnitude times the row length.
-        scale = max(1.0, float(finite.max())) if finite.size else 1.0
-        if name in {a.name for a in case.kernel.row_outputs}:
-            spans = case.arguments["spans"]
-            scale *= max(1, int(spans.max())) if spans.size else 1
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale, err_msg=what)
+        with case.described(f"backend={backend} dtype={np.dtype(dtype)} output={name}"):
+            got = actual[name]
+            assert got.dtype == want.dtype
+            nonfinite = ~np.isfinite(want)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_array_equal(got[nonfinite], want[nonfinite])
+            finite = np.abs(want[~nonfinite])
+            # Per-row sums cancel: judge them on the scale of the row's terms, bounded here by
+            # the largest magnitude times the row length.
+            scale = max(1.0, float(finite.max())) if finite.size else 1.0
+            if name in {a.name for a in case.kernel.row_outputs}:
+                spans = case.arguments["spans"]
+                scale *= max(1, int(spans.max())) if spans.size else 1
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
 
 
 @pytest.mark.parametrize("backend", COMPILED)
@@ -117,9 +117,8 @@ def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch)
     for case in cases(batch):
         serial, parallel = case.run(kernels, 1), case.run(kernels, 2)
         for name, output in serial.items():
-            np.testing.assert_array_equal(
-                parallel[name], output, err_msg=f"{backend} {name}\n{case.describe()}"
-            )
+            with case.described(f"{backend} {name}"):
+                np.testing.assert_array_equal(parallel[name], output)
 
 
 # numba and Cython give the same bits on every kernel of the table: the losses' numba builds are
@@ -136,9 +135,8 @@ def test_numba_and_cython_give_the_same_bits(batch, nonfinite):
     for case in cases(batch, nonfinite=nonfinite):
         numba_outputs, cython_outputs = case.run(numba_kernels), case.run(cython_kernels)
         for name, output in cython_outputs.items():
-            np.testing.assert_array_equal(
-                numba_outputs[name], output, err_msg=f"{name}\n{case.describe()}"
-            )
+            with case.described(name):
+                np.testing.assert_array_equal(numba_outputs[name], output)
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
@@ -342,7 +340,10 @@ def test_numba_runs_its_parallel_build_on_two_threads_and_its_serial_build_on_on
 
     rng = np.random.default_rng(3)
     valid = rng.random((4, 50)) < 0.8
-    batch = Batch("mask", np.dtype(np.float64), valid, 4, {"mask": valid}, rng)
+    # float32, as test_every_kernel_gives_the_same_bits_on_one_and_two_threads and the tiny
+    # bench run of the same xdist group: the worker compiles each parallel build once for the
+    # three (in float64 this test alone compiled every kernel's builds again, about 70 s).
+    batch = Batch("mask", np.dtype(np.float32), valid, 4, {"mask": valid}, rng)
     for case in cases(batch):
         kernel = getattr(_numba_kernels, case.kernel.name)
         builds = getattr(kernel, "kernels", [kernel])
@@ -396,9 +397,6 @@ def _assert_same_bits_wherever_the_arrays_lie(case, kernels, expected, backend):
             placed = {name: buffer[: source.size], output: buffer[source.size + gap :]}
             got = _run_placed(case, kernels, placed)
             for out_name, want in expected.items():
-                np.testing.assert_array_equal(
-                    got[out_name],
-                    want,
-                    err_msg=f"{backend} {out_name}: {name} ends {gap} positions before "
-                    f"{output}\n{case.describe()}",
-                )
+                where = f"{backend} {out_name}: {name} ends {gap} positions before {output}"
+                with case.described(where):
+                    np.testing.assert_array_equal(got[out_name], want)
