@@ -67,7 +67,8 @@ table). Conventions that keep them fast and exact:
   does with their cases: the package raises LLVM's size threshold for that while numba compiles
   its functions (``_Unswitching``), and puts LLVM's default back after.
 - The on-disk cache is off by default: numba issues #4807 and #7518 (cache races between
-  processes). ``PPO_FAST_NUMBA_CACHE=1`` turns it on, with a warning naming them.
+  processes; the README says what they do). ``PPO_FAST_NUMBA_CACHE=1`` turns it on, with a
+  warning naming them.
 """
 
 from __future__ import annotations
@@ -88,8 +89,10 @@ from ._spec import EXP32, EXP64, LOG32, LOG64
 _CACHE = os.environ.get("PPO_FAST_NUMBA_CACHE", "") == "1"
 if _CACHE:
     warnings.warn(
-        "PPO_FAST_NUMBA_CACHE=1: numba's on-disk cache can race when several processes compile "
-        "at once (numba issues #4807 and #7518); unset it if you see corrupted-cache errors",
+        "PPO_FAST_NUMBA_CACHE=1: processes that compile at once race on numba's on-disk cache "
+        "(numba issues #4807 and #7518): they drop each other's index entries, and where their "
+        "writes interleave a signature can load another's compiled code; fill the cache from one "
+        "process before others start",
         RuntimeWarning,
         stacklevel=2,
     )
