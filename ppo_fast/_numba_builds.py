@@ -248,7 +248,10 @@ def _serial_common_build(serial, kernel: Kernel):
         *(f"{a.name}_rows" for a in kernel.row_outputs),
     ]
     lines.append(f"    serial({', '.join(call)})")
-    totals = ", ".join(f"0.0 + _pairwise_sum({a.name}_rows, 0, n_rows)" for a in kernel.row_outputs)
+    # np.int64(0), not the literal 0: numba would compile _pairwise_sum and _block_sum for it too
+    totals = ", ".join(
+        f"0.0 + _pairwise_sum({a.name}_rows, np.int64(0), n_rows)" for a in kernel.row_outputs
+    )
     if kernel.aggregates:  # the general way's row_outputs[0] *= scales
         lines += [
             "    for b in range(n_rows):",

@@ -763,5 +763,5 @@ def _row_totals(row_outputs):
     n_rows = row_outputs.shape[1]
     totals = np.empty(row_outputs.shape[0])
     for k in range(row_outputs.shape[0]):
-        totals[k] = 0.0 + _pairwise_sum(row_outputs[k], 0, n_rows)
+        totals[k] = 0.0 + _pairwise_sum(row_outputs[k], np.int64(0), n_rows)  # as _numba_builds
     return totals

@@ -191,7 +191,7 @@ def _kl_cov_offer_rows(
     distance = np.uint64(_STREAM_AHEAD_BYTES // logprobs.itemsize)
     mean_advs = _lanes_splat(mean_adv)
     mean_logps = _lanes_splat(mean_logp)
-    size = 0
+    size = np.int64(0)  # not the literal 0: numba would compile _top_k_keep for it too
     threshold = -math.inf
     block = np.empty(8)
     for j in range(rows.shape[0]):
