@@ -194,6 +194,72 @@ def test_floor_is_the_compulsory_bytes_at_the_copy_bandwidth():
     assert row["median"] == pytest.approx((read + written) / row["bandwidth"])
 
 
+def test_each_tables_floor_is_the_copy_bandwidth_measured_around_its_rows(monkeypatch):
+    """A VM's copy bandwidth moves within seconds, so each table's floor comes from copies
+    taken just before and just after ppo_fast's rows of that table are timed."""
+    from ppo_fast.bench import roofline, timing
+
+    log = []
+    # the seconds of the copies before and after each table's rows, tables in the plan's order
+    best = {((4, 16), 1): 0.02, ((4, 16), 2): 0.1, ((4, 32), 1): 0.01, ((4, 32), 2): 0.05}
+    first_shape = [[0.04, 0.02], [0.05, 0.03], [0.2, 0.1], [0.1, 0.3]]
+    second_shape = [[0.03, 0.02], [0.01, 0.04], [0.06, 0.06], [0.05, 0.07]]
+    copy_seconds = iter([*first_shape, *second_shape])
+
+    def copy_times(threads, repeats):
+        log.append(("copies", threads, repeats))
+        return next(copy_seconds)
+
+    time_ours = timing.time_ours
+
+    def logged_time_ours(ours, budget, min_repeats):
+        log.append(("ours", [row["implementation"] for row, _ in ours]))
+        time_ours(ours, budget, min_repeats)
+
+    monkeypatch.setattr(roofline, "copy_times", copy_times)
+    monkeypatch.setattr(timing, "time_ours", logged_time_ours)
+    plan = engine.Plan(
+        kernels=("gae",),
+        shapes=((4, 16), (4, 32)),
+        threads=(1, 2),
+        budget=0.001,
+        implementations=("ppo_fast out=", "floor"),
+    )
+    rows = engine.run(plan)
+    half = engine.COPY_REPEATS // 2
+    rest = engine.COPY_REPEATS - half
+    assert log == [
+        entry
+        for _ in plan.shapes
+        for threads in (1, 2)
+        for entry in [
+            ("copies", threads, half),
+            ("ours", ["ppo_fast out="]),
+            ("copies", threads, rest),
+        ]
+    ]
+    floors = {
+        (tuple(row["shape"]), row["threads"]): row for row in rows if row["kind"] == engine.FLOOR
+    }
+    assert floors.keys() == best.keys()
+    for (shape, threads), seconds in best.items():  # the best copy around the table's rows
+        read, written = engine.KERNELS["gae"].traffic(engine.Batch(shape, "float32"))
+        bandwidth = 2 * engine.COPY_BYTES / seconds
+        floor = floors[shape, threads]
+        assert floor["bandwidth"] == pytest.approx(bandwidth) and floor["sweep"] == "shapes"
+        assert floor["median"] == pytest.approx((read + written) / bandwidth)
+        ours = next(
+            r for r in rows
+            if tuple(r["shape"]) == shape and r["threads"] == threads and r["kind"] == engine.OURS
+        )  # fmt: skip
+        assert ours["x_floor"] == pytest.approx(ours["median"] / floor["median"])
+    # The report states each thread count's range over the tables.
+    gb = {key: 2 * engine.COPY_BYTES / seconds / 1e9 for key, seconds in best.items()}
+    low, high = gb[(4, 16), 1], gb[(4, 32), 1]
+    median = (low + high) / 2
+    assert f"1 thread {low:.3g}-{high:.3g} GB/s (median {median:.3g})" in engine.format_report(rows)
+
+
 def test_time_calls_batches_fast_calls_and_samples_slow_ones_a_few_times():
     calls = []
     samples, number = engine.time_calls(lambda: calls.append(1), budget=0.01, min_repeats=3)

@@ -55,7 +55,15 @@ from .report import (
     render,
     report_items,
 )
-from .roofline import COPY_BYTES, COPY_REPEATS, Copy, copy_bandwidth, floor_seconds
+from .roofline import (
+    COPY_BYTES,
+    COPY_REPEATS,
+    Copy,
+    copies_around,
+    copy_bandwidth,
+    copy_times,
+    floor_seconds,
+)
 from .timing import (
     DEFAULT_THREADS,
     SAMPLE_SECONDS,
@@ -107,7 +115,9 @@ __all__ = [
     "add_ratios",
     "check",
     "compare",
+    "copies_around",
     "copy_bandwidth",
+    "copy_times",
     "environment",
     "exponents",
     "first_call_modes",

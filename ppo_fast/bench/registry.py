@@ -144,7 +144,8 @@ def _floor_implementation(kernel: Kernel) -> Implementation:
         # what is timed is the copy that measures the bandwidth; the row's time is the floor
         prepare=lambda batch, threads: Copy(threads),
         source=f"the memory floor: reading {read} and writing {kernel.writes} array(s) once, at "
-        f"the copy bandwidth (np.copyto over {COPY_BYTES >> 20} MiB, best of {COPY_REPEATS})",
+        f"the copy bandwidth (np.copyto over {COPY_BYTES >> 20} MiB, best of {COPY_REPEATS} around "
+        "ppo_fast's rows of the table)",
     )
 
 

@@ -12,6 +12,7 @@ import io
 import math
 import os
 import platform
+import statistics
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -156,21 +157,26 @@ def report_items(
     lines += [
         "  median / min / max: seconds per call over n samples; x floor: median over the memory",
         "  floor (the kernel's compulsory bytes, each input read and each output written once, at",
-        "  the copy bandwidth of np.copyto over 64 MiB on as many threads; 1.0x = the floor);",
+        "  the copy bandwidth of np.copyto over 64 MiB on as many threads, best of 10 copies",
+        "  around ppo_fast's rows of the table; 1.0x = the floor);",
         "  speed-up: the row's median over ppo_fast's, one run. ppo_fast's rows of a table are",
         "  timed together, their samples taken in turn (a, b, b, a, ...); each peer's in a block.",
     ]
-    bandwidths = {
-        row["threads"]: row["bandwidth"]
-        for row in rows
-        if row["kind"] == FLOOR and row["status"] == "ok"
-    }
+    bandwidths: dict[int, list[float]] = {}
+    for row in rows:
+        if row["kind"] == FLOOR and row["status"] == "ok":
+            bandwidths.setdefault(row["threads"], []).append(row["bandwidth"] / 1e9)
     if bandwidths:
         measured = ", ".join(
-            f"{threads} thread{'s' * (threads > 1)} {bandwidth / 1e9:.3g} GB/s"
-            for threads, bandwidth in sorted(bandwidths.items())
+            f"{threads} thread{'s' * (threads > 1)} "
+            + (
+                f"{min(values):.3g}-{max(values):.3g} GB/s (median {statistics.median(values):.3g})"
+                if min(values) != max(values)
+                else f"{values[0]:.3g} GB/s"
+            )
+            for threads, values in sorted(bandwidths.items())
         )
-        lines.append(f"  copy bandwidth (2 x bytes / best time, this run): {measured}")
+        lines.append(f"  copy bandwidth (2 x bytes / best time; over the tables): {measured}")
     lines.append("")
     # The speed-up columns: our compiled backends, then our implementations that run no kernel
     # of the table (the outcome estimators); the oracle is there to be checked, not raced.
