@@ -177,6 +177,10 @@ def test_the_limit_keeps_the_most_recently_freed_and_0_keeps_none():
     bigger = _result_arrays.empty((256, 1024), dtype)  # 2 MiB, over the limit: dropped alone
     del bigger
     assert [b.ctypes.data for b in pool.free] == addresses[3:]
+    exact = _result_arrays.empty((128, 1024), dtype)  # takes the kept block; at the limit, kept
+    assert exact.ctypes.data == addresses[3] and pool.free == []
+    del exact
+    assert [b.ctypes.data for b in pool.free] == addresses[3:] and pool.free_bytes == 1 << 20
     ppo_fast.set_result_cache(0)
     assert pool.free == [] and pool.free_bytes == 0
     assert _result_arrays.empty((128, 1024), dtype).flags.owndata
@@ -293,6 +297,14 @@ def test_the_environment_variable_sets_the_limit_unless_set_result_cache_does(mo
     ppo_fast.set_result_cache(None)
     assert pooled_gae()
     assert _result_arrays._pool.limit == _result_arrays.DEFAULT_CACHE_BYTES
+
+
+def test_the_default_limit_is_the_documented_512_mib(monkeypatch):
+    monkeypatch.delenv("PPO_FAST_RESULT_CACHE", raising=False)
+    ppo_fast.set_result_cache(None)
+    assert _pooled(CALLS["gae"](_batch()).advantages)
+    assert _result_arrays._pool.limit == 512 * 2**20
+    assert "(default 512 MiB; 0: none)" in ppo_fast.set_result_cache.__doc__
 
 
 @pytest.mark.parametrize("raw", ["abc", "-1", "1.5", "1e6", "512MiB"])
