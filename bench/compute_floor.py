@@ -15,11 +15,13 @@ fixed cost more than the arithmetic (the clipped surrogate at 8x1024: 1.4x the t
 at 32x2048). Its time per valid token, times the valid tokens of the large batch
 (``--shape``, 1024x4096), is the large batch's **compute floor**: what the kernel would take if
 memory were free. Both batches draw lengths uniform in [T/2, T], as the bench's, so they have the
-same share of padding. The row then shows the memory floor (the copy bandwidth of this run, as
-the bench measures it), the compute floor in multiples of it, and the large batch's measured time
-in multiples of it. Where the compute floor is above a target (``x floor``), fewer instructions
-per token, not fewer bytes, is what can reach it. Per-call overheads (validation, allocation) are
-in both times: at 32x2048 they are a few microseconds against hundreds.
+same share of padding. The row then shows the memory floor (at the copy bandwidth measured around
+the large batch's timing, as the bench measures it around each table's rows: the best of 10
+copies, 5 just before and 5 just after), the compute floor in multiples of it, and the large
+batch's measured time in multiples of it. Where the compute floor is above a target
+(``x floor``), fewer instructions per token, not fewer bytes, is what can reach it. Per-call
+overheads (validation, allocation) are in both times: at 32x2048 they are a few microseconds
+against hundreds.
 
 With ``--two-threads`` a second table holds the two-thread target: the large batch's memory floor
 at the copy bandwidth of two threads, the compute floor halved (the arithmetic split evenly over
@@ -41,7 +43,7 @@ import numpy as np
 
 from ppo_fast.bench import registry
 from ppo_fast.bench.batch import Batch, parse_shape
-from ppo_fast.bench.roofline import copy_bandwidth, floor_seconds
+from ppo_fast.bench.roofline import copies_around, floor_seconds
 from ppo_fast.bench.timing import quiet_openmp, set_threads
 
 DEFAULT_KERNELS = "gae,whiten,clipped_surrogate,value_loss,reinforce,cispo,sapo,gspo,geo_mean,dppo"
@@ -69,6 +71,17 @@ def _medians(runs: dict[str, object], repeat: int, samples: int) -> dict[str, fl
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
+def _large_batch(
+    kernel: registry.Kernel, large: Batch, runs: dict[str, object], threads: int, samples: int
+) -> tuple[dict[str, float], float, str]:
+    """The large batch's medians, its memory floor at the copy bandwidth measured around them
+    on ``threads`` threads, and the floor's cell (the floor and that bandwidth)."""
+    times: dict[str, float] = {}
+    bandwidth = copies_around(threads, lambda: times.update(_medians(runs, 1, samples)))
+    floor = floor_seconds(*kernel.traffic(large), bandwidth)
+    return times, floor, f"{floor * 1e3:.2f} ms ({bandwidth / 1e9:.1f} GB/s)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", default=DEFAULT_KERNELS)
@@ -93,10 +106,9 @@ def main() -> None:
     large_tokens, small_tokens = int(large.lengths.sum()), int(small.lengths.sum())
     repeat = max(1, large_tokens // small_tokens // 2)  # a small sample lasts about as long
     backends = args.backends.split(",")
-    bandwidth = copy_bandwidth(1)
     print(
-        f"{platform.processor() or platform.machine()}, copy bandwidth (1 thread, this run) "
-        f"{bandwidth / 1e9:.1f} GB/s; large {args.shape} float32 ({large_tokens} valid tokens), "
+        f"{platform.processor() or platform.machine()}, copy bandwidth around each kernel's large "
+        f"batch; large {args.shape} float32 ({large_tokens} valid tokens), "
         f"small {args.small} ({small_tokens}, {repeat} calls a sample); one thread\n"
     )
     print(
@@ -107,16 +119,15 @@ def main() -> None:
     computes = {}  # (kernel, backend): the compute floor, seconds
     for name in args.kernels.split(","):
         kernel = registry.KERNELS[name]
-        floor = floor_seconds(*kernel.traffic(large), bandwidth)
         small_runs = {b: _call(kernel, b, small) for b in backends}
         large_runs = {b: _call(kernel, b, large) for b in backends}
         small_times = _medians(small_runs, repeat, args.samples)
-        large_times = _medians(large_runs, 1, args.samples)
+        large_times, floor, cell = _large_batch(kernel, large, large_runs, 1, args.samples)
         for backend in backends:
             compute = computes[name, backend] = small_times[backend] / small_tokens * large_tokens
             measured = large_times[backend]
             print(
-                f"| {name} | {backend} | {floor * 1e3:.2f} ms | {compute * 1e3:.2f} ms = "
+                f"| {name} | {backend} | {cell} | {compute * 1e3:.2f} ms = "
                 f"{compute / floor:.2f}x | {measured * 1e3:.2f} ms = {measured / floor:.2f}x | "
                 f"{small_times[backend] / small_tokens * 1e9:.2f} |",
                 flush=True,
@@ -128,8 +139,7 @@ def main() -> None:
 def _two_threads(args, backends, large: Batch, computes: dict) -> None:
     """The second table: the compute floors halved against two threads' memory floor."""
     set_threads(2)
-    bandwidth = copy_bandwidth(2)
-    print(f"\ncopy bandwidth (2 threads, this run) {bandwidth / 1e9:.1f} GB/s; two threads\n")
+    print("\ncopy bandwidth (2 threads) around each kernel's large batch; two threads\n")
     print(
         "| kernel | backend | memory floor, two threads | compute floor halved "
         "| measured (large batch, two threads) |"
@@ -137,13 +147,13 @@ def _two_threads(args, backends, large: Batch, computes: dict) -> None:
     print("|---|---|---|---|---|")
     for name in args.kernels.split(","):
         kernel = registry.KERNELS[name]
-        floor = floor_seconds(*kernel.traffic(large), bandwidth)
-        large_times = _medians({b: _call(kernel, b, large) for b in backends}, 1, args.samples)
+        large_runs = {b: _call(kernel, b, large) for b in backends}
+        large_times, floor, cell = _large_batch(kernel, large, large_runs, 2, args.samples)
         for backend in backends:
             half = computes[name, backend] / 2
             measured = large_times[backend]
             print(
-                f"| {name} | {backend} | {floor * 1e3:.2f} ms | {half * 1e3:.2f} ms = "
+                f"| {name} | {backend} | {cell} | {half * 1e3:.2f} ms = "
                 f"{half / floor:.2f}x | {measured * 1e3:.2f} ms = {measured / floor:.2f}x |",
                 flush=True,
             )

@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -611,6 +612,8 @@ def test_the_compute_floor_script_prints_both_tables(tmp_path):
         rows += [line for line in table.splitlines() if line.startswith("| clipped_surrogate |")]
         assert len(rows) == 2, table
         assert all(len(row.split("|")) == columns for row in rows), rows
+        # each kernel's floor at the bandwidth of the copies around its own large batch
+        assert all(re.fullmatch(r" \d+\.\d\d ms \(\d+\.\d GB/s\) ", r.split("|")[3]) for r in rows)
     for name in ("gae", "clipped_surrogate"):
         compute = next(r for r in one.splitlines() if r.startswith(f"| {name} |")).split("|")[4]
         halved = next(r for r in two.splitlines() if r.startswith(f"| {name} |")).split("|")[4]
