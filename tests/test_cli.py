@@ -66,6 +66,52 @@ def test_trace_prints_the_clipped_surrogate_cases(capsys):
     assert cases["000 step 7, token 1"][1] == "1.0513"
 
 
+# shared/seeds/003's answers: L = min(ratio * A, clip(ratio, 0.8, 1.2) * A) of each case
+SEED_003_ANSWERS = {
+    "003 #1 good token, inside the band": (2.0, 1.15, 2.30),
+    "003 #2 good token, too eager": (2.0, 1.6, 2.4),
+    "003 #3 good token, backed off": (2.0, 0.7, 1.4),
+    "003 #4 bad token, already dropped": (-3.0, 0.5, -2.4),
+    "003 #5 bad token, more eager": (-3.0, 1.4, -4.2),
+    "003 #6a zero advantage": (0.0, 1.9, 0.0),
+    "003 #6b ratio exactly one": (2.0, 1.0, 2.0),
+    "003 #8a same ratio, good token": (2.0, 1.5, 2.4),
+    "003 #8b same ratio, bad token": (-2.0, 1.5, -3.0),
+}
+
+
+def test_trace_prints_every_seed_case_with_the_seeds_answer(capsys):
+    assert cli.main(["trace"]) == 0
+    loss_table = capsys.readouterr().out.split("\n\n")[1]
+    assert loss_table.startswith(
+        "Clipped surrogate L = min(ratio*A, clip(ratio, 0.8, 1.2)*A); "
+        "the loss of a one-token batch is -L\n"
+    )
+    cases = {row[0].strip(): [c.strip() for c in row[1:]] for row in table_rows(loss_table, 0)}
+    for case, (advantage, ratio, objective) in SEED_003_ANSWERS.items():
+        assert cases[case][:2] == [f"{advantage:.4f}", f"{ratio:.4f}"], case
+        assert cases[case][5] == f"{objective:.4f}", case
+
+
+def test_trace_shows_a_dual_clipped_token_and_takes_null_bounds(capsys, tmp_path):
+    # the third token: A < 0 (the whitened -1.3179) and a ratio of exp(1.2) = 3.32 > dual_clip
+    new_logprobs = [[-0.85, -1.0, 0.6]]
+    path = tmp_path / "batch.json"
+    for bounds, branches in (
+        ({"dual_clip": 3.0}, ["unclipped", "clipped (flat)", "dual clip (flat)"]),
+        ({"dual_clip": None, "clip_high": None}, ["unclipped", "clipped (flat)", "unclipped"]),
+    ):
+        path.write_text(json.dumps(dict(cli.SEED_BATCH, new_logprobs=new_logprobs, **bounds)))
+        assert cli.main(["trace", "--json", str(path)]) == 0, capsys.readouterr().err
+        assert [r[-1].strip() for r in table_rows(capsys.readouterr().out, 1)] == branches
+
+
+def test_json_values_are_described_whole_up_to_24_characters():
+    assert cli._describe(123456789012345678901234) == "the number 123456789012345678901234"
+    assert cli._describe(1234567890123456789012345) == "the number 12345678901234567890..."
+    assert cli._describe("abcdefghijklmnopqrstuvwxyz") == "a string ('abcdefghijklmnopqrst')"
+
+
 def test_trace_prints_the_policy_loss_for_new_logprobs(capsys, tmp_path):
     batch = dict(cli.SEED_BATCH, new_logprobs=[[-0.85, -1.0, -0.9]], dual_clip=3.0)
     path = tmp_path / "batch.json"
@@ -740,6 +786,22 @@ def test_trace_dataset_shows_the_example_through_ppo_fast_data(tmp_path, capsys)
     capsys.readouterr()
     assert cli.main(["trace", "--dataset", str(example)]) == 0
     assert rows_of(capsys.readouterr().out) == rows
+    # a JSON lines file, which the source reads whole (before 0.8.26 the trace then failed)
+    lines = tmp_path / "rollouts.jsonl"
+    lines.write_text("".join(json.dumps(row) + "\n" for row in cli_example_rows()))
+    assert cli.main(["trace", "--dataset", str(lines)]) == 0
+    assert rows_of(capsys.readouterr().out) == rows
+    missing = tmp_path / "missing.parquet"
+    error = one_error_line(
+        capsys, cli.main(["trace", "--dataset", str(missing)]), "ppo-fast trace: --dataset: "
+    )
+    assert error.startswith("no such file")
+
+
+def cli_example_rows() -> list[dict]:
+    from ppo_fast.data import cli as data_cli
+
+    return data_cli.example_table().to_pylist()
 
 
 def test_advantages_names_the_output_when_writing_fails(tmp_path, capsys, monkeypatch):

@@ -62,14 +62,20 @@ class TableSource(_Source):
     format = "table"
 
     def __init__(self, table: Any, batch_rows: int | None = None) -> None:
-        self.table = table
+        # not ``self.table``: that would hide the ``table()`` method (a JSON lines input, read
+        # whole into this source, made ``ppo-fast trace --dataset FILE`` call the Table before
+        # 0.8.26)
+        self._table = table
         self.schema = table.schema
         self.num_rows = table.num_rows
         self.batch_rows = batch_rows
 
     def batches(self, columns: list[str] | None) -> Iterator[Any]:
-        table = self.table if columns is None else self.table.select(columns)
+        table = self._table if columns is None else self._table.select(columns)
         yield from table.to_batches(max_chunksize=self.batch_rows)
+
+    def table(self) -> Any:
+        return self._table
 
 
 class ParquetSource(_Source):
