@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -777,7 +779,9 @@ def test_advantages_interrupted_leaves_no_output(tmp_path, capsys, monkeypatch):
 def test_trace_dataset_shows_the_example_through_ppo_fast_data(tmp_path, capsys):
     pytest.importorskip("pyarrow")
     assert cli.main(["trace", "--dataset"]) == 0
-    rows = rows_of(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert out.startswith("ppo_fast.data on the example dataset (ppo-fast advantages --example")
+    rows = rows_of(out)
     # Row 0 is the seed's example: its returns are the trace's (0.7212, 0.7960, 0.6800).
     assert [r[-1] for r in rows[:3]] == ["0.7212", "0.7960", "0.6800"]
     assert rows[4][3] == "0" and rows[4][-2:] == ["0.0000", "0.0000"]  # the masked tool token
@@ -791,11 +795,46 @@ def test_trace_dataset_shows_the_example_through_ppo_fast_data(tmp_path, capsys)
     lines.write_text("".join(json.dumps(row) + "\n" for row in cli_example_rows()))
     assert cli.main(["trace", "--dataset", str(lines)]) == 0
     assert rows_of(capsys.readouterr().out) == rows
+    # without a mask column every token is valid, and the trace shows so
+    unmasked = tmp_path / "unmasked.jsonl"
+    without_mask = [{k: v for k, v in row.items() if k != "mask"} for row in cli_example_rows()]
+    unmasked.write_text("".join(json.dumps(row) + "\n" for row in without_mask))
+    assert cli.main(["trace", "--dataset", str(unmasked)]) == 0
+    unmasked_rows = rows_of(capsys.readouterr().out)
+    assert [r[3] for r in unmasked_rows] == ["1"] * 9
+    assert unmasked_rows[4][-2:] != ["0.0000", "0.0000"]  # the tool token counts now
     missing = tmp_path / "missing.parquet"
     error = one_error_line(
         capsys, cli.main(["trace", "--dataset", str(missing)]), "ppo-fast trace: --dataset: "
     )
     assert error.startswith("no such file")
+
+
+def _readme_block(starting: str) -> list[str]:
+    """The lines of the README's code block whose first line starts with ``starting``."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```$", readme, re.MULTILINE | re.DOTALL)
+    block = next(b for b in blocks if b.startswith(starting))
+    return block.splitlines()
+
+
+def test_the_readme_shows_what_trace_and_trace_dataset_print(tmp_path, capsys):
+    """The README's two traces (the seed's pipeline, the example dataset) are the commands'
+    output, rows and columns, but for the backend and the file named in the first line."""
+    pytest.importorskip("pyarrow")
+    assert cli.main(["trace"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    shown = _readme_block("KL-shaped rewards, GAE and whitening:")
+    assert printed[1 : len(shown)] == shown[1:]
+    assert printed[0].split(", backend=")[0] == shown[0].split(", backend=")[0]
+    example = tmp_path / "rollouts.parquet"
+    assert cli.main(["advantages", "--example", str(example)]) == 0
+    capsys.readouterr()
+    assert cli.main(["trace", "--dataset", str(example)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    shown = _readme_block("ppo_fast.data on rollouts.parquet:")
+    assert printed[1:] == shown[1:]
+    assert printed[0] == shown[0].replace("rollouts.parquet", str(example), 1)
 
 
 def cli_example_rows() -> list[dict]:

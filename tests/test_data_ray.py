@@ -134,3 +134,59 @@ def test_missing_columns_are_refused_before_the_dataset_is_read():
     dataset = ray.data.from_arrow(rollouts(n_rows=10).drop_columns(["values"]))
     with pytest.raises(data.DataError, match="no column 'values' in the dataset"):
         ppo_ray.advantages(dataset, estimator="gae")
+
+
+def test_missing_columns_are_named_as_ppo_fast_data_names_them():
+    # gae with a KL penalty reads both; the first of them in the columns' order is named
+    table = rollouts(n_rows=10).drop_columns(["values", "ref_logprobs"])
+    with pytest.raises(data.DataError) as one_table:
+        data.advantages(table, estimator="gae", kl_coef=0.1)
+    first = one_table.value.args[0].split("no column ")[1].split(" ")[0]
+    assert first in ("'values'", "'ref_logprobs'")
+    with pytest.raises(data.DataError, match=f"no column {first} in the dataset"):
+        ppo_ray.advantages(ray.data.from_arrow(table), estimator="gae", kl_coef=0.1)
+
+
+def test_every_option_is_keyword_only():
+    import inspect
+
+    parameters = list(inspect.signature(ppo_ray.advantages).parameters.values())
+    assert parameters[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in parameters[1:]), parameters
+
+
+def test_gpg_with_no_nonzero_score_equals_one_table():
+    table = rollouts(n_rows=60, seed=8)
+    table = table.set_column(2, "score", pa.array(np.zeros(60)))
+    expected = data.advantages(table, estimator="gpg")
+    got = collected(ppo_ray.advantages(ray.data.from_arrow(table).repartition(2), estimator="gpg"))
+    np.testing.assert_array_equal(flat(got, "advantages"), flat(expected, "advantages"))
+
+
+@pytest.mark.parametrize(
+    ("tokens", "options", "message"),
+    [
+        (0, {}, "no valid token"),
+        (1, {"unbiased": True}, "a single valid token and unbiased=True"),
+        (5, {"whiten_eps": 0.0}, "the variance is 0 and whiten_eps=0"),
+    ],
+)
+def test_reinforce_plus_plus_baseline_refuses_what_one_table_refuses(tokens, options, message):
+    table = rollouts(n_rows=6, seed=9)
+    lengths = [tokens, 0, 0, 0, 0, 0] if tokens < 5 else [1, 1, 1, 1, 1, 0]
+    offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))).astype(np.int32))
+    n = int(sum(lengths))
+    for name in ("logprobs", "ref_logprobs", "values"):
+        table = table.set_column(
+            table.schema.get_field_index(name),
+            name,
+            pa.ListArray.from_arrays(offsets, pa.array(np.full(n, -1.0))),
+        )
+    table = table.drop_columns(["mask"]).set_column(1, "uid", pa.array(["a"] * 6))
+    if tokens == 5:  # one group, one score: every centred value is 0
+        table = table.set_column(2, "score", pa.array(np.ones(6)))
+    options = {"estimator": "reinforce_plus_plus_baseline", **options}
+    with pytest.raises(ValueError, match=message):  # the one table's whiten
+        data.advantages(table, **options)
+    with pytest.raises(data.DataError, match=message):  # the merged moments of the blocks
+        collected(ppo_ray.advantages(ray.data.from_arrow(table), **options))
