@@ -101,8 +101,9 @@ def copies_around(threads: int, timed: Callable[[], Any]) -> float:
 @functools.cache
 def copy_bandwidth(threads: int) -> float:
     """The copy bandwidth on ``threads`` threads, in bytes per second, measured once a process
-    (the best of ``COPY_REPEATS`` copies): the floor of the scripts that need one for a whole run
-    (``bench/compute_floor.py``); ``ppo-fast bench`` measures it for each table instead."""
+    (the best of ``COPY_REPEATS`` copies): the floor of a row given no bandwidth of its own
+    (``timing.floor_row``); ``ppo-fast bench`` and ``bench/compute_floor.py`` measure it around
+    the rows they time instead (``copies_around``)."""
     return _touched_copy(threads).bandwidth(min(copy_times(threads, COPY_REPEATS)))
 
 
