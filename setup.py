@@ -35,6 +35,11 @@ them in the sdist.
 The three builds compile at once, one compiler process each (as many as there are cores): each is
 a GCC run of about 30 s on the same generated C, so on two cores the install took 95 s one after
 another and 65 s so (measured with `python setup.py build_ext --inplace --force`).
+
+A fourth, small module, ``ppo_fast._checks`` (src/_checks.pyx), is the stages' common-case test of
+their arguments in C, read from the arrays' fields with NumPy's headers (hence numpy in the build
+requirements); without it ppo_fast runs the same test in Python (``_validate``), so it fails the
+install only under ``PPO_FAST_REQUIRE_CYTHON=1``, like the kernels.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ SPEC = "ppo_fast/_spec.py"
 PORTABLE = "ppo_fast._cython_kernels"
 AVX2 = "ppo_fast._cython_kernels_avx2"
 AVX512 = "ppo_fast._cython_kernels_avx512"
+CHECKS = "ppo_fast._checks"
 # The x86-64 builds beyond the portable one, and the flags each adds (GCC and Clang).
 X86_64_FLAGS = {
     AVX2: ["-mavx2", "-mfma"],
@@ -81,6 +87,9 @@ HEADERS = [
     "src/rows.h",
     *sorted(glob.glob("src/rows_*.h")),
 ]
+# NumPy's C API as of 1.7 only: no deprecated names.
+NUMPY_API = ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")
+
 EXTENSIONS = [
     Extension(
         name,
@@ -89,7 +98,7 @@ EXTENSIONS = [
         include_dirs=["src"],
     )
     for name in (PORTABLE, AVX2, AVX512)
-]
+] + [Extension(CHECKS, ["src/_checks.pyx"], define_macros=[NUMPY_API])]
 
 # Per compiler family: (optimisation and exact arithmetic, OpenMP compile, OpenMP link).
 # MSVC does not contract under /fp:precise (its default since Visual Studio 2022).
@@ -127,8 +136,9 @@ def render_kernels() -> None:
             f.write(text)
 
 
-def _build_name(module: str) -> str:
-    return {PORTABLE: "portable", AVX2: "avx2", AVX512: "avx512"}[module]
+def _build_name(module: str) -> str | None:
+    """The name of a build of the kernels in PPO_FAST_CYTHON_BUILDS, None for the checks."""
+    return {PORTABLE: "portable", AVX2: "avx2", AVX512: "avx512"}.get(module)
 
 
 def _warn(message: str) -> None:
@@ -157,7 +167,7 @@ class BuildCython(build_ext):
             extension
             for extension in self.extensions
             if (extension.name not in X86_64_FLAGS or (family == "unix" and x86_64))
-            and _build_name(extension.name) in BUILDS
+            and _build_name(extension.name) in (*BUILDS, None)
         ]
         # The compiler runs in a process of its own, so threads overlap the builds; setuptools'
         # own parallel build_ext calls the same compiler object from threads.
@@ -177,6 +187,10 @@ class BuildCython(build_ext):
                 + (
                     "ppo_fast's Cython backend uses a narrower build instead (same bits)."
                     if extension.name in X86_64_FLAGS
+                    else "ppo_fast checks the fast paths' arguments in Python instead (the same "
+                    "answers, about half a microsecond more a call). PPO_FAST_REQUIRE_CYTHON=1 "
+                    "makes this fatal."
+                    if extension.name == CHECKS
                     else "ppo_fast is installed without its Cython backend; numba and the "
                     "python oracle remain. PPO_FAST_REQUIRE_CYTHON=1 makes this fatal."
                 )
@@ -209,6 +223,12 @@ class BuildCython(build_ext):
         # Keep setuptools' own Extension object: it carries what build_ext set up for it.
         extension.sources = cythonized.sources
         flags, openmp_compile, openmp_link = FLAGS[family]
+        if extension.name == CHECKS:  # no loops to parallelise: no OpenMP
+            import numpy
+
+            extension.include_dirs = [numpy.get_include()]
+            self._compile(extension, flags, [])
+            return
         flags = flags + X86_64_FLAGS.get(extension.name, [])
         try:
             self._compile(extension, flags + openmp_compile, openmp_link)

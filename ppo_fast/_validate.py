@@ -346,16 +346,16 @@ def fast_real(value: Any) -> Any:
     return value
 
 
-def common_case(arrays: tuple[Any, ...], mask: Any) -> bool:
-    """Whether the token ``arrays`` and the ``mask`` are the common case, checked in a few
-    attribute reads.
+def python_common_case(arrays: tuple[Any, ...], mask: Any) -> bool:
+    """Whether the token ``arrays`` (a tuple) and the ``mask`` are the common case. ``common_case``
+    is this test in C where ppo_fast._checks is built (src/_checks.pyx: 0.05 us, not 0.6 us for
+    three arrays and a mask), else this function.
 
     The common case: NumPy arrays (not subclasses) of one float dtype (float32 or float64, native
     byte order), 2-D, of one shape, C-contiguous, aligned and writeable (``flags.carray``; see
-    ``kernel_array``), with no mask or such a bool mask of that shape. Those are exactly the
-    inputs that ``token_arrays`` returns unchanged and ``rows`` accepts as they are; anything else
-    goes the general way, which returns the same or raises. The stages' fast paths (the kernels'
-    ``_backend.common`` entries) and ``batch`` start here.
+    ``kernel_array``), with no mask or such a bool mask of that shape: exactly the inputs that
+    ``token_arrays`` returns unchanged and ``rows`` accepts as they are; anything else goes the
+    general way, which returns the same or raises. The fast paths and ``batch`` start here.
     """
     first = arrays[0]
     if type(first) is not _NDARRAY or not first.flags.carray:
@@ -374,6 +374,12 @@ def common_case(arrays: tuple[Any, ...], mask: Any) -> bool:
     return mask is None or (
         type(mask) is _NDARRAY and mask.dtype is _BOOL and mask.shape == shape and mask.flags.carray
     )
+
+
+try:
+    from ._checks import common_case
+except ImportError:  # not built (setup.py warned): the same test in Python
+    common_case = python_common_case
 
 
 # Up to this many positions lengths take the fast paths as the bool mask of their valid

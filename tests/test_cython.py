@@ -356,7 +356,10 @@ def test_a_failed_build_installs_without_cython_unless_cython_is_required(tmp_pa
     log = out.stdout + out.stderr
     assert "WARNING: ppo_fast: ppo_fast._cython_kernels was not built: CompileError" in log
     assert "PPO_FAST_REQUIRE_CYTHON=1 makes this fatal" in log
+    assert "WARNING: ppo_fast: ppo_fast._checks was not built: CompileError" in log
+    assert "ppo_fast checks the fast paths' arguments in Python instead" in log
     assert not list(target.glob("ppo_fast/_cython_kernels*"))
+    assert not list(target.glob("ppo_fast/_checks*"))
 
     used = run_python(
         IMPORT_FROM_PYTHONPATH_ONLY
@@ -364,6 +367,8 @@ def test_a_failed_build_installs_without_cython_unless_cython_is_required(tmp_pa
         import numpy as np, ppo_fast
         assert ppo_fast.__file__.startswith("{target}"), ppo_fast.__file__
         print(ppo_fast.available_backends())
+        from ppo_fast import _validate
+        print(_validate.common_case is _validate.python_common_case)
         try:
             ppo_fast.gae(np.zeros((1, 2)), np.zeros((1, 2)), backend="cython")
         except ppo_fast.BackendUnavailableError as error:
@@ -373,8 +378,9 @@ def test_a_failed_build_installs_without_cython_unless_cython_is_required(tmp_pa
         PYTHONPATH=str(target),
     )
     assert used.returncode == 0, used.stderr
-    backends, error = used.stdout.splitlines()
+    backends, python_checks, error = used.stdout.splitlines()
     assert backends == "['numba', 'python']"
+    assert python_checks == "True"
     assert "ppo_fast._cython_kernels is not built" in error
     assert "PPO_FAST_REQUIRE_CYTHON=1 pip install -v ." in error
 
@@ -414,6 +420,7 @@ def test_a_compiler_without_openmp_gives_a_serial_build_that_says_so_at_first_us
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "ppo_fast._cython_kernels was built without OpenMP" in out.stdout + out.stderr
     assert not list(target.glob("ppo_fast/_cython_kernels_avx*"))  # the builds asked for only
+    assert list(target.glob("ppo_fast/_checks*"))  # it needs no OpenMP
 
     used = run_python(
         IMPORT_FROM_PYTHONPATH_ONLY
