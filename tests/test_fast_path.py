@@ -1,10 +1,10 @@
 """The stages' fast paths against the general way: the same bits, the same errors.
 
-``gae``, ``clipped_surrogate``, ``value_loss``, ``whiten`` and the policy-loss family
-(``reinforce_loss`` ... ``dppo_loss``, any aggregation mode over the batch's own counts, without
-weights) recognise the common case (``_validate.common_case``: C-contiguous (B, T) NumPy arrays of
-one float dtype, no mask or a bool one, real hyperparameters (floats, ints, NumPy scalars),
-preallocated outputs apart from the inputs) and call the backend's common-case entries
+``gae``, ``shape_rewards``, ``clipped_surrogate``, ``value_loss``, ``whiten`` and the policy-loss
+family (``reinforce_loss`` ... ``dppo_loss``, any aggregation mode over the batch's own counts,
+without weights) recognise the common case (``_validate.common_case``: C-contiguous (B, T) NumPy
+arrays of one float dtype, no mask or a bool one, real hyperparameters (floats, ints, NumPy
+scalars), preallocated outputs apart from the inputs) and call the backend's common-case entries
 (``_backend.common``: the Cython kernels' own ``<kernel>_common``, which counts the valid positions,
 works out a loss's row scales and totals the row outputs in C; for numba and the oracle, one written
 from the table kernel). Turning ``common_case`` off sends every call the general way (``batch``
@@ -135,6 +135,13 @@ def token_arrays(rng, shape, dtype):
     if shape[0] * shape[1] > 6:
         for name, value in (("r", np.nan), ("v", np.inf), ("lp", 50.0), ("a", -np.inf)):
             arrays[name].flat[rng.integers(0, arrays[name].size)] = value
+    # shape_rewards' (B,) scores: data, so NaN and inf too; float64 and float32, read-only
+    scores = rng.normal(size=shape[0])
+    scores[: min(2, shape[0])] = (np.nan, np.inf)[: min(2, shape[0])]
+    arrays["scores"] = scores
+    arrays["scores32"] = scores.astype(np.float32)
+    arrays["scores_read_only"] = scores.copy()
+    arrays["scores_read_only"].setflags(write=False)
     return arrays
 
 
@@ -150,6 +157,7 @@ def outcome(function, /, **kwargs):
 # The stages with a fast path: the keyword of their preallocated outputs, and how many.
 OUT_KEYWORDS = {
     ppo_fast.gae: ("out", 2),
+    ppo_fast.shape_rewards: ("out", 1),
     ppo_fast.clipped_surrogate: ("grad_out", 1),
     ppo_fast.value_loss: ("grad_out", 1),
     ppo_fast.whiten: ("out", 1),
@@ -192,6 +200,16 @@ def the_stages(arrays):
     # ints and NumPy scalars too: the fast path reads them as floats, as the general way does
     for gamma, lam in [(0.99, 0.95), (1.0, 1.0), (-0.0, 0.0), (1, np.float64(0.95)), (0, 1)]:
         yield ppo_fast.gae, dict(rewards=arrays["r"], values=arrays["v"], gamma=gamma, lam=lam)
+    kl = dict(logprobs=arrays["lp"], ref_logprobs=arrays["old"])
+    for scores, kl_coef, estimator, clamp in [
+        ("scores", 0.05, "k3", 10.0),
+        ("scores32", 0.0, "k1", None),
+        ("scores_read_only", 1, "k2", np.inf),
+        ("scores", np.float32(0.5), "abs", np.int64(3)),
+        ("scores", 1.5, "k3", None),
+    ]:
+        options = dict(kl_coef=kl_coef, estimator=estimator, clamp=clamp)
+        yield ppo_fast.shape_rewards, dict(scores=arrays[scores], **kl, **options)
     for clip_low, clip_high, dual_clip, clamp in [
         (0.2, None, None, None),
         (0.2, 0.28, 3.0, 20.0),
@@ -347,7 +365,7 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
                 for ratio in (0.0002, 1, np.float32(0.5)):
                     selection = dict(logprobs=arrays["lp"], advantages=arrays["a"], ratio=ratio)
                     outcome(ppo_fast.kl_cov_selection, **selection, mask=mask, backend="numba")
-    assert {name for name, _, _ in types_by_key} == {*COMMON, "kl_cov_top_k"}
+    assert {name for name, _, _ in types_by_key} == {*COMMON, "kl_cov_top_k", "shape_rewards"}
     assert {dtype for _, dtype, _ in types_by_key} == {np.dtype(d) for d in DTYPES}
     for key, seen in types_by_key.items():
         assert len(seen) == 1, (key, seen)
@@ -358,6 +376,9 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
     assert _backend._serial_tables
     for (name, *_), entry in _backend._serial_tables.items():
         dispatcher = _numba_kernels.serial_table_kernel(name)
+        if dispatcher is None:  # shape_rewards: the table kernel, which types its arguments
+            assert name == "shape_rewards" and entry is _numba_kernels.shape_rewards, name
+            continue
         assert entry in {o.entry_point for o in dispatcher.overloads.values()}, name
 
 
@@ -618,6 +639,8 @@ def _fast_targets():
             )
             for loss, scalars in FAMILY_SCALARS
         ),
+        # its valid call is a common case: float64 scores, a bool mask, k3 and a clamp
+        *(t for t in hostile._numpy_targets() if t.name == "shape_rewards"),
         hostile.Target(
             "kl_cov_selection[common]",
             ppo_fast.kl_cov_selection,
