@@ -151,6 +151,7 @@ def table_kernel(
     n_threads: int = 0,
     dtype: np.dtype | None = None,
     masked: bool = False,
+    code: int | None = None,
 ) -> Callable:
     """Kernel ``name`` of the table on ``backend``, to be called with every argument in the
     table's order (``Kernel.arguments``), ``n_threads`` last: for a stage's fast path, which
@@ -161,16 +162,18 @@ def table_kernel(
     of every argument it passes, gets a backend's one-thread build with the table's arguments
     (numba's ``serial_table_kernel``), through its exact entry after the first call
     (``_learned``): numba's table kernel is a Python callable around its builds that types every
-    argument on each call (KL-Cov's selection at 8 x 128: about 1.5 us of a 6.8 us call)."""
+    argument on each call (KL-Cov's selection at 8 x 128: about 1.5 us of a 6.8 us call). A
+    kernel built per estimator (the table's ``specialise``) is asked for with the estimator's
+    ``code`` that every call will pass: numba's one-thread build is that estimator's."""
     if n_threads != 1 or dtype is None:
         return getattr(_cached_resolve(backend), name)
-    key = (name, backend, _selected, _environment_backend(), dtype, masked)
+    key = (name, backend, _selected, _environment_backend(), dtype, masked, code)
     function = _serial_tables.get(key)
     if function is None:
         module = _cached_resolve(backend)
         function = getattr(module, name)
         serial = getattr(module, "serial_table_kernel", None)
-        serial = serial and serial(name)
+        serial = serial and (serial(name) if code is None else serial(name, code))
         exact_entry = getattr(module, "exact_entry", None)
         if serial is not None and exact_entry is not None:
             function = _learned(serial, exact_entry, _serial_tables, key)
@@ -306,8 +309,11 @@ def _common_from_kernel(
 # The common-case entry each (kernel, backend=, set_backend, raw PPO_FAST_BACKEND, one thread,
 # token dtype, mask or not) resolves to (as ``_resolved``; a failure is never cached).
 _commons: dict[tuple[str, str | None, str | None, object, bool, object, bool], Callable] = {}
-# table_kernel's one-thread builds, by (name, backend, _selected, the variable, dtype, masked).
-_serial_tables: dict[tuple[str, str | None, str | None, object, object, bool], Callable] = {}
+# table_kernel's one-thread builds, by (name, backend, _selected, the variable, dtype, masked,
+# the estimator's code or None).
+_serial_tables: dict[
+    tuple[str, str | None, str | None, object, object, bool, int | None], Callable
+] = {}
 
 
 def common(

@@ -355,10 +355,28 @@ class _Specialised:
     """
 
     def __init__(self, make_rows, kernel):
+        self.kernel = kernel
         self.position = kernel.arguments.index(kernel.specialise)
         codes = range(len(kernel.scalar(kernel.specialise).choices))
         self.kernels = [_Kernel(make_rows(code), kernel) for code in codes]
         self.function = self.kernels[0].function
+        self._serial_tables = {}
+
+    def serial_table(self, code):
+        """The one-thread build for ``code`` as one compiled function of the table's arguments,
+        n_threads (1) last, built once: the serial build called by address
+        (``_compiled_caller``: compiled once, not linked in again), the code and the threads
+        taken as given. A fast path calls it through its exact entry
+        (``_backend.table_kernel``), where the table kernel, a Python call around the builds,
+        types every argument on each call (shape_rewards at 8 x 128: about 0.5 us)."""
+        if code not in self._serial_tables:
+            arguments = self.kernel.arguments[:-1]
+            names = ", ".join(arguments)
+            namespace = {"serial": _compiled_caller(self.kernels[code].serial, arguments)}
+            exec(f"def serial_table({names}, n_threads):\n    serial({names})", namespace)
+            build = numba.njit(nogil=True, _nrt=False)(namespace["serial_table"])
+            self._serial_tables[code] = build
+        return self._serial_tables[code]
 
     def __call__(self, *args):
         self.kernels[args[self.position]](*args)

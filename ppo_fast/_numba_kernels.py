@@ -690,16 +690,23 @@ def serial_common(name):
     return globals()[name].serial_common()
 
 
-def serial_table_kernel(name):
+def serial_table_kernel(name, code=None):
     """The one-thread build of table kernel ``name`` as one compiled function of the table's
     arguments, n_threads (1) last, or None where there is none: ``_backend.table_kernel`` calls
     it for a fast path on one thread, through its exact entry. KL-Cov's selection has one: the
     serial build of its shared source, ``_kl_cov_top_k_serial``, whose last argument, the ranges
     of rows a group is cut into, is the table's n_threads (one thread, one range), where the
     table kernel is two Python functions around it (``_Kernel``'s call and ``kl_cov_top_k``).
-    The other kernels' serial builds take the table's arguments without n_threads; their fast
-    paths call ``_backend.common``."""
-    return _kl_cov_top_k_serial if name == "kl_cov_top_k" else None
+    A kernel built per estimator has one per ``code`` (``_Specialised.serial_table``), but with
+    the on-disk cache on (it calls by address, which numba cannot cache: see
+    ``serial_common``). The other kernels' serial builds take the table's arguments without
+    n_threads; their fast paths call ``_backend.common``."""
+    if name == "kl_cov_top_k":
+        return _kl_cov_top_k_serial
+    kernel = globals().get(name)
+    if isinstance(kernel, _Specialised) and code is not None and not _CACHE:
+        return kernel.serial_table(code)
+    return None
 
 
 def exact_entry(dispatcher, arguments):

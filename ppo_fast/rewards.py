@@ -241,17 +241,17 @@ def _shape_rewards_common(
     one of numbers or for lengths; ``scores`` from ``_common_scores``; ``kl_coef`` a float in
     [0, inf), ``clamp`` None or a float > 0, a known estimator; ``out`` None or as
     ``_validate.common_outputs`` accepts it): the general way's kernel call, its arguments made
-    without the general way's checks and copies (8 x 128 float32, k3, Intel Xeon: 8.5 -> 4.8 us
-    on Cython, 8.9 -> 5.4 us on numba, whose table kernel still types its 12 arguments on each
-    call: its builds per estimator have no one-thread exact entry, ``_backend.table_kernel``).
-    tests/test_fast_path.py compares the two."""
+    without the general way's checks and copies, on numba through the exact entry of the
+    estimator's one-thread build (``_backend.table_kernel``: the table kernel would type its 12
+    arguments on each call). tests/test_fast_path.py compares the two."""
     n_rows, width = logprobs.shape
     starts, spans = _rows.padded_layout(n_rows, width)
     if out is None:
         out = _result_arrays.empty((n_rows, width), logprobs.dtype)
     n_threads = _threads.threads_for(n_rows, n_rows * width)
+    code = _ESTIMATOR_CODES[estimator]
     kernel = _backend.table_kernel(
-        "shape_rewards", backend, n_threads, logprobs.dtype, mask is not None
+        "shape_rewards", backend, n_threads, logprobs.dtype, mask is not None, code
     )
     kernel(
         logprobs.reshape(-1),
@@ -262,7 +262,7 @@ def _shape_rewards_common(
         _rows.EMPTY_MASK if mask is None else mask.reshape(-1).view(np.uint8),
         scores,
         kl_coef,
-        _ESTIMATOR_CODES[estimator],
+        code,
         math.inf if clamp is None else clamp,
         out.reshape(-1),
         n_threads,

@@ -53,7 +53,7 @@ def fast_calls(monkeypatch):
 
     def counted_table_kernel(name, backend, n_threads=0, *types):
         calls.append(name)
-        return table_kernel(name, backend, n_threads, *types)
+        return table_kernel(name, backend, n_threads, *types)  # types: dtype, masked[, code]
 
     monkeypatch.setattr(_backend, "common", counted)
     monkeypatch.setattr(_backend, "table_kernel", counted_table_kernel)
@@ -336,13 +336,14 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
     types_by_key: dict[tuple, set] = {}
 
     def typed(entries):
-        def typed_entry(name, backend, n_threads=0, dtype=None, masked=False):
-            entry = entries(name, backend, n_threads, dtype, masked)
+        def typed_entry(name, backend, n_threads=0, dtype=None, masked=False, *code):
+            entry = entries(name, backend, n_threads, dtype, masked, *code)
 
             def call(*arguments):
                 if n_threads == 1 and dtype is not None:  # what keys an exact entry
                     types = tuple(numba.typeof(a) for a in arguments)
-                    types_by_key.setdefault((name, dtype, masked), set()).add(types)
+                    key = (name, dtype, masked, *code)
+                    types_by_key.setdefault(key, set()).add(types)
                 return entry(*arguments)
 
             return call
@@ -365,8 +366,10 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
                 for ratio in (0.0002, 1, np.float32(0.5)):
                     selection = dict(logprobs=arrays["lp"], advantages=arrays["a"], ratio=ratio)
                     outcome(ppo_fast.kl_cov_selection, **selection, mask=mask, backend="numba")
-    assert {name for name, _, _ in types_by_key} == {*COMMON, "kl_cov_top_k", "shape_rewards"}
-    assert {dtype for _, dtype, _ in types_by_key} == {np.dtype(d) for d in DTYPES}
+    assert {key[0] for key in types_by_key} == {*COMMON, "kl_cov_top_k", "shape_rewards"}
+    assert {key[1] for key in types_by_key} == {np.dtype(d) for d in DTYPES}
+    # shape_rewards' one-thread builds: one per estimator that the stages ask for
+    assert {key[3] for key in types_by_key if key[0] == "shape_rewards"} == {0, 1, 2, 3}
     for key, seen in types_by_key.items():
         assert len(seen) == 1, (key, seen)
     for (name, _, _, _, one_thread, dtype, _), entry in _backend._commons.items():
@@ -374,11 +377,8 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
             dispatcher = _numba_kernels.serial_common(name)
             assert entry in {o.entry_point for o in dispatcher.overloads.values()}, name
     assert _backend._serial_tables
-    for (name, *_), entry in _backend._serial_tables.items():
-        dispatcher = _numba_kernels.serial_table_kernel(name)
-        if dispatcher is None:  # shape_rewards: the table kernel, which types its arguments
-            assert name == "shape_rewards" and entry is _numba_kernels.shape_rewards, name
-            continue
+    for (name, *_, code), entry in _backend._serial_tables.items():
+        dispatcher = _numba_kernels.serial_table_kernel(name, code)
         assert entry in {o.entry_point for o in dispatcher.overloads.values()}, name
 
 
