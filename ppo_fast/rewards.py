@@ -69,13 +69,20 @@ def kl_penalty(
     An array of the shape and dtype of ``logprobs`` (``out`` when given); every position is
     computed (no mask).
     """
+    bound = clamp if type(clamp) is float or clamp is None else _validate.fast_real(clamp)
+    if (
+        type(estimator) is str
+        and estimator in _ESTIMATOR_CODES
+        and (bound is None or (type(bound) is float and bound > 0.0))  # NaN fails: general way
+        and _validate.common_case((logprobs, ref_logprobs), None)
+        and (out is None or _validate.common_outputs((out,), logprobs, (logprobs, ref_logprobs)))
+    ):
+        return _kl_penalty_common(logprobs, ref_logprobs, estimator, bound, out, backend)
     code = ESTIMATORS.index(_validate.choice("estimator", estimator, ESTIMATORS))
     bound = _clamp(clamp)
     logp, ref = _validate.token_arrays(True, logprobs=logprobs, ref_logprobs=ref_logprobs)
     flat_logp = logp.reshape(-1)
-    # Elementwise: cut the positions into rows only so that threads can share them.
-    n = flat_logp.shape[0]
-    starts = np.arange(0, n, _threads.MIN_POSITIONS_PER_THREAD, dtype=np.int64)
+    starts, spans = _elementwise_layout(flat_logp.shape[0])
     if out is None:
         result = _result_arrays.empty(logp.shape, logp.dtype)
     else:
@@ -88,7 +95,7 @@ def kl_penalty(
         logprobs=flat_logp,
         ref_logprobs=ref.reshape(-1),
         starts=starts,
-        spans=np.minimum(_threads.MIN_POSITIONS_PER_THREAD, n - starts),
+        spans=spans,
         estimator=code,
         clamp=bound,
         kl=result.reshape(-1),
@@ -262,6 +269,56 @@ def _shape_rewards_common(
         _rows.EMPTY_MASK if mask is None else mask.reshape(-1).view(np.uint8),
         scores,
         kl_coef,
+        code,
+        math.inf if clamp is None else clamp,
+        out.reshape(-1),
+        n_threads,
+    )
+    return out
+
+
+# The rows an elementwise call of n positions is cut into, by n: only so that threads can share
+# them (MIN_POSITIONS_PER_THREAD positions a row). Bounded as _rows' caches; the kernels only
+# read them.
+_elementwise_layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _elementwise_layout(n: int) -> tuple[np.ndarray, np.ndarray]:
+    layout = _elementwise_layouts.get(n)
+    if layout is None:
+        starts = np.arange(0, n, _threads.MIN_POSITIONS_PER_THREAD, dtype=np.int64)
+        layout = (starts, np.minimum(_threads.MIN_POSITIONS_PER_THREAD, n - starts))
+        if len(_elementwise_layouts) >= 64:
+            _elementwise_layouts.clear()
+        _elementwise_layouts[n] = layout
+    return layout
+
+
+def _kl_penalty_common(
+    logprobs: np.ndarray,
+    ref_logprobs: np.ndarray,
+    estimator: str,
+    clamp: float | None,
+    out: np.ndarray | None,
+    backend: str | None,
+) -> np.ndarray:
+    """The common case, checked by the caller (``_validate.common_case``: two C-contiguous (B, T)
+    arrays of one float dtype; a known estimator, ``clamp`` None or a float > 0; ``out`` None or
+    as ``_validate.common_outputs`` accepts it): the general way's kernel call without its checks
+    and copies, on numba through the exact entry of the estimator's one-thread build
+    (``_backend.table_kernel``). tests/test_fast_path.py compares the two."""
+    n = logprobs.size
+    starts, spans = _elementwise_layout(n)
+    if out is None:
+        out = _result_arrays.empty(logprobs.shape, logprobs.dtype)
+    n_threads = _threads.threads_for(starts.shape[0], n)
+    code = _ESTIMATOR_CODES[estimator]
+    kernel = _backend.table_kernel("kl_penalty", backend, n_threads, logprobs.dtype, False, code)
+    kernel(
+        logprobs.reshape(-1),
+        ref_logprobs.reshape(-1),
+        starts,
+        spans,
         code,
         math.inf if clamp is None else clamp,
         out.reshape(-1),

@@ -320,6 +320,59 @@ def test_kl_cov_selections_fast_path_gives_the_general_ways_bits(backend, dtype,
     assert fast_calls.count("kl_cov_top_k") == calls  # each call took the fast way
 
 
+# kl_penalty's calls: every estimator, and clamps as floats, ints, NumPy scalars, inf and
+# None; with its bad values (0, a negative, NaN, an unknown estimator), which go the general way.
+KL_PENALTY_OPTIONS = [
+    ("k1", None),
+    ("k2", 10.0),
+    ("k3", 10),
+    ("abs", np.inf),
+    ("k3", np.float32(0.3)),
+    ("k3", 0.0),
+    ("k1", -1.0),
+    ("k2", np.nan),
+    ("k4", None),
+]
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_kl_penaltys_fast_path_gives_the_general_ways_bits_or_errors(backend, dtype, fast_calls):
+    """``kl_penalty`` on (B, T) arrays of the common case (its table kernel called with the
+    layout the fast path makes), with and without ``out=``, against the general way; arrays of
+    other shapes (1-D, 3-D), dtypes or order go the general way on both."""
+    rng = np.random.default_rng(14)
+    shapes = SHAPES if backend != "python" else SHAPES[1:]
+    fast_ones = 0
+    for shape in shapes:
+        arrays = token_arrays(rng, shape, dtype)
+        pairs = [(arrays["lp"], arrays["old"], True)]
+        pairs.append((arrays["lp"].reshape(-1), arrays["old"].reshape(-1), False))
+        pairs.append((arrays["lp"][..., None], arrays["old"][..., None], False))
+        pairs.append((np.asfortranarray(arrays["lp"]), arrays["old"], shape[0] * shape[1] <= 1))
+        for logprobs, ref_logprobs, common in pairs:
+            for estimator, clamp in KL_PENALTY_OPTIONS:
+                legal = estimator != "k4" and (clamp is None or clamp > 0)
+                kwargs = dict(logprobs=logprobs, ref_logprobs=ref_logprobs, backend=backend)
+                kwargs.update(estimator=estimator, clamp=clamp)
+                what = (shape, logprobs.shape, estimator, clamp)
+                before = len(fast_calls)
+                fast = outcome(ppo_fast.kl_penalty, **kwargs)
+                assert len(fast_calls) - before == (common and legal), what
+                fast_ones += len(fast_calls) - before
+                general = general_way(outcome, ppo_fast.kl_penalty, **kwargs)
+                assert fast[0] == general[0] == ("ok" if legal else "error"), what
+                if not legal:
+                    assert fast[1] == general[1], what
+                    continue
+                same_bits(fast[1], general[1], what)
+                out = np.full(logprobs.shape, np.nan, dtype)
+                filled = outcome(ppo_fast.kl_penalty, **kwargs, out=out)
+                assert filled[0] == "ok" and filled[1][0] is out, what
+                same_bits([out], general[1], what)
+    assert fast_ones > 0
+
+
 @pytest.mark.skipif("numba" not in COMPILED, reason="the numba backend does not load here")
 def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkeypatch):
     """numba's one-thread entries are called, after their first call, through the compiled
@@ -366,10 +419,21 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
                 for ratio in (0.0002, 1, np.float32(0.5)):
                     selection = dict(logprobs=arrays["lp"], advantages=arrays["a"], ratio=ratio)
                     outcome(ppo_fast.kl_cov_selection, **selection, mask=mask, backend="numba")
-    assert {key[0] for key in types_by_key} == {*COMMON, "kl_cov_top_k", "shape_rewards"}
+            for estimator, clamp in KL_PENALTY_OPTIONS:
+                kl = dict(logprobs=arrays["lp"], ref_logprobs=arrays["old"], backend="numba")
+                outcome(ppo_fast.kl_penalty, **kl, estimator=estimator, clamp=clamp)
+                out = np.empty(shape, dtype)
+                outcome(ppo_fast.kl_penalty, **kl, estimator=estimator, clamp=clamp, out=out)
+    assert {key[0] for key in types_by_key} == {
+        *COMMON,
+        "kl_cov_top_k",
+        "shape_rewards",
+        "kl_penalty",
+    }
     assert {key[1] for key in types_by_key} == {np.dtype(d) for d in DTYPES}
     # shape_rewards' one-thread builds: one per estimator that the stages ask for
-    assert {key[3] for key in types_by_key if key[0] == "shape_rewards"} == {0, 1, 2, 3}
+    for name in ("shape_rewards", "kl_penalty"):
+        assert {key[3] for key in types_by_key if key[0] == name} == {0, 1, 2, 3}
     for key, seen in types_by_key.items():
         assert len(seen) == 1, (key, seen)
     for (name, _, _, _, one_thread, dtype, _), entry in _backend._commons.items():
@@ -639,8 +703,9 @@ def _fast_targets():
             )
             for loss, scalars in FAMILY_SCALARS
         ),
-        # its valid call is a common case: float64 scores, a bool mask, k3 and a clamp
-        *(t for t in hostile._numpy_targets() if t.name == "shape_rewards"),
+        # their valid calls are common cases: float64 (B, T) arrays, k3 and a clamp (and for
+        # shape_rewards float64 scores and a bool mask)
+        *(t for t in hostile._numpy_targets() if t.name in ("kl_penalty", "shape_rewards")),
         hostile.Target(
             "kl_cov_selection[common]",
             ppo_fast.kl_cov_selection,
