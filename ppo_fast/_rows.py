@@ -117,6 +117,17 @@ def padded_layout(n_rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     return layout
 
 
+def padded_arguments(
+    n_rows: int, width: int, mask: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A table kernel's layout arguments (starts, spans, lengths, mask) for (B, T) =
+    (``n_rows``, ``width``) padded rows with a C-contiguous bool ``mask`` or none, as the fast
+    paths pass them: every position of a row is in its length, and the mask says which are
+    valid (as ``_validate.common_padded``'s ``Rows``)."""
+    starts, spans = padded_layout(n_rows, width)
+    return starts, spans, spans, EMPTY_MASK if mask is None else mask.reshape(-1).view(np.uint8)
+
+
 _constant_rows: dict[tuple[Any, ...], np.ndarray] = {}
 
 

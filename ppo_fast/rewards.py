@@ -252,7 +252,6 @@ def _shape_rewards_common(
     estimator's one-thread build (``_backend.table_kernel``: the table kernel would type its 12
     arguments on each call). tests/test_fast_path.py compares the two."""
     n_rows, width = logprobs.shape
-    starts, spans = _rows.padded_layout(n_rows, width)
     if out is None:
         out = _result_arrays.empty((n_rows, width), logprobs.dtype)
     n_threads = _threads.threads_for(n_rows, n_rows * width)
@@ -263,10 +262,7 @@ def _shape_rewards_common(
     kernel(
         logprobs.reshape(-1),
         ref_logprobs.reshape(-1),
-        starts,
-        spans,
-        spans,  # every position of a row is in its length: the mask says which are valid
-        _rows.EMPTY_MASK if mask is None else mask.reshape(-1).view(np.uint8),
+        *_rows.padded_arguments(n_rows, width, mask),
         scores,
         kl_coef,
         code,
