@@ -1,6 +1,6 @@
 """The stages' fast paths against the general way: the same bits, the same errors.
 
-``gae``, ``shape_rewards``, ``clipped_surrogate``, ``value_loss``, ``whiten`` and the policy-loss
+``gae``, the KL rewards, ``clipped_surrogate``, ``value_loss``, ``whiten`` and the policy-loss
 family (``reinforce_loss`` ... ``dppo_loss``, any aggregation mode over the batch's own counts,
 without weights) recognise the common case (``_validate.common_case``: C-contiguous (B, T) NumPy
 arrays of one float dtype, no mask or a bool one, real hyperparameters (floats, ints, NumPy
@@ -340,7 +340,7 @@ KL_PENALTY_OPTIONS = [
 def test_kl_penaltys_fast_path_gives_the_general_ways_bits_or_errors(backend, dtype, fast_calls):
     """``kl_penalty`` on (B, T) arrays of the common case (its table kernel called with the
     layout the fast path makes), with and without ``out=``, against the general way; arrays of
-    other shapes (1-D, 3-D), dtypes or order go the general way on both."""
+    other shapes (1-D, 3-D) or order go the general way on both."""
     rng = np.random.default_rng(14)
     shapes = SHAPES if backend != "python" else SHAPES[1:]
     fast_ones = 0
