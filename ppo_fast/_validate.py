@@ -346,41 +346,12 @@ def fast_real(value: Any) -> Any:
     return value
 
 
-def python_common_case(arrays: tuple[Any, ...], mask: Any) -> bool:
-    """Whether the token ``arrays`` (a tuple) and the ``mask`` are the common case. ``common_case``
-    is this test in C where ppo_fast._checks is built (src/_checks.pyx: 0.05 us, not 0.6 us for
-    three arrays and a mask), else this function.
-
-    The common case: NumPy arrays (not subclasses) of one float dtype (float32 or float64, native
-    byte order), 2-D, of one shape, C-contiguous, aligned and writeable (``flags.carray``; see
-    ``kernel_array``), with no mask or such a bool mask of that shape: exactly the inputs that
-    ``token_arrays`` returns unchanged and ``rows`` accepts as they are; anything else goes the
-    general way, which returns the same or raises. The fast paths and ``batch`` start here.
-    """
-    first = arrays[0]
-    if type(first) is not _NDARRAY or not first.flags.carray:
-        return False
-    dtype, shape = first.dtype, first.shape
-    if (dtype is not _FLOAT32 and dtype is not _FLOAT64) or len(shape) != 2:
-        return False
-    for array in arrays[1:]:
-        if (
-            type(array) is not _NDARRAY
-            or array.dtype is not dtype
-            or array.shape != shape
-            or not array.flags.carray
-        ):
-            return False
-    return mask is None or (
-        type(mask) is _NDARRAY and mask.dtype is _BOOL and mask.shape == shape and mask.flags.carray
-    )
-
-
-try:
-    from ._checks import common_case
-except ImportError:  # not built (setup.py warned): the same test in Python
-    common_case = python_common_case
-
+# The fast paths' tests of their common case (in C where ppo_fast._checks is built), re-exported:
+# the stages call them as _validate.common_case and _validate.common_packed.
+from ._common_case import common_case as common_case  # noqa: E402
+from ._common_case import common_packed as common_packed  # noqa: E402
+from ._common_case import python_common_case as python_common_case  # noqa: E402
+from ._common_case import python_common_packed as python_common_packed  # noqa: E402
 
 # Up to this many positions lengths take the fast paths as the bool mask of their valid
 # positions (the same bits); above, writing and reading B x T bytes costs more than the general

@@ -136,3 +136,119 @@ def test_the_inputs_are_not_modified_or_kept():
         _checks.common_case((a, a.T), mask)
     assert (a.flags.writeable, mask.flags.writeable) == before
     assert (sys.getrefcount(a), sys.getrefcount(mask)) == counts
+
+
+# ---- packed rows: 1-D token arrays and cu_seqlens (``common_packed``) ----
+
+N_TOKENS = 15  # SHAPE's positions, packed
+
+
+def packed_variants(dtype) -> dict[str, object]:
+    """1-D token arrays of every kind, by name (``variants`` of the packed shape)."""
+    plain = np.zeros(N_TOKENS, dtype=dtype)
+    return {
+        "plain": plain,
+        "other length": np.zeros(N_TOKENS + 1, dtype=dtype),
+        "2-D": np.zeros(SHAPE, dtype=dtype),
+        "0-D": np.zeros((), dtype=dtype),
+        "strided view": np.zeros(2 * N_TOKENS, dtype=dtype)[::2],
+        "read-only": read_only(plain.copy()),
+        "subclass": plain.copy().view(Subclass),
+        "byte-swapped": plain.astype(np.dtype(dtype).newbyteorder()),
+        "list": plain.tolist(),
+    } | ({"unaligned": np.zeros(N_TOKENS * np.dtype(dtype).itemsize + 1, np.uint8)[1:].view(dtype)}
+         if np.dtype(dtype).itemsize > 1 else {})  # fmt: skip
+
+
+def cu_variants() -> dict[str, object]:
+    """cu_seqlens of every kind, for N_TOKENS tokens, by name."""
+    good = np.array([0, 4, 4, 11, 15])
+    wide = np.zeros(2 * good.size, np.int64)
+    wide[::2] = good
+    unaligned_cu = np.zeros(good.size * 8 + 1, np.uint8)[1:].view(np.int64)
+    unaligned_cu[:] = good
+    return {
+        "int64": good,
+        "int32": good.astype(np.int32),
+        "read-only int64": read_only(good.copy()),
+        "one row": np.array([0, N_TOKENS]),
+        "empty rows only": np.array([0, 0, 0, N_TOKENS]),
+        "int16": good.astype(np.int16),
+        "uint64": good.astype(np.uint64),
+        "float": good.astype(np.float64),
+        "byte-swapped": good.astype(np.dtype(np.int64).newbyteorder()),
+        "strided view": wide[::2],
+        "unaligned": unaligned_cu,
+        "2-D": good[None, :],
+        "subclass": good.copy().view(Subclass),
+        "list": good.tolist(),
+        "empty": np.zeros(0, np.int64),
+        "no rows": np.array([0]),
+        "not from 0": np.array([1, 4, 15]),
+        "decreasing": np.array([0, 5, 4, 15]),
+        "short of N": np.array([0, 4, 14]),
+        "past N": np.array([0, 4, 16]),
+        "negative": np.array([0, -1, 15]),
+        "int32 decreasing": np.array([0, 5, 4, 15], np.int32),
+        "scalar": np.int64(0),
+        "None": None,
+    }
+
+
+def test_the_packed_common_case_gives_the_general_ways_starts_and_spans():
+    """Accepted: exact 1-D float arrays of one dtype and length and an int64 or int32 C-contiguous
+    cu_seqlens from 0 to N, never decreasing (read-only too): the starts and spans of
+    ``_validate.rows``, int64 arrays of their own. Everything else: None."""
+    accepted = {"int64", "int32", "read-only int64", "one row", "empty rows only"}
+    for test in (_checks.common_packed, _validate.python_common_packed):
+        for dtype in FLOATS:
+            a, b = np.zeros(N_TOKENS, dtype), np.ones(N_TOKENS, dtype)
+            for name, cu in cu_variants().items():
+                got = test((a, b), cu)
+                assert (got is not None) == (name in accepted), (test, name)
+                if got is None:
+                    continue
+                rows = _validate.rows((N_TOKENS,), cu_seqlens=cu)
+                for made, expected in zip(got, (rows.starts, rows.spans), strict=True):
+                    assert made.dtype == np.int64 and made.flags.c_contiguous, name
+                    assert np.array_equal(made, expected), name
+                    assert not np.may_share_memory(made, cu), name
+            other = np.float64 if dtype == np.float32 else np.float32
+            assert test((a, np.zeros(N_TOKENS, other)), np.array([0, 15])) is None
+            assert test((np.zeros(0, dtype),), np.array([0])) is not None  # no rows, no tokens
+            for name, value in packed_variants(dtype).items():
+                alone = name in ("plain", "other length")
+                cu = np.array([0, np.size(value)]) if np.ndim(value) == 1 else np.array([0, 15])
+                assert (test((value,), cu) is not None) == alone, name
+                assert (test((a, value), np.array([0, 15])) is not None) == (name == "plain")
+
+
+@pytest.mark.parametrize("n_arrays", [1, 2, 3])
+def test_the_compiled_packed_test_equals_the_python_one_on_every_kind_of_input(n_arrays):
+    tokens = [
+        (f"{np.dtype(dtype).name} {name}", value)
+        for dtype in (*FLOATS, *OTHERS)
+        for name, value in packed_variants(dtype).items()
+    ]
+    checked = 0
+    for (token_name, first), (cu_name, cu) in itertools.product(tokens, cu_variants().items()):
+        arrays = (first,) + (np.zeros(N_TOKENS, dtype=np.float32),) * (n_arrays - 1)
+        expected = _validate.python_common_packed(arrays, cu)
+        got = _checks.common_packed(arrays, cu)
+        assert (got is None) == (expected is None), (token_name, cu_name)
+        if got is not None:
+            assert all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True))
+            checked += 1
+    assert checked > 0
+
+
+def test_the_compiled_packed_test_is_in_use_and_keeps_nothing():
+    assert _validate.common_packed is _checks.common_packed
+    a = np.zeros(N_TOKENS, np.float32)
+    cu = np.array([0, 4, 15])
+    counts = (sys.getrefcount(a), sys.getrefcount(cu))
+    for _ in range(100):
+        _checks.common_packed((a, a), cu)
+        _checks.common_packed((a, a), cu[::-1])
+    assert (sys.getrefcount(a), sys.getrefcount(cu)) == counts
+    assert np.array_equal(cu, [0, 4, 15])
