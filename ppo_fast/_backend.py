@@ -213,18 +213,39 @@ def common_scales(
     if agg == 0 or agg == 3:  # the batch's count alone
         valid = float(n_rows * width if flat_mask is None else np.count_nonzero(flat_mask))
         # token-mean; seq-mean-token-sum-norm: T is the loss scale
-        divisor = normaliser if normaliser > 0 else (valid if agg == 0 else float(width))
-        return valid, np.full(n_rows, 1.0 / divisor if divisor else 0.0)
+        return valid, _batch_scales(n_rows, normaliser or (valid if agg == 0 else float(width)))
     if flat_mask is None:
         counts = np.full(n_rows, width, dtype=np.int64)
     else:
         counts = _rows.count_by_row(flat_mask.reshape(n_rows, width))
+    return _row_count_scales(agg, normaliser, counts)
+
+
+def packed_scales(
+    agg: int, normaliser: float, spans: np.ndarray, n_positions: int
+) -> tuple[float, np.ndarray]:
+    """``common_scales`` for packed rows of ``n_positions`` tokens in all (no mask: a row's
+    valid positions are its span, and every token is valid). Packed rows have no T:
+    seq-mean-token-sum-norm comes here only with its loss_scale (the fast paths send a call
+    without one the general way, which says so)."""
+    if agg == 0 or agg == 3:
+        valid = float(n_positions)
+        return valid, _batch_scales(spans.shape[0], normaliser or valid)
+    return _row_count_scales(agg, normaliser, spans)
+
+
+def _batch_scales(n_rows: int, divisor: float) -> np.ndarray:
+    return np.full(n_rows, 1.0 / divisor if divisor else 0.0)
+
+
+def _row_count_scales(agg: int, normaliser: float, counts: np.ndarray) -> tuple[float, np.ndarray]:
+    """``common_scales`` of the modes over each row's valid positions (int64 ``counts``)."""
     valid = float(counts.sum())
     divisor = normaliser if normaliser > 0 else float(np.count_nonzero(counts))
     if not divisor:
-        return valid, np.zeros(n_rows)
+        return valid, np.zeros(counts.shape[0])
     if agg == 2:  # seq-mean-token-sum
-        return valid, np.full(n_rows, 1.0 / divisor)
+        return valid, np.full(counts.shape[0], 1.0 / divisor)
     with np.errstate(divide="ignore"):  # seq-mean-token-mean
         return valid, np.where(counts > 0, 1.0 / (divisor * counts), 0.0)
 
@@ -235,6 +256,7 @@ def _common_from_kernel(
     totals: Callable,
     serial: Callable | None = None,
     scales: Callable = common_scales,
+    packed: bool = False,
 ) -> Callable:
     """A backend's entry for the common case of ``kernel`` (``Kernel.common_arguments``) made from
     its table ``function``, for a backend without its own (numba, the oracle): the flat arrays,
@@ -247,6 +269,10 @@ def _common_from_kernel(
     Its source is written from the table, one line a step, and compiled once per kernel and
     backend: a loop over the table's arguments on every call cost 1.5 to 2 times these straight
     lines (gae at 8 x 128: about 2.4 us against 1.2 to 1.6, around numba's 2 us kernel call).
+
+    ``packed``: the entry for packed rows (1-D token arrays), on every backend: ``mask`` is then
+    their (starts, spans) (``_validate.common_packed``), every position of a row is valid, and
+    ``scales`` is ``packed_scales``.
     """
     first = kernel.inputs[0].name
     lines = [
@@ -255,12 +281,20 @@ def _common_from_kernel(
         "    starts, spans = padded_layout(n_rows, width)",
         "    flat_mask = EMPTY_MASK if mask is None else mask.ravel().view(UINT8)",
     ]
+    if packed:
+        lines[1:] = [
+            "    starts, spans = mask",
+            "    n_rows = starts.shape[0]",
+            "    flat_mask = EMPTY_MASK",
+        ]
     if serial is not None:
         arguments = ", ".join(kernel.common_arguments)
         lines[1:1] = ["    if n_threads == 1:", f"        return serial({arguments})"]
     if kernel.aggregates:
         lines.append(
-            "    valid, scales = common_scales(agg, normaliser, None if mask is None else "
+            f"    valid, scales = common_scales(agg, normaliser, spans, {first}.shape[0])"
+            if packed
+            else "    valid, scales = common_scales(agg, normaliser, None if mask is None else "
             "flat_mask, n_rows, width)"
         )
     row_inputs = [
@@ -307,8 +341,9 @@ def _common_from_kernel(
 
 
 # The common-case entry each (kernel, backend=, set_backend, raw PPO_FAST_BACKEND, one thread,
-# token dtype, mask or not) resolves to (as ``_resolved``; a failure is never cached).
-_commons: dict[tuple[str, str | None, str | None, object, bool, object, bool], Callable] = {}
+# token dtype, mask or not, packed or not) resolves to (as ``_resolved``; a failure is never
+# cached).
+_commons: dict[tuple[str, str | None, str | None, object, bool, object, bool, bool], Callable] = {}
 # table_kernel's one-thread builds, by (name, backend, _selected, the variable, dtype, masked,
 # the estimator's code or None).
 _serial_tables: dict[
@@ -322,6 +357,7 @@ def common(
     n_threads: int = 0,
     dtype: np.dtype | None = None,
     masked: bool = False,
+    packed: bool = False,
 ) -> Callable:
     """The entry of ``backend`` for the common case of kernel ``name`` (a kernel with
     ``common``), with ``Kernel.common_arguments``: the backend's own ``<name>_common`` (the
@@ -337,13 +373,23 @@ def common(
     scalar by ``dtype.type``, a float by ``float``, a small int code), those two fix the type of
     every argument it passes. Then a backend's ``exact_entry`` (numba's) may give, after the
     first call, an entry that skips typing the arguments (``_learned``).
+
+    ``packed``: the entry for packed rows, whose ``mask`` argument is their (starts, spans)
+    (``_validate.common_packed``), made from the table kernel on every backend
+    (``_common_from_kernel``).
     """
     one_thread = n_threads == 1
-    key = (name, backend, _selected, _environment_backend(), one_thread, dtype, masked)
+    key = (name, backend, _selected, _environment_backend(), one_thread, dtype, masked, packed)
     function = _commons.get(key)
     if function is None:
         module = _cached_resolve(backend)
-        function = getattr(module, f"{name}_common", None)
+        totals = getattr(module, "row_totals", _numpy_totals)
+        if packed:
+            function = _common_from_kernel(
+                KERNELS[name], getattr(module, name), totals, None, packed_scales, packed=True
+            )
+        else:
+            function = getattr(module, f"{name}_common", None)
         if function is None:
             serial = getattr(module, "serial_common", None)
             serial = serial and serial(name)
@@ -356,7 +402,7 @@ def common(
                 function = _common_from_kernel(
                     KERNELS[name],
                     getattr(module, name),
-                    getattr(module, "row_totals", _numpy_totals),
+                    totals,
                     serial,
                     getattr(module, "common_scales", common_scales),
                 )
@@ -364,6 +410,21 @@ def common(
             _commons.clear()
         _commons[key] = function
     return function
+
+
+def packed_common(
+    name: str,
+    backend: str | None,
+    dtype: np.dtype,
+    layout: tuple[np.ndarray, np.ndarray],
+    n_positions: int,
+) -> tuple[Callable, int]:
+    """The entry of ``backend`` for packed rows (``common(..., packed=True)``) of kernel
+    ``name``, for a fast path's ``layout`` (the rows' starts and spans) over ``n_positions``
+    tokens, and the threads ``run`` would give the general way's call."""
+    units = KERNELS[name].parallel_units(len(layout[0]), n_positions)
+    n_threads = _threads.threads_for(units, n_positions)
+    return common(name, backend, n_threads, dtype, False, True), n_threads
 
 
 def _learned(entry: Callable, exact_entry: Callable, cache: dict, key: tuple) -> Callable:

@@ -109,29 +109,35 @@ def gae(
         and type(lam) is float
         and 0.0 <= gamma <= 1.0  # NaN fails the comparisons: it goes the general way
         and 0.0 <= lam <= 1.0
-        and cu_seqlens is None
         and bootstrap is None
     ):
-        # rows of at most _LONG_ROW positions: none runs in chunks (the common entries run
-        # each row whole, as the batch function runs such rows)
-        kernel_mask = (
-            mask
-            if lengths is None and _validate.common_case((rewards, values), mask)
-            else _validate.converted_mask((rewards, values), mask, lengths)
-        )
-        if (
-            kernel_mask is not False
-            and rewards.shape[1] <= _LONG_ROW
-            and (
-                out is None
-                or (
-                    type(out) is tuple
-                    and len(out) == 2
-                    and _validate.common_outputs(out, rewards, (rewards, values, mask, lengths))
-                )
+        if cu_seqlens is None:
+            # rows of at most _LONG_ROW positions: none runs in chunks (the common entries run
+            # each row whole, as the batch function runs such rows)
+            layout = (
+                mask
+                if lengths is None and _validate.common_case((rewards, values), mask)
+                else _validate.converted_mask((rewards, values), mask, lengths)
+            )
+            if layout is not False and rewards.shape[1] > _LONG_ROW:
+                layout = False
+            given = (rewards, values, mask, lengths)
+        else:  # packed rows: the table kernel, which runs long rows in chunks itself
+            layout = (
+                mask is None
+                and lengths is None
+                and _validate.common_packed((rewards, values), cu_seqlens)
+            ) or False
+            given = (rewards, values, cu_seqlens)
+        if layout is not False and (
+            out is None
+            or (
+                type(out) is tuple
+                and len(out) == 2
+                and _validate.common_outputs(out, rewards, given)
             )
         ):
-            return _gae_common(rewards, values, gamma, lam, kernel_mask, out, backend)
+            return _gae_common(rewards, values, gamma, lam, layout, out, backend)
     (token_rewards, token_values), rows = _validate.batch(
         {"rewards": rewards, "values": values}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens
     )
@@ -188,10 +194,11 @@ def _gae_common(
     backend: str | None,
 ) -> GAEResult:
     """The common case, checked by the caller (``_validate.common_case``: two C-contiguous
-    (B, T) arrays of one float dtype, no mask or a bool one; float gamma and lam in [0, 1], no
+    (B, T) arrays of one float dtype, no mask or a bool one; or ``_validate.common_packed``: two
+    such 1-D arrays, ``mask`` their rows' (starts, spans); float gamma and lam in [0, 1], no
     bootstrap; ``out`` None or as ``_validate.common_outputs`` accepts it): what the general way
-    computes, from the same arrays, in the backend's common-case entry (tests/test_fast_path.py
-    compares the two)."""
+    computes, from the same arrays, in the backend's common-case entry, or its packed entry
+    (tests/test_fast_path.py and test_fast_path_packed.py compare the two)."""
     shape, dtype = rewards.shape, rewards.dtype
     if out is None:
         # a small result is np.empty's, without a call around it (the fast path's cost)
@@ -200,10 +207,12 @@ def _gae_common(
         returns = empty(shape, dtype)
     else:
         advantages, returns = out
-    n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])  # no row is long
-    _backend.common("gae", backend, n_threads, dtype, mask is not None)(
-        rewards, values, mask, gamma, lam, 0.0, advantages, returns, n_threads
-    )
+    if type(mask) is tuple:  # packed rows' (starts, spans)
+        entry, n_threads = _backend.packed_common("gae", backend, dtype, mask, shape[0])
+    else:
+        n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])  # no row is long
+        entry = _backend.common("gae", backend, n_threads, dtype, mask is not None)
+    entry(rewards, values, mask, gamma, lam, 0.0, advantages, returns, n_threads)
     return _new_result((advantages, returns))
 
 

@@ -254,7 +254,8 @@ def clipped_surrogate(
         and (common := _common_agg(agg, cu_seqlens, num_tokens, num_seqs, loss_scale)) is not None
     ):
         inputs = (logprobs, old_logprobs, advantages)
-        if (kernel_mask := _common_arrays(inputs, mask, grad_out, None, lengths)) is not False:
+        kernel_mask = _common_arrays(inputs, mask, grad_out, None, lengths, cu_seqlens)
+        if kernel_mask is not False:
             bounds = (clip_low, clip_high, dual_clip, log_ratio_clamp)
             return _clipped_surrogate_common(
                 *inputs, bounds, kernel_mask, common, grad_out, backend
@@ -327,12 +328,15 @@ def _common_agg(
     loss_scale: Any,
 ) -> tuple[int, float] | None:
     """(the code of ``agg``, its normaliser) when a loss is asked for the common case's layout
-    and normalisers: padded rows (a mask, lengths or none: ``_common_arrays`` decides), any
-    aggregation mode, and at most the normaliser that applies to it, a plain float or int in (0,
-    2**53] (the normaliser 0.0 when none is given: the batch's own count); None otherwise (the
-    general way, which also names a bad mode or normaliser)."""
-    if type(agg) is not str or cu_seqlens is not None:
+    and normalisers: padded rows (a mask, lengths or none) or packed ones (``cu_seqlens``:
+    ``_common_arrays`` decides), any aggregation mode, and at most the normaliser that applies to
+    it, a plain float or int in (0, 2**53] (the normaliser 0.0 when none is given: the batch's own
+    count; packed rows have no T, so seq-mean-token-sum-norm needs its loss_scale there); None
+    otherwise (the general way, which also names a bad mode or normaliser)."""
+    if type(agg) is not str:
         return None
+    if cu_seqlens is not None and agg == "seq-mean-token-sum-norm" and loss_scale is None:
+        return None  # packed rows have no T to stand for loss_scale: the general way says so
     if num_tokens is None and num_seqs is None and loss_scale is None:  # the usual call
         return _AGG_OWN_COUNTS.get(agg)
     code = _AGG_CODES.get(agg)
@@ -352,16 +356,28 @@ def _common_agg(
 
 
 def _common_arrays(
-    inputs: tuple[Any, ...], mask: Any, grad_out: Any, selected: Any = None, lengths: Any = None
+    inputs: tuple[Any, ...],
+    mask: Any,
+    grad_out: Any,
+    selected: Any = None,
+    lengths: Any = None,
+    cu_seqlens: Any = None,
 ) -> Any:
-    """The mask for the kernel's common-case entry (None, the bool ``mask``, or the bool mask of
-    a 0/1 mask of numbers or of ``lengths``: ``_validate.converted_mask``) where a loss's token
+    """The mask for the kernel's common-case entry (None, the bool ``mask``, or the bool mask of a
+    0/1 mask of numbers or of ``lengths``: ``_validate.converted_mask``), or for its packed entry
+    the rows' (starts, spans) of ``cu_seqlens`` (``_validate.common_packed``), where a loss's token
     ``inputs``, its layout, ``grad_out`` and KL-Cov's token selection ``selected`` (None for the
-    other losses) are the common case (``_validate.common_case``; ``selected`` a C-contiguous
-    bool NumPy array shaped like the inputs, not a subclass; ``_validate.common_outputs``:
-    ``grad_out`` apart from all of them, the mask or lengths given included); else False: the
-    general way, which accepts them or says why not."""
-    if lengths is None and _validate.common_case(inputs, mask):
+    other losses) are the common case (``_validate.common_case``; ``selected`` a C-contiguous bool
+    NumPy array shaped like the inputs, not a subclass; ``_validate.common_outputs``: ``grad_out``
+    apart from all of them, the mask or lengths given included); else False: the general way, which
+    accepts them or says why not."""
+    if cu_seqlens is not None:  # packed rows: their (starts, spans)
+        kernel_mask = (
+            mask is None and lengths is None and _validate.common_packed(inputs, cu_seqlens)
+        ) or False
+        if kernel_mask is False:
+            return False
+    elif lengths is None and _validate.common_case(inputs, mask):
         kernel_mask = mask
     elif (kernel_mask := _validate.converted_mask(inputs, mask, lengths)) is False:
         return False
@@ -373,7 +389,7 @@ def _common_arrays(
     ):
         return False
     if grad_out is not None and not _validate.common_outputs(
-        (grad_out,), inputs[0], (*inputs, mask, selected, lengths)
+        (grad_out,), inputs[0], (*inputs, mask, selected, lengths, cu_seqlens)
     ):
         return False
     return kernel_mask
@@ -395,9 +411,10 @@ def _clipped_surrogate_common(
     backend: str | None,
 ) -> PolicyLossResult:
     """The common case, checked by the caller (``_validate.common_case``: three C-contiguous (B, T)
-    arrays of one float dtype, no mask or a bool one; float hyperparameters in range (``bounds``:
-    clip_low, clip_high, dual_clip, log_ratio_clamp, ints and NumPy scalars made floats by
-    ``_validate.fast_real``; None as the general way reads it), an aggregation mode's code and
+    arrays of one float dtype, no mask or a bool one; or packed rows, ``mask`` their (starts, spans)
+    from ``_validate.common_packed``, for the packed entry; float hyperparameters in range
+    (``bounds``: clip_low, clip_high, dual_clip, log_ratio_clamp, ints and NumPy scalars made floats
+    by ``_validate.fast_real``; None as the general way reads it), an aggregation mode's code and
     normaliser (``agg``, from ``_common_agg``); no weights; ``grad_out`` None or as
     ``_validate.common_outputs`` accepts it): what the general way computes, from the same arrays,
     in the backend's common-case entry, which counts the valid positions, scales the rows and totals
@@ -423,8 +440,13 @@ def _clipped_surrogate_common(
     else:  # a small result is np.empty's, without a call around it (the fast path's cost)
         empty = np.empty if logprobs.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
         grad = empty(shape, dtype)
-    n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
-    entry = _backend.common("clipped_surrogate", backend, n_threads, dtype, mask is not None)
+    if type(mask) is tuple:  # packed rows' (starts, spans)
+        entry, n_threads = _backend.packed_common(
+            "clipped_surrogate", backend, dtype, mask, shape[0]
+        )
+    else:
+        n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
+        entry = _backend.common("clipped_surrogate", backend, n_threads, dtype, mask is not None)
     valid, loss, clipped, dual_clipped, kl = entry(
         *(logprobs, old_logprobs, advantages, _NO_WEIGHTS[dtype], mask),
         *agg,
@@ -495,7 +517,8 @@ def value_loss(
         and (common := _common_agg(agg, cu_seqlens, num_tokens, num_seqs, loss_scale)) is not None
     ):
         inputs = (values, old_values, returns)
-        if (kernel_mask := _common_arrays(inputs, mask, grad_out, None, lengths)) is not False:
+        kernel_mask = _common_arrays(inputs, mask, grad_out, None, lengths, cu_seqlens)
+        if kernel_mask is not False:
             return _value_loss_common(*inputs, clip, kernel_mask, common, grad_out, backend)
     (new, old, target), rows = _validate.batch(
         {"values": values, "old_values": old_values, "returns": returns},
@@ -552,7 +575,8 @@ def _value_loss_common(
     backend: str | None,
 ) -> ValueLossResult:
     """The common case, checked by the caller (``_validate.common_case``: three C-contiguous
-    (B, T) arrays of one float dtype, no mask or a bool one; ``clip`` None or a float >= 0,
+    (B, T) arrays of one float dtype, no mask or a bool one; or packed rows, ``mask`` their
+    (starts, spans), for the packed entry; ``clip`` None or a float >= 0,
     an aggregation mode's code and normaliser (``agg``); ``grad_out`` None or as
     ``_validate.common_outputs`` accepts it): what the general way computes, in the backend's
     common-case entry (tests/test_fast_path.py compares the two)."""
@@ -562,11 +586,13 @@ def _value_loss_common(
     else:  # as _clipped_surrogate_common's
         empty = np.empty if values.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
         grad = empty(shape, dtype)
-    n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
+    if type(mask) is tuple:  # packed rows' (starts, spans)
+        entry, n_threads = _backend.packed_common("value_loss", backend, dtype, mask, shape[0])
+    else:
+        n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
+        entry = _backend.common("value_loss", backend, n_threads, dtype, mask is not None)
     bound = dtype.type(math.inf if clip is None else clip)
-    valid, loss, clipped = _backend.common(
-        "value_loss", backend, n_threads, dtype, mask is not None
-    )(values, old_values, returns, mask, *agg, bound, grad, n_threads)
+    valid, loss, clipped = entry(values, old_values, returns, mask, *agg, bound, grad, n_threads)
     return _new_value_result((loss, grad, clipped / valid if valid else math.nan))
 
 

@@ -164,7 +164,9 @@ def _run(
         is not None
     ):
         inputs = (arrays["logprobs"], arrays["old_logprobs"], arrays["advantages"])
-        kernel_mask = _common_arrays(inputs, layout["mask"], grad_out, selected, layout["lengths"])
+        kernel_mask = _common_arrays(
+            inputs, layout["mask"], grad_out, selected, layout["lengths"], layout["cu_seqlens"]
+        )
         if kernel_mask is not False:
             return _run_common(
                 kernel, inputs, kernel_mask, agg, grad_out, backend, scalars, codes, selected
@@ -231,8 +233,9 @@ def _run_common(
     selected: np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[float], float]:
     """``_run`` in the common case, checked by the caller: the same arrays and scalars handed to
-    the backend's common-case entry (``_backend.common``) with the aggregation mode's code and
-    normaliser (``agg``, from ``loss._common_agg``), which counts the valid tokens, scales the
+    the backend's common-case entry (``_backend.common``; for packed rows, ``mask`` their (starts,
+    spans), its packed entry) with the aggregation mode's code and normaliser (``agg``, from
+    ``loss._common_agg``), which counts the valid tokens, scales the
     rows and totals the row outputs as the general way does (tests/test_fast_path.py compares
     the two). The entry is called positionally, as ``clipped_surrogate``'s fast path calls its
     own: a dict of its arguments by name cost 3 of a 6.5 us call at 8 x 128."""
@@ -248,8 +251,11 @@ def _run_common(
     values = [
         token(scalars[name]) if name in scalars else codes[name] for name in _COMMON_SCALARS[kernel]
     ]
-    n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
-    entry = _backend.common(kernel, backend, n_threads, dtype, mask is not None)
+    if type(mask) is tuple:  # packed rows' (starts, spans)
+        entry, n_threads = _backend.packed_common(kernel, backend, dtype, mask, shape[0])
+    else:
+        n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
+        entry = _backend.common(kernel, backend, n_threads, dtype, mask is not None)
     if selected is None:
         arrays = (*inputs, _NO_WEIGHTS[dtype], mask)
     else:  # KL-Cov's selection, a bool array's own bytes, as the general way's flags

@@ -155,20 +155,25 @@ def shape_rewards(
         and (bound is None or (type(bound) is float and bound > 0.0))
         and type(estimator) is str
         and estimator in _ESTIMATOR_CODES
-        and cu_seqlens is None
     ):
         inputs = (logprobs, ref_logprobs)
-        if lengths is None and _validate.common_case(inputs, mask):
-            kernel_mask = mask
+        if cu_seqlens is not None:  # packed rows: their (starts, spans)
+            layout = (
+                mask is None and lengths is None and _validate.common_packed(inputs, cu_seqlens)
+            ) or False
+        elif lengths is None and _validate.common_case(inputs, mask):
+            layout = mask
         else:
-            kernel_mask = _validate.converted_mask(inputs, mask, lengths)
-        if kernel_mask is not False and (
-            (row_scores := _common_scores(scores, logprobs.shape[0])) is not None
-            and (out is None or _validate.common_outputs((out,), logprobs, (*inputs, scores)))
-        ):
-            return _shape_rewards_common(
-                *inputs, row_scores, kernel_mask, coef, estimator, bound, out, backend
-            )
+            layout = _validate.converted_mask(inputs, mask, lengths)
+        if layout is not False:
+            n_rows = len(layout[0]) if type(layout) is tuple else logprobs.shape[0]
+            given = (*inputs, scores, mask, lengths, cu_seqlens)
+            if (row_scores := _common_scores(scores, n_rows)) is not None and (
+                out is None or _validate.common_outputs((out,), logprobs, given)
+            ):
+                return _shape_rewards_common(
+                    *inputs, row_scores, layout, coef, estimator, bound, out, backend
+                )
     code = ESTIMATORS.index(_validate.choice("estimator", estimator, ESTIMATORS))
     bound = _clamp(clamp)
     coef = _validate.scalar("kl_coef", kl_coef, lo=0.0)
@@ -244,17 +249,25 @@ def _shape_rewards_common(
     backend: str | None,
 ) -> np.ndarray:
     """The common case, checked by the caller (``_validate.common_case``: two C-contiguous (B, T)
-    arrays of one float dtype; no mask or a bool one, ``_validate.converted_mask``'s for a 0/1
-    one of numbers or for lengths; ``scores`` from ``_common_scores``; ``kl_coef`` a float in
-    [0, inf), ``clamp`` None or a float > 0, a known estimator; ``out`` None or as
+    arrays of one float dtype; no mask or a bool one, ``_validate.converted_mask``'s for a 0/1 one
+    of numbers or for lengths; or two such 1-D arrays, ``mask`` their packed rows' (starts, spans)
+    from ``_validate.common_packed``; ``scores`` from ``_common_scores``; ``kl_coef`` a float in [0,
+    inf), ``clamp`` None or a float > 0, a known estimator; ``out`` None or as
     ``_validate.common_outputs`` accepts it): the general way's kernel call, its arguments made
-    without the general way's checks and copies, on numba through the exact entry of the
-    estimator's one-thread build (``_backend.table_kernel``: the table kernel would type its 12
-    arguments on each call). tests/test_fast_path.py compares the two."""
-    n_rows, width = logprobs.shape
+    without the general way's checks and copies, on numba through the exact entry of the estimator's
+    one-thread build (``_backend.table_kernel``: the table kernel would type its 12 arguments on
+    each call). tests/test_fast_path.py compares the two."""
     if out is None:
-        out = _result_arrays.empty((n_rows, width), logprobs.dtype)
-    n_threads = _threads.threads_for(n_rows, n_rows * width)
+        out = _result_arrays.empty(logprobs.shape, logprobs.dtype)
+    if type(mask) is tuple:  # packed rows' (starts, spans)
+        starts, spans = mask
+        layout = (starts, spans, spans, _rows.EMPTY_MASK)
+        n_threads = _threads.threads_for(len(starts), logprobs.size)
+        mask = None
+    else:
+        n_rows, width = logprobs.shape
+        layout = _rows.padded_arguments(n_rows, width, mask)
+        n_threads = _threads.threads_for(n_rows, n_rows * width)
     code = _ESTIMATOR_CODES[estimator]
     kernel = _backend.table_kernel(
         "shape_rewards", backend, n_threads, logprobs.dtype, mask is not None, code
@@ -262,7 +275,7 @@ def _shape_rewards_common(
     kernel(
         logprobs.reshape(-1),
         ref_logprobs.reshape(-1),
-        *_rows.padded_arguments(n_rows, width, mask),
+        *layout,
         scores,
         kl_coef,
         code,

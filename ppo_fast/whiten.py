@@ -263,18 +263,21 @@ def whiten(
         type(eps) is float
         and 0.0 <= eps < math.inf  # NaN fails the comparisons: it goes the general way
         and moments is None
-        and cu_seqlens is None
-        and (
-            kernel_mask := (
+    ):
+        if cu_seqlens is None:
+            layout = (
                 mask
                 if lengths is None and _validate.common_case((x,), mask)
                 else _validate.converted_mask((x,), mask, lengths)
             )
-        )
-        is not False
-        and (out is None or _validate.common_outputs((out,), x, (x, mask, lengths)))
-    ):
-        return _whiten_common(x, kernel_mask, shift_mean, unbiased, eps, out, backend)
+            given = (x, mask, lengths)
+        else:  # packed rows: their (starts, spans)
+            layout = (
+                mask is None and lengths is None and _validate.common_packed((x,), cu_seqlens)
+            ) or False
+            given = (x, cu_seqlens)
+        if layout is not False and (out is None or _validate.common_outputs((out,), x, given)):
+            return _whiten_common(x, layout, shift_mean, unbiased, eps, out, backend)
     (array,), rows = _validate.batch({"x": x}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     if out is not None:
         (out,) = _validate.out_arrays(
@@ -323,19 +326,29 @@ def _whiten_common(
     backend: str | None,
 ) -> np.ndarray:
     """The common case, checked by the caller (``_validate.common_case``: a C-contiguous (B, T)
-    array of a float dtype, no mask or a bool one; a float ``eps`` in range, the batch's own
-    moments; ``out`` None or as ``_validate.common_outputs`` accepts it): what the general way
-    computes, in the backends' common-case entries of the moments and whiten kernels
+    array of a float dtype, no mask or a bool one; or a 1-D one, ``mask`` its packed rows' (starts,
+    spans) from ``_validate.common_packed``, for the packed entries; a float ``eps`` in range, the
+    batch's own moments; ``out`` None or as ``_validate.common_outputs`` accepts it): what the
+    general way computes, in the backends' common-case entries of the moments and whiten kernels
     (tests/test_fast_path.py compares the two)."""
-    n_threads = _threads.threads_for(x.shape[0], x.size)
-    dtype, masked = x.dtype, mask is not None
-    moments = _backend.common("moments", backend, n_threads, dtype, masked)
-    sample_moments = (
-        moments if n_threads == 1 else _backend.common("moments", backend, 1, dtype, masked)
-    )
+    dtype = x.dtype
+    if type(mask) is tuple:  # packed rows' (starts, spans); the sample is the first row
+        moments, n_threads = _backend.packed_common("moments", backend, dtype, mask, x.size)
+        whiten_entry = _backend.common("whiten", backend, n_threads, dtype, False, True)
+        sample_moments = _backend.common("moments", backend, 1, dtype, False, True)
+        sample = (x, (mask[0][:1], mask[1][:1]))
+    else:
+        n_threads = _threads.threads_for(x.shape[0], x.size)
+        masked = mask is not None
+        moments = _backend.common("moments", backend, n_threads, dtype, masked)
+        whiten_entry = _backend.common("whiten", backend, n_threads, dtype, masked)
+        sample_moments = (
+            moments if n_threads == 1 else _backend.common("moments", backend, 1, dtype, masked)
+        )
+        sample = (x[:1], None if mask is None else mask[:1])
     mean, variance = _batch_mean_and_variance(
         lambda shift: moments(x, mask, shift, n_threads),
-        lambda: sample_moments(x[:1], None if mask is None else mask[:1], 0.0, 1),
+        lambda: sample_moments(*sample, 0.0, 1),
         unbiased,
     )
     scale = _inverse_scale(variance, eps)
@@ -344,7 +357,5 @@ def _whiten_common(
         empty = np.empty if x.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
         out = empty(x.shape, x.dtype)
     offset = 0.0 if shift_mean else mean
-    _backend.common("whiten", backend, n_threads, dtype, masked)(
-        x, mask, mean, scale, offset, out, n_threads
-    )
+    whiten_entry(x, mask, mean, scale, offset, out, n_threads)
     return out

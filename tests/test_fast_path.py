@@ -61,9 +61,10 @@ def fast_calls(monkeypatch):
 
 
 def general_way(function, /, *args, **kwargs):
-    """``function(*args, **kwargs)`` with the common case turned off."""
+    """``function(*args, **kwargs)`` with the common case turned off, padded and packed."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_validate, "common_case", lambda arrays, mask: False)
+        patch.setattr(_validate, "common_packed", lambda arrays, cu_seqlens: None)
         return function(*args, **kwargs)
 
 
@@ -436,8 +437,8 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
         assert {key[3] for key in types_by_key if key[0] == name} == {0, 1, 2, 3}
     for key, seen in types_by_key.items():
         assert len(seen) == 1, (key, seen)
-    for (name, _, _, _, one_thread, dtype, _), entry in _backend._commons.items():
-        if one_thread and dtype is not None:
+    for (name, _, _, _, one_thread, dtype, _, packed), entry in _backend._commons.items():
+        if one_thread and dtype is not None and not packed:
             dispatcher = _numba_kernels.serial_common(name)
             assert entry in {o.entry_point for o in dispatcher.overloads.values()}, name
     assert _backend._serial_tables

@@ -120,9 +120,14 @@ def test_contiguous_cpu_tensors_are_not_copied(monkeypatch):
     out = pt.whiten(x, mask=torch.ones(4, 32, dtype=torch.bool))  # the common case
     assert np.shares_memory(kernel_inputs[0], x.numpy())
     assert np.shares_memory(written[0], out.numpy())
-    out = pt.whiten(x.reshape(-1), cu_seqlens=torch.tensor([0, 60, 128]))  # the general way
-    assert np.shares_memory(seen[0], x.numpy())
+    kernel_inputs.clear()
+    out = pt.whiten(x.reshape(-1), cu_seqlens=torch.tensor([0, 60, 128]))  # packed: fast too
+    assert np.shares_memory(kernel_inputs[0], x.numpy())
     assert np.shares_memory(written[1], out.numpy())
+    # int16 cu_seqlens: the general way
+    out = pt.whiten(x.reshape(-1), cu_seqlens=torch.tensor([0, 60, 128], dtype=torch.int16))
+    assert np.shares_memory(seen[0], x.numpy())
+    assert np.shares_memory(written[2], out.numpy())
     kernel_inputs.clear()
     rewards, values = torch.randn(4, 32), torch.randn(4, 32)
     pt.gae(rewards, values)

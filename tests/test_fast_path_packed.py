@@ -1,0 +1,183 @@
+"""The stages' fast paths on packed rows (1-D token arrays and ``cu_seqlens``) against the general
+way: the same bits, the same errors.
+
+A stage with a fast path takes packed rows the fast way where ``_validate.common_packed`` accepts
+them (exact 1-D arrays of one float dtype, an int64 or int32 C-contiguous cu_seqlens from 0 to N,
+never decreasing; no mask or lengths beside it) and its hyperparameters are its common case's:
+``gae``, ``shape_rewards``, ``whiten``, ``clipped_surrogate``, ``value_loss`` and the policy
+family. It calls the backend's packed entry (``_backend.common(..., packed=True)``: the table
+kernel with the rows' starts and spans, every position valid) or, for the KL rewards, the table
+kernel itself. Each call here runs both ways (the general way with both common-case tests turned
+off: ``test_fast_path.general_way``) and compares them; that the fast path was taken exactly
+where it should be is checked call by call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import ALL_BACKENDS, COMPILED
+from test_fast_path import (
+    DTYPES,
+    general_way,
+    outcome,
+    same_bits,
+    the_stages,
+    token_arrays,
+    with_outputs,
+)
+
+import ppo_fast
+from ppo_fast import _backend
+from ppo_fast._spec import GAE_CHUNKS
+
+# Row lengths: empty rows among others, one empty row, no rows, the 8 x 128 of the per-call
+# figures, many short rows, and (compiled backends) a row long enough for GAE's chunks.
+LENGTHS = [[5, 0, 7, 1, 0, 12], [0], [], [128] * 8, [3] * 40, [1]]
+LONG = [GAE_CHUNKS.long_row + 100, 3]
+
+
+def packed(rng, lengths, dtype):
+    """The stages' arrays (``token_arrays``) packed: 1-D token arrays of sum(lengths) tokens,
+    (B,) scores, and cu_seqlens as int64."""
+    n = int(sum(lengths))
+    arrays = token_arrays(rng, (1, n), dtype)
+    arrays = {k: v.reshape(-1) if v.ndim == 2 else v for k, v in arrays.items()}
+    scores = token_arrays(rng, (len(lengths), 1), dtype)
+    for name in ("scores", "scores32", "scores_read_only"):
+        arrays[name] = scores[name]
+    return arrays, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+
+
+def takes_the_fast_path(kwargs) -> bool:
+    """Whether a packed call of ``the_stages`` is a common case: all are but a
+    seq-mean-token-sum-norm loss without its loss_scale (packed rows have no T)."""
+    return not (kwargs.get("agg") == "seq-mean-token-sum-norm" and "loss_scale" not in kwargs)
+
+
+@pytest.fixture
+def fast_calls(monkeypatch):
+    """The stages' calls of the packed entries and table kernels since the last clear."""
+    calls: list[str] = []
+    common, table_kernel = _backend.common, _backend.table_kernel
+
+    def counted_common(name, backend, n_threads=0, dtype=None, masked=False, packed=False):
+        calls.append(name) if packed else None
+        return common(name, backend, n_threads, dtype, masked, packed)
+
+    def counted_table_kernel(name, *arguments):
+        calls.append(name)
+        return table_kernel(name, *arguments)
+
+    monkeypatch.setattr(_backend, "common", counted_common)
+    monkeypatch.setattr(_backend, "table_kernel", counted_table_kernel)
+    return calls
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_the_packed_fast_path_gives_the_general_ways_bits_or_errors(backend, dtype, fast_calls):
+    """Every stage's common cases on packed rows, int64 and int32 cu_seqlens, read-only too, with
+    and without preallocated outputs."""
+    rng = np.random.default_rng(21)
+    lengths_list = LENGTHS + ([LONG] if backend in COMPILED else [])
+    calls = 0
+    for lengths in lengths_list:
+        arrays, cu = packed(rng, lengths, dtype)
+        read_only = cu.astype(np.int32)
+        read_only.setflags(write=False)
+        for cu_seqlens in (cu, read_only):
+            for call, kwargs in the_stages(arrays):
+                kwargs.update(cu_seqlens=cu_seqlens, backend=backend)
+                what = (call.__name__, lengths[:8], cu_seqlens.dtype, kwargs)
+                fast_calls.clear()
+                fast = outcome(call, **kwargs)
+                assert bool(fast_calls) == takes_the_fast_path(kwargs), what
+                general = general_way(outcome, call, **kwargs)
+                assert fast[0] == general[0], what
+                shape = arrays["lp"].shape
+                fast_out, outs = with_outputs(call, kwargs, shape, dtype)
+                general_out, general_outs = with_outputs(call, kwargs, shape, dtype)
+                fast_calls.clear()
+                filled = outcome(call, **fast_out)
+                assert bool(fast_calls) == takes_the_fast_path(kwargs), what
+                assert filled[0] == general_way(outcome, call, **general_out)[0], what
+                calls += 1
+                if fast[0] == "error":
+                    assert fast[1] == general[1], what
+                    continue
+                same_bits(fast[1], general[1], what)
+                same_bits(outs, general_outs, what)
+                same_bits(outs, [a for a in filled[1] if isinstance(a, np.ndarray)], what)
+    assert calls > 500
+
+
+def test_packed_rows_the_fast_path_cannot_take_go_the_general_way(fast_calls):
+    """cu_seqlens of other dtypes, views, lists and bad values, 2-D token arrays, a mask or
+    lengths beside cu_seqlens, and seq-mean-token-sum-norm without loss_scale: the general way,
+    its results or its errors."""
+    rng = np.random.default_rng(5)
+    arrays, cu = packed(rng, [4, 0, 9, 2], np.float32)
+    strided = np.zeros(2 * cu.size, np.int64)
+    strided[::2] = cu
+    others = {
+        "int16": cu.astype(np.int16),
+        "uint64": cu.astype(np.uint64),
+        "list": cu.tolist(),
+        "strided": strided[::2],
+        "float": cu.astype(np.float64),
+        "decreasing": np.array([0, 5, 4, 15]),
+        "short": cu[:-1],
+        "not from 0": cu + 1,
+    }
+    policy = dict(logprobs=arrays["lp"], old_logprobs=arrays["old"], advantages=arrays["a"])
+    for name, cu_seqlens in others.items():
+        for call, kwargs in (
+            (ppo_fast.gae, dict(rewards=arrays["r"], values=arrays["v"])),
+            (ppo_fast.clipped_surrogate, policy),
+            (ppo_fast.whiten, dict(x=arrays["a"])),
+        ):
+            fast_calls.clear()
+            fast = outcome(call, **kwargs, cu_seqlens=cu_seqlens)
+            assert not fast_calls, (name, call.__name__)
+            general = general_way(outcome, call, **kwargs, cu_seqlens=cu_seqlens)
+            assert fast[0] == general[0], (name, call.__name__)
+            if fast[0] == "ok":
+                same_bits(fast[1], general[1], (name, call.__name__))
+            else:
+                assert fast[1] == general[1], (name, call.__name__)
+        assert (name in ("int16", "uint64", "list", "strided")) == (fast[0] == "ok"), name
+    beside = [{"mask": np.ones(arrays["lp"].shape, bool)}, {"lengths": np.array([4, 0, 9, 2])}]
+    for extra in beside:
+        fast_calls.clear()
+        fast = outcome(ppo_fast.clipped_surrogate, **policy, cu_seqlens=cu, **extra)
+        assert fast[0] == "error" and "at most one" in fast[1][1] and not fast_calls
+    two_d = {k: v.reshape(1, -1) for k, v in policy.items()}
+    fast_calls.clear()
+    assert outcome(ppo_fast.clipped_surrogate, **two_d, cu_seqlens=cu)[0] == "error"
+    assert not fast_calls
+    norm = outcome(
+        ppo_fast.clipped_surrogate, **policy, cu_seqlens=cu, agg="seq-mean-token-sum-norm"
+    )
+    assert norm[0] == "error" and "loss_scale" in norm[1][1] and not fast_calls
+
+
+@pytest.mark.parametrize("backend", COMPILED)
+def test_the_packed_fast_path_gives_the_same_bits_on_one_and_two_threads(backend, monkeypatch):
+    """Rows shared among two threads (a batch the thread policy gives two) and run on one: the
+    same bits, GAE's long rows in chunks included."""
+    from ppo_fast import _threads
+
+    rng = np.random.default_rng(8)
+    lengths = [GAE_CHUNKS.long_row + 7, 5000, 0, 40000]
+    arrays, cu = packed(rng, lengths, np.float32)
+    results = []
+    for threads in (1, 2):
+        monkeypatch.setattr(_threads, "threads_for", lambda units, n, t=threads: min(units, t))
+        results.append(
+            [outcome(call, **kwargs, cu_seqlens=cu, backend=backend)
+             for call, kwargs in the_stages(arrays)]
+        )  # fmt: skip
+    for one, two in zip(*results, strict=True):
+        assert one[0] == two[0]
+        if one[0] == "ok":
+            same_bits(one[1], two[1])
