@@ -279,23 +279,31 @@ def test_the_fast_path_gives_the_general_ways_bits_or_errors(backend, dtype, fas
                 kwargs.update(**layout, backend=backend)
                 # Formatted only when an assertion fails: the arrays of every call's keywords
                 # formatted for each message took three quarters of this test's time.
-                what = (call.__name__, shape, kwargs)
-                fast = outcome(call, **kwargs)
-                general = general_way(outcome, call, **kwargs)
-                assert fast[0] == general[0], what
-                fast_out, outs = with_outputs(call, kwargs, shape, dtype)
-                general_out, general_outs = with_outputs(call, kwargs, shape, dtype)
-                filled = outcome(call, **fast_out)
-                assert filled[0] == general_way(outcome, call, **general_out)[0], what
+                assert_both_ways(call, kwargs, shape, dtype, (call.__name__, shape, kwargs))
                 calls += 2
-                if fast[0] == "error":
-                    assert fast[1] == general[1], what
-                    continue
-                same_bits(fast[1], general[1], what)
-                same_bits(outs, general_outs, what)
-                same_bits(outs, [a for a in filled[1] if isinstance(a, np.ndarray)], what)
-                assert all(any(a is out for a in filled[1]) for out in outs), what
     assert len(fast_calls) - fast_calls.count("whiten") == calls  # each call took the fast way
+
+
+def assert_both_ways(call, kwargs, shape, dtype, what, after_fast_call=lambda: None):
+    """``call(**kwargs)`` the fast way and the general way, without and then with preallocated
+    outputs: the same outcome, bit for bit or the same error, and the outputs given are the
+    results. ``after_fast_call`` runs after each call the fast way (a check of what it took)."""
+    fast = outcome(call, **kwargs)
+    after_fast_call()
+    general = general_way(outcome, call, **kwargs)
+    assert fast[0] == general[0], what
+    fast_out, outs = with_outputs(call, kwargs, shape, dtype)
+    general_out, general_outs = with_outputs(call, kwargs, shape, dtype)
+    filled = outcome(call, **fast_out)
+    after_fast_call()
+    assert filled[0] == general_way(outcome, call, **general_out)[0], what
+    if fast[0] == "error":
+        assert fast[1] == general[1], what
+        return
+    same_bits(fast[1], general[1], what)
+    same_bits(outs, general_outs, what)
+    same_bits(outs, [a for a in filled[1] if isinstance(a, np.ndarray)], what)
+    assert all(any(a is out for a in filled[1]) for out in outs), what
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)

@@ -18,12 +18,12 @@ import pytest
 from conftest import ALL_BACKENDS, COMPILED
 from test_fast_path import (
     DTYPES,
+    assert_both_ways,
     general_way,
     outcome,
     same_bits,
     the_stages,
     token_arrays,
-    with_outputs,
 )
 
 import ppo_fast
@@ -89,25 +89,18 @@ def test_the_packed_fast_path_gives_the_general_ways_bits_or_errors(backend, dty
             for call, kwargs in the_stages(arrays):
                 kwargs.update(cu_seqlens=cu_seqlens, backend=backend)
                 what = (call.__name__, lengths[:8], cu_seqlens.dtype, kwargs)
+                expected = takes_the_fast_path(kwargs)
+
+                def took_the_fast_path_where_expected(what=what, expected=expected):
+                    assert bool(fast_calls) == expected, what
+                    fast_calls.clear()
+
                 fast_calls.clear()
-                fast = outcome(call, **kwargs)
-                assert bool(fast_calls) == takes_the_fast_path(kwargs), what
-                general = general_way(outcome, call, **kwargs)
-                assert fast[0] == general[0], what
                 shape = arrays["lp"].shape
-                fast_out, outs = with_outputs(call, kwargs, shape, dtype)
-                general_out, general_outs = with_outputs(call, kwargs, shape, dtype)
-                fast_calls.clear()
-                filled = outcome(call, **fast_out)
-                assert bool(fast_calls) == takes_the_fast_path(kwargs), what
-                assert filled[0] == general_way(outcome, call, **general_out)[0], what
+                assert_both_ways(
+                    call, kwargs, shape, dtype, what, took_the_fast_path_where_expected
+                )
                 calls += 1
-                if fast[0] == "error":
-                    assert fast[1] == general[1], what
-                    continue
-                same_bits(fast[1], general[1], what)
-                same_bits(outs, general_outs, what)
-                same_bits(outs, [a for a in filled[1] if isinstance(a, np.ndarray)], what)
     assert calls > 500
 
 
@@ -146,6 +139,25 @@ def test_packed_rows_the_fast_path_cannot_take_go_the_general_way(fast_calls):
             else:
                 assert fast[1] == general[1], (name, call.__name__)
         assert (name in ("int16", "uint64", "list", "strided")) == (fast[0] == "ok"), name
+    # an output over cu_seqlens' bytes: the general way's error (not written over the input)
+    tokens = {k: arrays[k].astype(np.float64) for k in ("r", "v", "lp", "old", "a")}
+    for call, kwargs, keyword, count in (
+        (ppo_fast.gae, dict(rewards=tokens["r"], values=tokens["v"]), "out", 2),
+        (ppo_fast.whiten, dict(x=tokens["a"]), "out", 1),
+        (ppo_fast.clipped_surrogate, dict(logprobs=tokens["lp"], old_logprobs=tokens["old"],
+                                          advantages=tokens["a"]), "grad_out", 1),
+        (ppo_fast.shape_rewards, dict(scores=np.ones(4), logprobs=tokens["lp"], kl_coef=0.1,
+                                      ref_logprobs=tokens["old"]), "out", 1),
+    ):  # fmt: skip
+        buffer = np.zeros(tokens["r"].size)
+        shared = buffer.view(np.int64)[: cu.size]
+        shared[:] = cu
+        outs = (buffer, *(np.zeros_like(buffer) for _ in range(count - 1)))
+        fast_calls.clear()
+        given = {keyword: outs if count > 1 else buffer}
+        result = outcome(call, **kwargs, cu_seqlens=shared, **given)
+        assert result[0] == "error" and "cu_seqlens" in result[1][1], call.__name__
+        assert not fast_calls and np.array_equal(shared, cu), call.__name__
     beside = [{"mask": np.ones(arrays["lp"].shape, bool)}, {"lengths": np.array([4, 0, 9, 2])}]
     for extra in beside:
         fast_calls.clear()
