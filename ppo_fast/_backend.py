@@ -375,8 +375,10 @@ def common(
     first call, an entry that skips typing the arguments (``_learned``).
 
     ``packed``: the entry for packed rows, whose ``mask`` argument is their (starts, spans)
-    (``_validate.common_packed``), made from the table kernel on every backend
-    (``_common_from_kernel``).
+    (``_validate.common_packed``): the backend's own ``<name>_common`` where it takes them (the
+    Cython kernels'), else one made from its table kernel (``_common_from_kernel``). The Cython
+    one runs each row whole, as the padded entries do: gae's rows long enough for chunks go the
+    general way (the stage decides).
     """
     one_thread = n_threads == 1
     key = (name, backend, _selected, _environment_backend(), one_thread, dtype, masked, packed)
@@ -384,12 +386,11 @@ def common(
     if function is None:
         module = _cached_resolve(backend)
         totals = getattr(module, "row_totals", _numpy_totals)
-        if packed:
+        function = getattr(module, f"{name}_common", None)  # the Cython one takes both layouts
+        if packed and function is None:
             function = _common_from_kernel(
                 KERNELS[name], getattr(module, name), totals, None, packed_scales, packed=True
             )
-        else:
-            function = getattr(module, f"{name}_common", None)
         if function is None:
             serial = getattr(module, "serial_common", None)
             serial = serial and serial(name)

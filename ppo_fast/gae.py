@@ -122,12 +122,14 @@ def gae(
             if layout is not False and rewards.shape[1] > _LONG_ROW:
                 layout = False
             given = (rewards, values, mask, lengths)
-        else:  # packed rows: the table kernel, which runs long rows in chunks itself
+        else:  # packed rows: their (starts, spans); none may run in chunks either
             layout = (
                 mask is None
                 and lengths is None
                 and _validate.common_packed((rewards, values), cu_seqlens)
             ) or False
+            if layout is not False and rewards.shape[0] > _LONG_ROW and layout[1].max() > _LONG_ROW:
+                layout = False
             given = (rewards, values, cu_seqlens)
         if layout is not False and (
             out is None

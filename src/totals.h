@@ -61,15 +61,20 @@ static int64_t ppo_count_nonzero(const uint8_t* mask, ptrdiff_t n) {
 /* (valid positions, row scales) of a loss's common case with aggregation mode `agg` (a code of
  * ppo_fast/_spec.py AGGREGATIONS) and `normaliser` (num_tokens, num_seqs or loss_scale, > 0;
  * 0: none, the batch's own count) over (n_rows, width) padded rows, the mask NULL when every
- * position is valid: the scales into scales[0 .. n_rows-1], the valid positions returned.
- * loss._row_scales, division for division (twins: ppo_fast/_backend.py common_scales,
+ * position is valid, or over packed rows of `spans` (not NULL: every position valid; no T, so
+ * seq-mean-token-sum-norm without its loss_scale divides by the valid positions): the scales
+ * into scales[0 .. n_rows-1], the valid positions returned. loss._row_scales, division for
+ * division (twins: ppo_fast/_backend.py common_scales and packed_scales,
  * ppo_fast/_numba_core.py _common_scales). */
-static double ppo_common_scales(int agg, double normaliser, const uint8_t* mask, ptrdiff_t n_rows,
-                                ptrdiff_t width, double* scales) {
+static double ppo_common_scales(int agg, double normaliser, const uint8_t* mask,
+                                const int64_t* spans, ptrdiff_t n_rows, ptrdiff_t width,
+                                double* scales) {
     int64_t total = 0;
     double seqs = 0.0, valid, divisor;
     for (ptrdiff_t b = 0; b < n_rows; b++) {
-        int64_t count = mask ? ppo_count_nonzero(mask + b * width, width) : (int64_t)width;
+        int64_t count = spans  ? spans[b]
+                        : mask ? ppo_count_nonzero(mask + b * width, width)
+                               : (int64_t)width;
         scales[b] = (double)count; /* the row's count, until the second loop */
         total += count;
         if (count > 0) seqs += 1.0;
@@ -78,7 +83,7 @@ static double ppo_common_scales(int agg, double normaliser, const uint8_t* mask,
     if (agg == 0) /* token-mean */
         divisor = normaliser > 0 ? normaliser : valid;
     else if (agg == 3) /* seq-mean-token-sum-norm: T is the loss scale */
-        divisor = normaliser > 0 ? normaliser : (double)width;
+        divisor = normaliser > 0 ? normaliser : (spans ? valid : (double)width);
     else
         divisor = normaliser > 0 ? normaliser : seqs;
     for (ptrdiff_t b = 0; b < n_rows; b++) {

@@ -638,6 +638,26 @@ def test_the_cython_common_entries_refuse_what_they_cannot_read():
         entry(logp, logp.astype(np.float32), logp, no_weights, None, 0, 0.0, *bounds, grad, 1)
     with pytest.raises(ValueError, match="not C-contiguous"):
         entry(logp, logp, logp, no_weights, None, 0, 0.0, *bounds, np.empty((2, 6))[:, ::2], 1)
+    # packed rows: (N,) arrays, and the rows' (starts, spans) in the mask's place
+    flat, grad = logp.ravel(), grad.ravel()
+    starts, spans = np.array([0, 2]), np.array([2, 4])
+    assert entry(flat, flat, flat, no_weights, (starts, spans), 0, 0.0, *bounds, grad, 1)[0] == 6
+    for layout, error, match in [
+        ((starts, spans, spans), ValueError, r"packed rows are \(starts, spans\)"),
+        (
+            (starts.astype(np.int32), spans),
+            TypeError,
+            "starts must be a C-contiguous array of int64",
+        ),
+        ((starts, spans[:1]), ValueError, "one entry a row"),
+        ((starts, np.array([2, 5])), ValueError, r"row 1 \(start 2, span 5\) lies outside the 6"),
+        ((np.array([-1, 2]), spans), ValueError, "row 0"),
+        ((starts, np.array([2, -1])), ValueError, "row 1"),
+    ]:
+        with pytest.raises(error, match=match):
+            entry(flat, flat, flat, no_weights, layout, 0, 0.0, *bounds, grad, 1)
+    with pytest.raises(ValueError, match=r"logprobs must be 1-D \(N,\) with packed rows"):
+        entry(logp, logp, logp, no_weights, (starts, spans), 0, 0.0, *bounds, grad, 1)
 
 
 def _fast_targets():

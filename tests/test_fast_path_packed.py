@@ -13,6 +13,8 @@ where it should be is checked call by call."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from conftest import ALL_BACKENDS, COMPILED
@@ -27,8 +29,11 @@ from test_fast_path import (
 )
 
 import ppo_fast
-from ppo_fast import _backend
-from ppo_fast._spec import GAE_CHUNKS
+from ppo_fast import _backend, _examples, _validate
+from ppo_fast._spec import AGGREGATIONS, FLAGS, GAE_CHUNKS, KERNELS, SCALES, TOKEN
+from ppo_fast.loss import _row_scales, _totals
+
+COMMON = [name for name, kernel in KERNELS.items() if kernel.common]
 
 # Row lengths: empty rows among others, one empty row, no rows, the 8 x 128 of the per-call
 # figures, many short rows, and (compiled backends) a row long enough for GAE's chunks.
@@ -48,9 +53,12 @@ def packed(rng, lengths, dtype):
     return arrays, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
 
 
-def takes_the_fast_path(kwargs) -> bool:
+def takes_the_fast_path(call, kwargs, lengths) -> bool:
     """Whether a packed call of ``the_stages`` is a common case: all are but a
-    seq-mean-token-sum-norm loss without its loss_scale (packed rows have no T)."""
+    seq-mean-token-sum-norm loss without its loss_scale (packed rows have no T) and ``gae`` on a
+    row long enough to run in chunks (the entries run each row whole)."""
+    if call is ppo_fast.gae:
+        return max(lengths, default=0) <= GAE_CHUNKS.long_row
     return not (kwargs.get("agg") == "seq-mean-token-sum-norm" and "loss_scale" not in kwargs)
 
 
@@ -89,7 +97,7 @@ def test_the_packed_fast_path_gives_the_general_ways_bits_or_errors(backend, dty
             for call, kwargs in the_stages(arrays):
                 kwargs.update(cu_seqlens=cu_seqlens, backend=backend)
                 what = (call.__name__, lengths[:8], cu_seqlens.dtype, kwargs)
-                expected = takes_the_fast_path(kwargs)
+                expected = takes_the_fast_path(call, kwargs, lengths)
 
                 def took_the_fast_path_where_expected(what=what, expected=expected):
                     assert bool(fast_calls) == expected, what
@@ -193,3 +201,88 @@ def test_the_packed_fast_path_gives_the_same_bits_on_one_and_two_threads(backend
         assert one[0] == two[0]
         if one[0] == "ok":
             same_bits(one[1], two[1])
+
+
+def _packed_kernel_way(kernel, backend, named, spans, n_threads):
+    """What a packed entry must give, from the table kernel itself: the packed layout, each row
+    input repeated for every row (a loss's scales ``_backend.packed_scales``'), then the row
+    outputs summed by NumPy as the general way sums them (``loss._totals``)."""
+    first = named[kernel.inputs[0].name]
+    starts = np.cumsum(spans) - spans
+    n_rows = len(spans)
+    scales = valid = None
+    if kernel.aggregates:
+        valid, scales = _backend.packed_scales(named["agg"], named["normaliser"], spans, first.size)
+    arguments = {a.name: named[a.name] for a in kernel.inputs}
+    arguments.update(starts=starts, spans=spans, lengths=spans, mask=np.zeros(0, np.uint8))
+    for array in kernel.row_inputs:
+        dtype = first.dtype if array.dtype == TOKEN else np.float64
+        if array.name == SCALES:
+            arguments[array.name] = scales.astype(dtype)
+        else:
+            arguments[array.name] = np.full(n_rows, named[array.name], dtype=dtype)
+    arguments.update({s.name: named[s.name] for s in kernel.scalars})
+    outputs = {a.name: np.empty_like(first) for a in kernel.outputs}
+    arguments.update(outputs)
+    row_outputs = np.empty((len(kernel.row_outputs), n_rows))
+    arguments.update(zip((a.name for a in kernel.row_outputs), row_outputs, strict=True))
+    arguments["n_threads"] = n_threads
+    getattr(_backend.resolve(backend), kernel.name)(*kernel.bind(arguments))
+    if not kernel.row_outputs:
+        return outputs, None
+    if kernel.aggregates:
+        return outputs, (valid, *_totals(row_outputs, scales))
+    return outputs, tuple(row_outputs.sum(axis=1).tolist())
+
+
+# The inputs hold NaN and inf on purpose: NumPy's sums of the row outputs say so.
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+@pytest.mark.parametrize("name", COMMON)
+def test_every_packed_entry_equals_its_table_kernel_and_numpys_sums(name, dtype, backend):
+    """Every aggregation mode over the batch's counts and a given normaliser (seq-mean-token-sum-
+    norm without one too, which the stages never pass: the entries agree on it all the same),
+    over packed rows with empty ones; and ``packed_scales`` is ``loss._row_scales`` wherever
+    the general way has the mode."""
+    kernel = KERNELS[name]
+    entry = _backend.common(name, backend, 0, np.dtype(dtype), False, True)
+    rng = np.random.default_rng(17)
+    modes = [(code, normaliser) for normaliser in (0.0, 7.5) for code in range(len(AGGREGATIONS))]
+    for lengths in LENGTHS:
+        spans = np.array(lengths, dtype=np.int64)
+        n = int(spans.sum())
+        layout = (np.cumsum(spans) - spans, spans)
+        for optional, (agg, normaliser) in itertools.product((False, True), modes):
+            if not kernel.aggregates and agg:
+                continue
+            named = _examples.common_arguments(kernel, (1, n), dtype, rng, optional=optional)
+            named = {k: v.reshape(-1) if isinstance(v, np.ndarray) else v for k, v in named.items()}
+            named["mask"] = layout
+            if kernel.aggregates:
+                named["agg"], named["normaliser"] = agg, normaliser
+                _, rows = _validate.batch({"x": named[kernel.inputs[0].name]}, cu_seqlens=np.
+                                          concatenate([[0], np.cumsum(spans)]))  # fmt: skip
+                normalisers = [None, None, None]
+                if normaliser:
+                    normalisers[(0, 1, 1, 2)[agg]] = normaliser
+                if agg != 3 or normaliser:
+                    scales, valid = _row_scales(AGGREGATIONS[agg], rows, *normalisers)
+                    expected = _backend.packed_scales(agg, normaliser, spans, n)
+                    same_bits((valid, scales), expected, f"{name} packed_scales {agg}")
+            for array in kernel.inputs:  # non-finite values
+                if named[array.name].size > 4:
+                    odd = [255, 2] if array.dtype == FLAGS else [np.nan, np.inf]
+                    named[array.name].flat[rng.integers(0, 4, 2)] = odd
+            for n_threads in (1, 2):
+                expected, expected_totals = _packed_kernel_way(
+                    kernel, backend, named, spans, n_threads
+                )
+                arguments = [named[argument] for argument in kernel.common_arguments[:-1]]
+                totals = entry(*arguments, n_threads)
+                what = f"{name} {backend} {np.dtype(dtype)} {lengths} {agg=} {n_threads=}"
+                same_bits([named[o] for o in expected], list(expected.values()), what)
+                if expected_totals is None:
+                    assert totals is None, what
+                else:
+                    same_bits(totals, expected_totals, what)
