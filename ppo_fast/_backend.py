@@ -376,9 +376,9 @@ def common(
 
     ``packed``: the entry for packed rows, whose ``mask`` argument is their (starts, spans)
     (``_validate.common_packed``): the backend's own ``<name>_common`` where it takes them (the
-    Cython kernels'), else one made from its table kernel (``_common_from_kernel``). The Cython
-    one runs each row whole, as the padded entries do: gae's rows long enough for chunks go the
-    general way (the stage decides).
+    Cython kernels'), else, as for padded rows, a one-thread entry (numba's ``serial_packed``)
+    or one made from its table kernel. The compiled ones run each row whole, as the padded
+    entries do: gae's rows long enough for chunks go the general way (the stage decides).
     """
     one_thread = n_threads == 1
     key = (name, backend, _selected, _environment_backend(), one_thread, dtype, masked, packed)
@@ -387,12 +387,8 @@ def common(
         module = _cached_resolve(backend)
         totals = getattr(module, "row_totals", _numpy_totals)
         function = getattr(module, f"{name}_common", None)  # the Cython one takes both layouts
-        if packed and function is None:
-            function = _common_from_kernel(
-                KERNELS[name], getattr(module, name), totals, None, packed_scales, packed=True
-            )
         if function is None:
-            serial = getattr(module, "serial_common", None)
+            serial = getattr(module, "serial_packed" if packed else "serial_common", None)
             serial = serial and serial(name)
             if one_thread and serial is not None:
                 function = serial
@@ -405,7 +401,8 @@ def common(
                     getattr(module, name),
                     totals,
                     serial,
-                    getattr(module, "common_scales", common_scales),
+                    packed_scales if packed else getattr(module, "common_scales", common_scales),
+                    packed=packed,
                 )
         if len(_commons) > 256:  # bounded, as _resolved
             _commons.clear()

@@ -13,7 +13,7 @@ from llvmlite import binding as llvm
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._numba_core import _CACHE, _common_scales_into, _pairwise_sum
+from ._numba_core import _CACHE, _common_scales_into, _packed_scales_into, _pairwise_sum
 from ._numba_memory import _heap_bytes, _heap_free, _stack_array
 from ._spec import FLAGS, FLOAT64, GROUPS, SCALES, Kernel
 
@@ -167,7 +167,7 @@ def _parallel_build(serial, kernel: Kernel, row_chunks=None):
 _STACK_ROWS = 128
 
 
-def _serial_common_build(serial, kernel: Kernel):
+def _serial_common_build(serial, kernel: Kernel, packed: bool = False):
     """numba's entry for the common case of ``kernel`` on one thread (``Kernel.common_arguments``,
     n_threads 1): what ``_backend._common_from_kernel`` does around a serial call, compiled
     into one function that calls the serial build by address (``_compiled_caller``), so that a
@@ -184,7 +184,11 @@ def _serial_common_build(serial, kernel: Kernel):
     scales, the row inputs and the row outputs are slices of one block of bytes, in the stack
     frame for up to _STACK_ROWS rows (``_stack_array``) and from malloc above that
     (``_heap_bytes``, given back before it returns). With NRT, its arguments and eight
-    allocations were about 0.4 us of the clipped surrogate's 2 us entry at 8 x 128."""
+    allocations were about 0.4 us of the clipped surrogate's 2 us entry at 8 x 128.
+
+    ``packed``: the entry for packed rows (1-D token arrays), whose ``mask`` argument is their
+    (starts, spans) (``_validate.common_packed``), every position valid, the scales
+    ``_packed_scales_into``'s."""
     first = kernel.inputs[0].name
     arguments = kernel.common_arguments  # n_threads last, which is 1 here
     floats = [a.name for a in kernel.row_inputs if a.name != SCALES]  # gae's gammas, ...
@@ -196,8 +200,9 @@ def _serial_common_build(serial, kernel: Kernel):
     row_bytes = 8 * (n_ints + len(floats)) + (8 if kernel.aggregates else 0)
     float_bytes = 8 * n_ints
     token_bytes = 8 * (n_ints + len(floats))
+    entry = f"{kernel.name}_serial_{'packed' if packed else 'common'}"
     lines = [
-        f"def {kernel.name}_serial_common({', '.join(arguments)}):",
+        f"def {entry}({', '.join(arguments)}):",
         f"    n_rows, width = {first}.shape",
         "    if n_rows <= STACK_ROWS:",
         f"        space = _stack_array(({row_bytes * _STACK_ROWS},), np.uint8)",
@@ -214,6 +219,9 @@ def _serial_common_build(serial, kernel: Kernel):
         "    else:",
         "        flat_mask = mask.reshape(mask.size).view(np.uint8)",
     ]
+    if packed:  # the rows' starts and spans given, and no mask
+        lines[1:2] = ["    starts, spans = mask", "    n_rows = starts.shape[0]"]
+        lines[8:] = ["    flat_mask = _stack_array((8,), np.uint8)[:0]"]
     if floats:
         lines.append(
             f"    floats = space[{float_bytes} * n_rows : {token_bytes} * n_rows].view(np.float64)"
@@ -224,7 +232,9 @@ def _serial_common_build(serial, kernel: Kernel):
         lines += [
             f"    tokens = space[{token_bytes} * n_rows :][: {first}.itemsize * n_rows].view("
             f"{first}.dtype)",
-            "    valid = _common_scales_into(agg, normaliser, flat_mask, mask is not None, "
+            "    valid = _packed_scales_into(agg, normaliser, spans, scales_rows)"
+            if packed
+            else "    valid = _common_scales_into(agg, normaliser, flat_mask, mask is not None, "
             "width, ints[2 * n_rows :], scales_rows)",
             # loops, not array assignments: numba's compiles a shape check that raises, which
             # took seconds of a first call
@@ -269,13 +279,14 @@ def _serial_common_build(serial, kernel: Kernel):
         "serial": _compiled_caller(serial, kernel.arguments[:-1]),
         "STACK_ROWS": _STACK_ROWS,
         "_common_scales_into": _common_scales_into,
+        "_packed_scales_into": _packed_scales_into,
         "_heap_bytes": _heap_bytes,
         "_heap_free": _heap_free,
         "_pairwise_sum": _pairwise_sum,
         "_stack_array": _stack_array,
     }
     exec("\n".join(lines), namespace)  # the source is made from the kernel table
-    function = namespace[f"{kernel.name}_serial_common"]
+    function = namespace[entry]
     return numba.njit(nogil=True, _nrt=False, error_model="numpy")(function)
 
 
@@ -300,6 +311,7 @@ class _Kernel:
         self.function = function  # the Python source, for the interface test
         self.kernel = kernel
         self._serial_common = None
+        self._serial_packed = None
         # Both parallel builds take the threads last: the one made from the table cuts the rows
         # into ranges itself, one a thread; a kernel that ``splits_groups`` has the source
         # ``shared`` of a group's work in a given number of ranges of rows, built with
@@ -325,6 +337,12 @@ class _Kernel:
         if self._serial_common is None:
             self._serial_common = _serial_common_build(self.serial, self.kernel)
         return self._serial_common
+
+    def serial_packed(self):
+        """The one-thread entry of packed rows (``_serial_common_build``), built once."""
+        if self._serial_packed is None:
+            self._serial_packed = _serial_common_build(self.serial, self.kernel, packed=True)
+        return self._serial_packed
 
     def __call__(self, *args):
         """The kernel's result (None for most: they write their outputs). The backend signature

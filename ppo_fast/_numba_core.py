@@ -759,6 +759,29 @@ def _common_scales_into(agg, normaliser, flat_mask, has_mask, width, counts, sca
 
 
 @numba.njit(nogil=True, cache=_CACHE)
+def _packed_scales_into(agg, normaliser, spans, scales):
+    """``_common_scales_into`` for packed rows of ``spans`` (every position valid; no T, so
+    seq-mean-token-sum-norm without its loss_scale divides by the valid positions): twin of
+    ppo_fast/_backend.py packed_scales and src/totals.h ppo_common_scales with spans."""
+    total = 0
+    seqs = 0.0
+    for b in range(scales.shape[0]):
+        total += spans[b]
+        if spans[b] > 0:
+            seqs += 1.0
+    valid = float(total)
+    divisor = normaliser if normaliser > 0 else (seqs if agg == 1 or agg == 2 else valid)
+    for b in range(scales.shape[0]):
+        scale = 0.0
+        if agg != 1:  # one scale for every row
+            scale = 1.0 / divisor if divisor else 0.0
+        elif divisor and spans[b] > 0:  # seq-mean-token-mean
+            scale = 1.0 / (divisor * spans[b])
+        scales[b] = scale
+    return valid
+
+
+@numba.njit(nogil=True, cache=_CACHE)
 def _row_totals(row_outputs):
     n_rows = row_outputs.shape[1]
     totals = np.empty(row_outputs.shape[0])

@@ -437,8 +437,9 @@ class _GAE:
         self.whole_rows = _Kernel(whole_rows, kernel, row_chunks=_gae_chunks)
         self.chunked = _Kernel(chunked, allocates=True)
         self.kernels = [self.whole_rows, self.chunked]
-        # The common case has no long row (gae.py's fast path): the whole rows' entry.
+        # The common case has no long row (gae.py's fast path): the whole rows' entries.
         self.serial_common = self.whole_rows.serial_common
+        self.serial_packed = self.whole_rows.serial_packed
 
     def __call__(self, *args):
         if self.whole_rows(*args):

@@ -690,6 +690,14 @@ def serial_common(name):
     return globals()[name].serial_common()
 
 
+def serial_packed(name):
+    """``serial_common`` for packed rows (``_backend.common(..., packed=True)``), None likewise
+    with the on-disk cache on."""
+    if _CACHE:
+        return None
+    return globals()[name].serial_packed()
+
+
 def serial_table_kernel(name, code=None):
     """The one-thread build of table kernel ``name`` as one compiled function of the table's
     arguments, n_threads (1) last, or None where there is none: ``_backend.table_kernel`` calls

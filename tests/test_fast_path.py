@@ -387,10 +387,11 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
     """numba's one-thread entries are called, after their first call, through the compiled
     wrapper of the overload that call ran (``_numba_kernels.exact_entry``), which trusts its
     arguments to be of that overload's types: ``_backend.common`` keys it by the token dtype and
-    whether there is a mask. So every fast path's call of an entry under one key must pass
-    arguments of one set of numba types, whatever else varies: shapes (one row: C- and
-    F-contiguous at once), masks, preallocated outputs, hyperparameters and normalisers (floats
-    and ints), each stage's own scalars; and those calls must go through the exact entry."""
+    whether there is a mask (and packed rows or not). So every fast path's call of an entry under
+    one key must pass arguments of one set of numba types, whatever else varies: shapes (one row:
+    C- and F-contiguous at once), masks, cu_seqlens of int64 and int32, preallocated outputs,
+    hyperparameters and normalisers (floats and ints), each stage's own scalars; and those calls
+    must go through the exact entry."""
     import numba
 
     from ppo_fast import _numba_kernels
@@ -428,6 +429,17 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
                 for ratio in (0.0002, 1, np.float32(0.5)):
                     selection = dict(logprobs=arrays["lp"], advantages=arrays["a"], ratio=ratio)
                     outcome(ppo_fast.kl_cov_selection, **selection, mask=mask, backend="numba")
+            # the same rows packed (cu_seqlens int64 and int32, empty rows among them)
+            lengths = rng.integers(0, shape[1] + 1, shape[0])
+            valid = np.arange(shape[1])[None, :] < lengths[:, None]
+            flat = {k: v[valid] if v.shape == shape else v for k, v in arrays.items()}
+            flat.update({k: arrays[k] for k in ("scores", "scores32", "scores_read_only")})
+            cu = np.concatenate([[0], np.cumsum(lengths)])
+            for cu_seqlens in (cu, cu.astype(np.int32)):
+                for call, kwargs in the_stages(flat):
+                    kwargs.update(cu_seqlens=cu_seqlens, backend="numba")
+                    outcome(call, **kwargs)
+                    outcome(call, **with_outputs(call, kwargs, flat["lp"].shape, dtype)[0])
             for estimator, clamp in KL_PENALTY_OPTIONS:
                 kl = dict(logprobs=arrays["lp"], ref_logprobs=arrays["old"], backend="numba")
                 outcome(ppo_fast.kl_penalty, **kl, estimator=estimator, clamp=clamp)
@@ -445,10 +457,15 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
         assert {key[3] for key in types_by_key if key[0] == name} == {0, 1, 2, 3}
     for key, seen in types_by_key.items():
         assert len(seen) == 1, (key, seen)
+    packed_entries = 0
     for (name, _, _, _, one_thread, dtype, _, packed), entry in _backend._commons.items():
-        if one_thread and dtype is not None and not packed:
-            dispatcher = _numba_kernels.serial_common(name)
+        if one_thread and dtype is not None:
+            dispatcher = (_numba_kernels.serial_packed if packed else _numba_kernels.serial_common)(
+                name
+            )
             assert entry in {o.entry_point for o in dispatcher.overloads.values()}, name
+            packed_entries += packed
+    assert packed_entries >= len(COMMON)  # each kernel's, per dtype
     assert _backend._serial_tables
     for (name, *_, code), entry in _backend._serial_tables.items():
         dispatcher = _numba_kernels.serial_table_kernel(name, code)
