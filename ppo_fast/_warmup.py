@@ -19,10 +19,11 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
     Runs each kernel on a small batch and, when more than one thread is in use, on one large
     enough to take the parallel build; every build of a specialised kernel (each KL estimator);
     the common-case entry of each kernel that has one (``_backend.common``), without a mask and
-    with a bool one, on each of those batches; for a kernel whose long rows run in chunks (GAE),
-    a row that long too; and the conversion of a 0/1 mask of int64, int32 or ``dtypes`` numbers
-    that the stages' fast paths run (``_loops.convert_mask``). Before 0.8.24 the entries with a
-    mask and the conversion compiled at the first call that used them.
+    with a bool one, on each of those batches, and its entry for packed rows (0.8.28); for a
+    kernel whose long rows run in chunks (GAE), a row that long too; and the conversion of a 0/1
+    mask of int64, int32 or ``dtypes`` numbers that the stages' fast paths run
+    (``_loops.convert_mask``). Before 0.8.24 the entries with a mask and the conversion compiled
+    at the first call that used them.
     For cython and python this only loads the backend. Whatever the backend, it also compiles
     the hash table that numbers many integer group ids (``_groups``) and the loops of the group
     estimators (``_loops``), for ``dtypes``, onto a mask and onto lengths.
@@ -57,7 +58,17 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
                         named["mask"] = mask
                         arguments = [named[argument] for argument in kernel.common_arguments[:-1]]
                         entry(*arguments, n_threads)
+                    # the same rows packed: the rows' starts and spans in the mask's place
+                    entry = _backend.common(kernel.name, name, n_threads, None, False, True)
+                    named = {k: _packed(v, shape) for k, v in named.items()}
+                    named["mask"] = (np.arange(shape[0]) * shape[1], np.full(shape[0], shape[1]))
+                    entry(*(named[a] for a in kernel.common_arguments[:-1]), n_threads)
     _warm_mask_conversion(dtypes, sizes)
+
+
+def _packed(value, shape: tuple[int, int]):
+    """A (B, T) array of a common entry's arguments as packed (B * T,); anything else as is."""
+    return value.reshape(-1) if isinstance(value, np.ndarray) and value.shape == shape else value
 
 
 def _warm_mask_conversion(dtypes: tuple[str, ...], sizes: list[tuple[int, int]]) -> None:

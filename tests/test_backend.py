@@ -259,11 +259,11 @@ def test_calls_from_several_python_threads_at_once(compiled_backend):
 @pytest.mark.slow  # installs, or runs fresh processes: the fast lane (-m "not slow") skips it
 def test_warmup_compiles_ahead_of_time():
     """After warmup, the public calls of the usual layouts compile nothing (numba's compile
-    events): no mask, a bool mask, a 0/1 mask of int64, int32 or float numbers, lengths, and a
-    row long enough for GAE's chunks. In a fresh process, on one thread (the parallel builds cost
-    as much again; test_warmup_runs_the_large_batches_when_threads_are_used covers that branch),
-    for one dtype, and for the kernels these calls run: warmup's loop over the table is the same
-    for every kernel, and compiling all of them took 50 s of the suite."""
+    events): no mask, a bool mask, a 0/1 mask of int64, int32 or float numbers, lengths, packed
+    rows, and a row long enough for GAE's chunks. In a fresh process, on one thread (the
+    parallel builds cost as much again; test_warmup_runs_the_large_batches_when_threads_are_used
+    covers that branch), for one dtype, and for the kernels these calls run: warmup's loop over
+    the table is the same for every kernel, and compiling all of them took 50 s of the suite."""
     out = run_python("""
         import numpy as np
         import ppo_fast
@@ -295,6 +295,13 @@ def test_warmup_compiles_ahead_of_time():
                 ppo_fast.whiten(x, backend="numba", **layout)
                 ppo_fast.clipped_surrogate(x, y, z, backend="numba", **layout)
             compiled += [e.data["dispatcher"].py_func.__qualname__ for _, e in calls.buffer]
+        with event.install_recorder("numba:compile") as calls:  # packed rows
+            cu = np.array([0, 100, 100, 1024])
+            ppo_fast.gae(x.ravel(), y.ravel(), backend="numba", cu_seqlens=cu)
+            ppo_fast.whiten(x.ravel(), backend="numba", cu_seqlens=cu.astype(np.int32))
+            ppo_fast.clipped_surrogate(x.ravel(), y.ravel(), z.ravel(), backend="numba",
+                                       cu_seqlens=cu)
+        compiled += [e.data["dispatcher"].py_func.__qualname__ for _, e in calls.buffer]
         with event.install_recorder("numba:compile") as calls:
             long_row = np.zeros((1, KERNELS["gae"].chunks.long_row + 1), np.float32)
             ppo_fast.gae(long_row, long_row, backend="numba")
