@@ -117,15 +117,18 @@ def kl_cov_selection(
     """
     if type(ratio) is not float:
         ratio = _validate.fast_real(ratio)
-    if type(ratio) is float and 0.0 < ratio < math.inf and cu_seqlens is None:
+    if type(ratio) is float and 0.0 < ratio < math.inf:
         arrays = (logprobs, advantages)
-        kernel_mask = (
-            mask
-            if lengths is None and _validate.common_case(arrays, mask)
-            else _validate.converted_mask(arrays, mask, lengths)
-        )
-        if kernel_mask is not False:
-            return _kl_cov_selection_common(logprobs, advantages, ratio, kernel_mask, backend)
+        if cu_seqlens is not None:  # packed rows: their (starts, spans)
+            layout = (
+                mask is None and lengths is None and _validate.common_packed(arrays, cu_seqlens)
+            ) or False
+        elif lengths is None and _validate.common_case(arrays, mask):
+            layout = mask
+        else:
+            layout = _validate.converted_mask(arrays, mask, lengths)
+        if layout is not False:
+            return _kl_cov_selection_common(logprobs, advantages, ratio, layout, backend)
     ratio = _validate.scalar("ratio", ratio, lo=0.0, open_lo=True)
     checked, rows = _validate.batch(
         {"logprobs": logprobs, "advantages": advantages},
@@ -163,26 +166,34 @@ def _kl_cov_selection_common(
 ) -> np.ndarray:
     """The common case, checked by the caller (``_validate.common_case``: two C-contiguous (B,
     T) arrays of one float dtype; no mask or a bool one, ``_validate.converted_mask``'s for a
-    0/1 one of numbers or for lengths; a float ratio in (0, inf)): the general way's kernel
-    call, its arguments made without the general way's checks and copies (8 x 128, Intel Xeon:
-    8.5-8.9 -> 5.0 us on Cython, of which the kernel takes 1.5-2.8). tests/test_fast_path.py
-    compares the two."""
-    n_rows, width = logprobs.shape
+    0/1 one of numbers or for lengths; or two such 1-D arrays, ``mask`` their packed rows'
+    (starts, spans) from ``_validate.common_packed``; a float ratio in (0, inf)): the general
+    way's kernel call, its arguments made without the general way's checks and copies (8 x 128,
+    Intel Xeon: 8.5-8.9 -> 5.0 us on Cython, of which the kernel takes 1.5-2.8).
+    tests/test_fast_path.py and test_fast_path_packed.py compare the two."""
+    if type(mask) is tuple:  # packed rows
+        starts, spans = mask
+        n_rows = len(starts)
+        layout = (starts, spans, spans, _rows.EMPTY_MASK)
+        mask = None
+    else:
+        n_rows, width = logprobs.shape
+        layout = _rows.padded_arguments(n_rows, width, mask)
     groups = _whole_batch_groups.get(n_rows)
     if groups is None:
         groups = (np.arange(n_rows, dtype=np.int64), np.array([0, n_rows], dtype=np.int64))
         if len(_whole_batch_groups) >= 64:
             _whole_batch_groups.clear()
         _whole_batch_groups[n_rows] = groups
-    selected = _result_arrays.empty((n_rows, width), _BOOL)
-    n_threads = _threads.threads_for(n_rows, n_rows * width)
+    selected = _result_arrays.empty(logprobs.shape, _BOOL)
+    n_threads = _threads.threads_for(n_rows, logprobs.size)
     kernel = _backend.table_kernel(
         "kl_cov_top_k", backend, n_threads, logprobs.dtype, mask is not None
     )
     kernel(
         logprobs.reshape(-1),
         advantages.reshape(-1),
-        *_rows.padded_arguments(n_rows, width, mask),
+        *layout,
         *groups,
         ratio,
         selected.view(np.uint8).reshape(-1),

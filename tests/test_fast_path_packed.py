@@ -1,15 +1,16 @@
-"""The stages' fast paths on packed rows (1-D token arrays and ``cu_seqlens``) against the general
-way: the same bits, the same errors.
+"""The stages' fast paths on packed rows (1-D token arrays and ``cu_seqlens``) against the
+general way: the same bits, the same errors.
 
 A stage with a fast path takes packed rows the fast way where ``_validate.common_packed`` accepts
 them (exact 1-D arrays of one float dtype, an int64 or int32 C-contiguous cu_seqlens from 0 to N,
 never decreasing; no mask or lengths beside it) and its hyperparameters are its common case's:
-``gae``, ``shape_rewards``, ``whiten``, ``clipped_surrogate``, ``value_loss`` and the policy
-family. It calls the backend's packed entry (``_backend.common(..., packed=True)``: the table
-kernel with the rows' starts and spans, every position valid) or, for the KL rewards, the table
-kernel itself. Each call here runs both ways (the general way with both common-case tests turned
-off: ``test_fast_path.general_way``) and compares them; that the fast path was taken exactly
-where it should be is checked call by call."""
+``gae``, ``shape_rewards``, ``whiten``, ``clipped_surrogate``, ``value_loss``, the policy family
+and ``kl_cov_selection``. It calls the backend's packed entry (``_backend.common(...,
+packed=True)``: the common-case entry with the rows' starts and spans in the mask's place, every
+position valid) or, for the KL rewards and KL-Cov's selection, the table kernel itself. Each call
+here runs both ways (the general way with both common-case tests turned off:
+``test_fast_path.general_way``) and compares them; that the fast path was taken exactly where it
+should be is checked call by call."""
 
 from __future__ import annotations
 
@@ -110,6 +111,27 @@ def test_the_packed_fast_path_gives_the_general_ways_bits_or_errors(backend, dty
                 )
                 calls += 1
     assert calls > 500
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_kl_cov_selections_packed_fast_path_gives_the_general_ways_bits(backend, dtype, fast_calls):
+    """``kl_cov_selection`` on packed rows (its table kernel with their starts and spans), over
+    ratios that select one token, some, all of them and more than there are."""
+    rng = np.random.default_rng(23)
+    for lengths in LENGTHS + ([LONG] if backend in COMPILED else []):
+        arrays, cu = packed(rng, lengths, dtype)
+        for cu_seqlens, ratio in itertools.product(
+            (cu, cu.astype(np.int32)), (0.0002, 0.3, 1, 7.0)
+        ):
+            kwargs = dict(logprobs=arrays["lp"], advantages=arrays["a"], ratio=ratio)
+            kwargs.update(cu_seqlens=cu_seqlens, backend=backend)
+            fast_calls.clear()
+            fast = outcome(ppo_fast.kl_cov_selection, **kwargs)
+            assert fast_calls == ["kl_cov_top_k"], (lengths[:8], ratio)
+            general = general_way(outcome, ppo_fast.kl_cov_selection, **kwargs)
+            assert fast[0] == general[0] == "ok", (lengths[:8], ratio)
+            same_bits(fast[1], general[1], f"{lengths[:8]} {ratio}")
 
 
 def test_packed_rows_the_fast_path_cannot_take_go_the_general_way(fast_calls):
