@@ -213,7 +213,8 @@ def common_scales(
     if agg == 0 or agg == 3:  # the batch's count alone
         valid = float(n_rows * width if flat_mask is None else np.count_nonzero(flat_mask))
         # token-mean; seq-mean-token-sum-norm: T is the loss scale
-        return valid, _batch_scales(n_rows, normaliser or (valid if agg == 0 else float(width)))
+        fallback = valid if agg == 0 else float(width)
+        return valid, _batch_scales(n_rows, normaliser if normaliser > 0 else fallback)
     if flat_mask is None:
         counts = np.full(n_rows, width, dtype=np.int64)
     else:
@@ -230,7 +231,7 @@ def packed_scales(
     without one the general way, which says so)."""
     if agg == 0 or agg == 3:
         valid = float(n_positions)
-        return valid, _batch_scales(spans.shape[0], normaliser or valid)
+        return valid, _batch_scales(spans.shape[0], normaliser if normaliser > 0 else valid)
     return _row_count_scales(agg, normaliser, spans)
 
 
@@ -270,9 +271,9 @@ def _common_from_kernel(
     backend: a loop over the table's arguments on every call cost 1.5 to 2 times these straight
     lines (gae at 8 x 128: about 2.4 us against 1.2 to 1.6, around numba's 2 us kernel call).
 
-    ``packed``: the entry for packed rows (1-D token arrays), on every backend: ``mask`` is then
-    their (starts, spans) (``_validate.common_packed``), every position of a row is valid, and
-    ``scales`` is ``packed_scales``.
+    ``packed``: the entry for packed rows (1-D token arrays): ``mask`` is then their (starts,
+    spans) (``_validate.common_packed``), every position of a row is valid, and ``scales`` is
+    ``packed_scales``.
     """
     first = kernel.inputs[0].name
     lines = [
