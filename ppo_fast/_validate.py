@@ -361,6 +361,18 @@ _LENGTH_DTYPES = frozenset((np.dtype(np.int64), np.dtype(np.int32)))
 _row_positions: dict[int, np.ndarray] = {}  # np.arange(T) by T, bounded as _rows' caches
 
 
+def common_layout(arrays: tuple[Any, ...], mask: Any, lengths: Any, cu_seqlens: Any) -> Any:
+    """The layout a stage's fast path hands its entry where the token ``arrays`` (a tuple) and
+    their layout are a common case: None (no mask) or the bool ``mask`` (``common_case``), the
+    bool mask of a 0/1 mask of numbers or of ``lengths`` (``converted_mask``), or packed rows'
+    (starts, spans) (``common_packed``); else False: the general way, with its errors."""
+    if cu_seqlens is not None:
+        return (mask is None and lengths is None and common_packed(arrays, cu_seqlens)) or False
+    if lengths is None and common_case(arrays, mask):
+        return mask
+    return converted_mask(arrays, mask, lengths)
+
+
 def converted_mask(arrays: tuple[Any, ...], mask: Any, lengths: Any = None) -> Any:
     """For the stages' fast paths, where ``common_case(arrays, mask)`` is false or ``lengths``
     is given: beside token ``arrays`` of the common case, the bool mask of the valid positions

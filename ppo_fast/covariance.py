@@ -118,15 +118,7 @@ def kl_cov_selection(
     if type(ratio) is not float:
         ratio = _validate.fast_real(ratio)
     if type(ratio) is float and 0.0 < ratio < math.inf:
-        arrays = (logprobs, advantages)
-        if cu_seqlens is not None:  # packed rows: their (starts, spans)
-            layout = (
-                mask is None and lengths is None and _validate.common_packed(arrays, cu_seqlens)
-            ) or False
-        elif lengths is None and _validate.common_case(arrays, mask):
-            layout = mask
-        else:
-            layout = _validate.converted_mask(arrays, mask, lengths)
+        layout = _validate.common_layout((logprobs, advantages), mask, lengths, cu_seqlens)
         if layout is not False:
             return _kl_cov_selection_common(logprobs, advantages, ratio, layout, backend)
     ratio = _validate.scalar("ratio", ratio, lo=0.0, open_lo=True)

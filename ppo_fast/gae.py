@@ -111,32 +111,20 @@ def gae(
         and 0.0 <= lam <= 1.0
         and bootstrap is None
     ):
-        if cu_seqlens is None:
-            # rows of at most _LONG_ROW positions: none runs in chunks (the common entries run
-            # each row whole, as the batch function runs such rows)
-            layout = (
-                mask
-                if lengths is None and _validate.common_case((rewards, values), mask)
-                else _validate.converted_mask((rewards, values), mask, lengths)
-            )
-            if layout is not False and rewards.shape[1] > _LONG_ROW:
+        layout = _validate.common_layout((rewards, values), mask, lengths, cu_seqlens)
+        # rows of at most _LONG_ROW positions: none runs in chunks (the common entries run each
+        # row whole, as the batch function runs such rows)
+        if layout is not False and rewards.shape[-1] > _LONG_ROW:
+            if type(layout) is not tuple or layout[1].max() > _LONG_ROW:
                 layout = False
-            given = (rewards, values, mask, lengths)
-        else:  # packed rows: their (starts, spans); none may run in chunks either
-            layout = (
-                mask is None
-                and lengths is None
-                and _validate.common_packed((rewards, values), cu_seqlens)
-            ) or False
-            if layout is not False and rewards.shape[0] > _LONG_ROW and layout[1].max() > _LONG_ROW:
-                layout = False
-            given = (rewards, values, cu_seqlens)
         if layout is not False and (
             out is None
             or (
                 type(out) is tuple
                 and len(out) == 2
-                and _validate.common_outputs(out, rewards, given)
+                and _validate.common_outputs(
+                    out, rewards, (rewards, values, mask, lengths, cu_seqlens)
+                )
             )
         ):
             return _gae_common(rewards, values, gamma, lam, layout, out, backend)

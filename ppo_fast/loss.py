@@ -371,15 +371,7 @@ def _common_arrays(
     NumPy array shaped like the inputs, not a subclass; ``_validate.common_outputs``: ``grad_out``
     apart from all of them, the mask or lengths given included); else False: the general way, which
     accepts them or says why not."""
-    if cu_seqlens is not None:  # packed rows: their (starts, spans)
-        kernel_mask = (
-            mask is None and lengths is None and _validate.common_packed(inputs, cu_seqlens)
-        ) or False
-        if kernel_mask is False:
-            return False
-    elif lengths is None and _validate.common_case(inputs, mask):
-        kernel_mask = mask
-    elif (kernel_mask := _validate.converted_mask(inputs, mask, lengths)) is False:
+    if (kernel_mask := _validate.common_layout(inputs, mask, lengths, cu_seqlens)) is False:
         return False
     if selected is not None and not (
         type(selected) is np.ndarray

@@ -157,14 +157,7 @@ def shape_rewards(
         and estimator in _ESTIMATOR_CODES
     ):
         inputs = (logprobs, ref_logprobs)
-        if cu_seqlens is not None:  # packed rows: their (starts, spans)
-            layout = (
-                mask is None and lengths is None and _validate.common_packed(inputs, cu_seqlens)
-            ) or False
-        elif lengths is None and _validate.common_case(inputs, mask):
-            layout = mask
-        else:
-            layout = _validate.converted_mask(inputs, mask, lengths)
+        layout = _validate.common_layout(inputs, mask, lengths, cu_seqlens)
         if layout is not False:
             n_rows = len(layout[0]) if type(layout) is tuple else logprobs.shape[0]
             given = (*inputs, scores, mask, lengths, cu_seqlens)

@@ -264,18 +264,8 @@ def whiten(
         and 0.0 <= eps < math.inf  # NaN fails the comparisons: it goes the general way
         and moments is None
     ):
-        if cu_seqlens is None:
-            layout = (
-                mask
-                if lengths is None and _validate.common_case((x,), mask)
-                else _validate.converted_mask((x,), mask, lengths)
-            )
-            given = (x, mask, lengths)
-        else:  # packed rows: their (starts, spans)
-            layout = (
-                mask is None and lengths is None and _validate.common_packed((x,), cu_seqlens)
-            ) or False
-            given = (x, cu_seqlens)
+        layout = _validate.common_layout((x,), mask, lengths, cu_seqlens)
+        given = (x, mask, lengths, cu_seqlens)
         if layout is not False and (out is None or _validate.common_outputs((out,), x, given)):
             return _whiten_common(x, layout, shift_mean, unbiased, eps, out, backend)
     (array,), rows = _validate.batch({"x": x}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
