@@ -517,25 +517,31 @@ def test_the_fast_path_gives_the_same_bits_on_one_and_two_threads(backend, fast_
     assert len(fast_calls) == 4
 
 
-def _kernel_way(kernel, backend, named, n_threads):
+def _kernel_way(kernel, backend, named, n_threads, spans=None):
     """What a common-case entry must give, from the table kernel itself: the flat arrays, the
-    padded layout, each row input repeated for every row (a loss's scales the general way's,
-    ``loss._row_scales``, for the aggregation mode ``agg``), then the row outputs summed by NumPy
-    as the general way sums them (``loss._totals``)."""
+    padded layout (or, with ``spans``, packed rows of those spans), each row input repeated for
+    every row (a loss's scales the general way's, ``loss._row_scales``, for the aggregation mode
+    ``agg``; packed: ``_backend.packed_scales``', which tests/test_fast_path_packed.py holds to
+    it), then the row outputs summed by NumPy as the general way sums them (``loss._totals``)."""
     first = named[kernel.inputs[0].name]
-    n_rows, width = first.shape
-    mask = named["mask"]
-    flat_mask = np.zeros(0, np.uint8) if mask is None else mask.reshape(-1).view(np.uint8)
+    if spans is None:
+        n_rows, width = first.shape
+        mask = named["mask"]
+        flat_mask = np.zeros(0, np.uint8) if mask is None else mask.reshape(-1).view(np.uint8)
+        starts = np.arange(n_rows, dtype=np.int64) * width
+        spans = np.full(n_rows, width, dtype=np.int64)
+    else:
+        n_rows, flat_mask, starts = len(spans), np.zeros(0, np.uint8), np.cumsum(spans) - spans
     scales = valid = None
-    if kernel.aggregates:
-        _, rows = _validate.batch({"x": first}, mask=mask)
+    if kernel.aggregates and type(named["mask"]) is tuple:
+        valid, scales = _backend.packed_scales(named["agg"], named["normaliser"], spans, first.size)
+    elif kernel.aggregates:
+        _, rows = _validate.batch({"x": first}, mask=named["mask"])
         normalisers = [None, None, None]  # num_tokens, num_seqs, loss_scale
         if named["normaliser"]:
             normalisers[(0, 1, 1, 2)[named["agg"]]] = named["normaliser"]
         scales, valid = _row_scales(AGGREGATIONS[named["agg"]], rows, *normalisers)
     arguments = {name: named[name].reshape(-1) for name in (a.name for a in kernel.inputs)}
-    starts = np.arange(n_rows, dtype=np.int64) * width
-    spans = np.full(n_rows, width, dtype=np.int64)
     arguments.update(starts=starts, spans=spans, lengths=spans, mask=flat_mask)
     for array in kernel.row_inputs:
         dtype = first.dtype if array.dtype == TOKEN else np.float64

@@ -21,6 +21,7 @@ import pytest
 from conftest import ALL_BACKENDS, COMPILED
 from test_fast_path import (
     DTYPES,
+    _kernel_way,
     assert_both_ways,
     general_way,
     outcome,
@@ -31,8 +32,8 @@ from test_fast_path import (
 
 import ppo_fast
 from ppo_fast import _backend, _examples, _validate
-from ppo_fast._spec import AGGREGATIONS, FLAGS, GAE_CHUNKS, KERNELS, SCALES, TOKEN
-from ppo_fast.loss import _row_scales, _totals
+from ppo_fast._spec import AGGREGATIONS, FLAGS, GAE_CHUNKS, KERNELS
+from ppo_fast.loss import _row_scales
 
 COMMON = [name for name, kernel in KERNELS.items() if kernel.common]
 
@@ -225,38 +226,6 @@ def test_the_packed_fast_path_gives_the_same_bits_on_one_and_two_threads(backend
             same_bits(one[1], two[1])
 
 
-def _packed_kernel_way(kernel, backend, named, spans, n_threads):
-    """What a packed entry must give, from the table kernel itself: the packed layout, each row
-    input repeated for every row (a loss's scales ``_backend.packed_scales``'), then the row
-    outputs summed by NumPy as the general way sums them (``loss._totals``)."""
-    first = named[kernel.inputs[0].name]
-    starts = np.cumsum(spans) - spans
-    n_rows = len(spans)
-    scales = valid = None
-    if kernel.aggregates:
-        valid, scales = _backend.packed_scales(named["agg"], named["normaliser"], spans, first.size)
-    arguments = {a.name: named[a.name] for a in kernel.inputs}
-    arguments.update(starts=starts, spans=spans, lengths=spans, mask=np.zeros(0, np.uint8))
-    for array in kernel.row_inputs:
-        dtype = first.dtype if array.dtype == TOKEN else np.float64
-        if array.name == SCALES:
-            arguments[array.name] = scales.astype(dtype)
-        else:
-            arguments[array.name] = np.full(n_rows, named[array.name], dtype=dtype)
-    arguments.update({s.name: named[s.name] for s in kernel.scalars})
-    outputs = {a.name: np.empty_like(first) for a in kernel.outputs}
-    arguments.update(outputs)
-    row_outputs = np.empty((len(kernel.row_outputs), n_rows))
-    arguments.update(zip((a.name for a in kernel.row_outputs), row_outputs, strict=True))
-    arguments["n_threads"] = n_threads
-    getattr(_backend.resolve(backend), kernel.name)(*kernel.bind(arguments))
-    if not kernel.row_outputs:
-        return outputs, None
-    if kernel.aggregates:
-        return outputs, (valid, *_totals(row_outputs, scales))
-    return outputs, tuple(row_outputs.sum(axis=1).tolist())
-
-
 # The inputs hold NaN and inf on purpose: NumPy's sums of the row outputs say so.
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
@@ -297,9 +266,7 @@ def test_every_packed_entry_equals_its_table_kernel_and_numpys_sums(name, dtype,
                     odd = [255, 2] if array.dtype == FLAGS else [np.nan, np.inf]
                     named[array.name].flat[rng.integers(0, 4, 2)] = odd
             for n_threads in (1, 2):
-                expected, expected_totals = _packed_kernel_way(
-                    kernel, backend, named, spans, n_threads
-                )
+                expected, expected_totals = _kernel_way(kernel, backend, named, n_threads, spans)
                 arguments = [named[argument] for argument in kernel.common_arguments[:-1]]
                 totals = entry(*arguments, n_threads)
                 what = f"{name} {backend} {np.dtype(dtype)} {lengths} {agg=} {n_threads=}"
