@@ -207,13 +207,15 @@ def test_each_tables_floor_is_the_copy_bandwidth_measured_around_its_rows(monkey
     second_shape = [[0.03, 0.02], [0.01, 0.04], [0.06, 0.06], [0.05, 0.07]]
     copy_seconds = iter([*first_shape, *second_shape])
 
-    def copy_times(threads, repeats):
+    def copy_times(threads, repeats, evict=None):
+        assert evict is None  # a warm run: no eviction
         log.append(("copies", threads, repeats))
         return next(copy_seconds)
 
     time_ours = timing.time_ours
 
-    def logged_time_ours(ours, budget, min_repeats):
+    def logged_time_ours(ours, budget, min_repeats, evict=None):
+        assert evict is None
         log.append(("ours", [row["implementation"] for row, _ in ours]))
         time_ours(ours, budget, min_repeats)
 
@@ -308,6 +310,101 @@ def test_time_interleaved_takes_the_calls_samples_in_turn_and_ours_are_timed_tog
     assert rows[0]["status"] == "error" and "RuntimeError: no luck" in rows[0]["reason"]
     assert rows[1]["status"] == "ok" and len(rows[1]["times"]) >= 3
     assert rows[1]["median"] == pytest.approx(float(np.median(rows[1]["times"])))
+
+
+def test_the_largest_cache_is_what_the_os_reports(monkeypatch, tmp_path):
+    from ppo_fast.bench import roofline
+
+    sizes = {"index0": "48K", "index2": "2048K", "index3": "491520K"}
+    for name, text in sizes.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "size").write_text(text + "\n")
+    paths = [str(tmp_path / name / "size") for name in sizes]
+    monkeypatch.setattr(roofline.glob, "glob", lambda _: paths)
+    monkeypatch.setattr(roofline.os, "sysconf", lambda name: 0)
+    assert roofline.largest_cache_bytes() == 480 << 20
+    assert roofline.evict_bytes() == 960 << 20
+    # none in sysfs: glibc's sysconf; none at all: None, and the eviction's least buffer
+    monkeypatch.setattr(roofline.glob, "glob", lambda _: [])
+    monkeypatch.setattr(roofline.os, "sysconf", lambda name: 32 << 20 if "LEVEL3" in name else 0)
+    assert roofline.largest_cache_bytes() == 32 << 20
+    assert roofline.evict_bytes() == roofline.EVICT_MIN_BYTES
+    monkeypatch.setattr(roofline.os, "sysconf", lambda name: -1)
+    assert roofline.largest_cache_bytes() is None
+    assert roofline.evict_bytes() == roofline.EVICT_MIN_BYTES
+
+
+def test_a_cold_run_evicts_before_every_sample_and_every_copy(monkeypatch):
+    """--cold: each sample is one call after an eviction, whose time the budget does not count;
+    the floor's copies are each made after one too, and every row says how much was read."""
+    from ppo_fast.bench import roofline
+
+    log = []
+
+    class Evict:
+        nbytes = 3 << 20
+
+        def __call__(self):
+            log.append("evict")
+            time.sleep(0.01)  # longer than the budget: it must not count
+
+    def tagged(tag, seconds=0.0):
+        def call():
+            log.append(tag)
+            time.sleep(seconds)
+
+        return call
+
+    timed = engine.time_interleaved(
+        [tagged("a", 0.001), tagged("b", 0.001)], budget=0.001, min_repeats=3, evict=Evict()
+    )
+    assert [number for _, number in timed] == [1, 1]
+    assert [len(samples) for samples, _ in timed] == [3, 3]
+    calls = ["a", "b", "b", "a", "a", "b"]  # the calibrations (first samples), two rounds
+    assert log == [entry for call in calls for entry in ("evict", call)]
+    # the budget counts the calls' time, not the evictions': 0.05 s of 1 ms calls is more
+    # than COLD_MAX_REPEATS samples of each (counting the 10 ms evictions, about 5), and a
+    # call gets at most COLD_MAX_REPEATS, unless more are asked for
+    timed = engine.time_interleaved(
+        [tagged("a", 0.001), tagged("b", 0.001)], budget=0.05, evict=Evict()
+    )
+    assert [len(samples) for samples, _ in timed] == [engine.COLD_MAX_REPEATS] * 2
+    samples, number = engine.time_calls(tagged("a"), 0.0, min_repeats=30, evict=Evict())
+    assert number == 1 and len(samples) == 30
+    # copies: each after an eviction
+    log.clear()
+    assert len(roofline.copy_times(1, 2, Evict())) == 2 and log == ["evict", "evict"]
+    # a whole run: the copies around our rows after evictions, every row marked
+    copies = []
+    copy_times = roofline.copy_times
+
+    def counted_copy_times(threads, repeats, evict=None):
+        copies.append(type(evict).__name__)
+        return copy_times(threads, repeats, evict)
+
+    monkeypatch.setattr(roofline, "copy_times", counted_copy_times)
+    monkeypatch.setattr(roofline, "evict_bytes", lambda: 1 << 20)
+    plan = engine.Plan(
+        kernels=("gae",),
+        shapes=((4, 16),),
+        threads=(1,),
+        budget=0.001,
+        implementations=("ppo_fast out=", "floor"),
+        cold=True,
+    )
+    rows = engine.run(plan)
+    assert copies == ["Evict", "Evict"]
+    assert [row["evicted_bytes"] for row in rows] == [1 << 20, 1 << 20]
+    ours = next(row for row in rows if row["kind"] == engine.OURS)
+    assert ours["number"] == 1 and 3 <= len(ours["times"]) <= engine.COLD_MAX_REPEATS
+    assert "after a read of 1 MiB (twice the largest CPU cache): from memory" in (
+        engine.format_report(rows)
+    )
+    warm = [{k: v for k, v in row.items() if k != "evicted_bytes"} for row in rows]
+    assert "from memory" not in engine.format_report(warm)
+    # eviction reads its whole buffer: a cache line at a time, every line
+    evict = engine.Evict(1 << 20)
+    assert evict.nbytes == 1 << 20 and evict() == (1 << 20) // 64
 
 
 def test_fit_exponent():

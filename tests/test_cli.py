@@ -333,6 +333,22 @@ def test_bench_memory_check_names_the_option(capsys, monkeypatch):
     assert error.endswith("choose a smaller --scaling")
 
 
+def test_bench_memory_check_counts_the_cold_runs_buffer(capsys, monkeypatch):
+    """--cold reads a buffer of twice the largest cache before every sample: a batch that fits
+    the memory without it may not with it, and the error says so."""
+    from ppo_fast.bench import cli as bench_cli
+    from ppo_fast.bench import roofline
+
+    monkeypatch.setattr(bench_cli, "available_memory", lambda: 10**8)
+    monkeypatch.setattr(bench_cli, "evict_bytes", lambda: 10**8)
+    assert roofline.evict_bytes() >= roofline.EVICT_MIN_BYTES
+    error = one_error_line(
+        capsys, cli.main(["bench", *TINY, "--cold"]), "ppo-fast bench: --shapes 4x16: "
+    )
+    assert "the 4x16 float32 batch needs at least" in error
+    assert error.endswith("(the need includes --cold's buffer of 0.0931 GiB)")
+
+
 def test_batch_sizes_need_no_allocation():
     from ppo_fast.bench.batch import Batch
 

@@ -12,6 +12,7 @@ from .batch import ALL_SHAPES, DEFAULT_SHAPES, Batch, parse_shape, scaling_shape
 from .probes import IMPORTS, measure_memory, measure_startup
 from .registry import KERNELS
 from .report import environment, plot, plot_target, print_report, report_items
+from .roofline import evict_bytes
 from .timing import DEFAULT_THREADS, Plan, Progress, exponents, quiet_openmp, run
 
 
@@ -49,6 +50,12 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--repeats", type=int, default=3, help="minimum samples per row (%(default)s)"
+    )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="time every call, and every copy of the floor, from memory: read a buffer of twice "
+        "the largest CPU cache before each (one call a sample, at most 25 samples a row)",
     )
     parser.add_argument(
         "--memory", action="store_true", help="also measure the extra peak memory of each row"
@@ -108,6 +115,7 @@ def plan_from(args) -> Plan:
         budget=args.budget,
         min_repeats=args.repeats,
         scaling_tokens=scaling,
+        cold=args.cold,
     )
 
 
@@ -176,8 +184,11 @@ def check_memory(plan: Plan, args, available: int | None = None) -> None:
         ("--scaling", scaling_shape(tokens), plan.dtypes[0], "choose a smaller --scaling")
         for tokens in plan.scaling_tokens
     ]
+    evicted = evict_bytes() if plan.cold else 0
     for option, shape, dtype, fix in batches:
-        need = batch_bytes(plan, shape, dtype)
+        need = batch_bytes(plan, shape, dtype) + evicted
+        if evicted:
+            fix += f" (the need includes --cold's buffer of {_gib(evicted)})"
         if need > available:
             given = args.shapes if option == "--shapes" else args.scaling
             raise ValueError(
@@ -233,6 +244,7 @@ def run_command(args) -> int:
                 "budget": plan.budget,
                 "min_repeats": plan.min_repeats,
                 "scaling_tokens": plan.scaling_tokens,
+                "cold": plan.cold,
             },
             "rows": rows,
             "exponents": exponents(rows),

@@ -177,6 +177,12 @@ def report_items(
             for threads, values in sorted(bandwidths.items())
         )
         lines.append(f"  copy bandwidth (2 x bytes / best time; over the tables): {measured}")
+    evicted = next((row["evicted_bytes"] for row in rows if "evicted_bytes" in row), None)
+    if evicted is not None:
+        lines.append(
+            f"  cold (--cold): every sample one call, and every copy, after a read of "
+            f"{evicted / 2**20:,.0f} MiB (twice the largest CPU cache): from memory"
+        )
     lines.append("")
     # The speed-up columns: our compiled backends, then our implementations that run no kernel
     # of the table (the outcome estimators); the oracle is there to be checked, not raced.

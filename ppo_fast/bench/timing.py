@@ -22,7 +22,7 @@ from .. import _threads
 from .batch import DEFAULT_SHAPES, Batch, scaling_shape, shape_name
 from .checks import compare, unavailable, why_not
 from .registry import FLOOR, KERNELS, OURS, Implementation, Kernel
-from .roofline import copies_around, copy_bandwidth, floor_seconds
+from .roofline import Evict, copies_around, copy_bandwidth, floor_seconds
 
 DEFAULT_THREADS = (1, 2)
 
@@ -60,51 +60,70 @@ def set_threads(threads: int) -> None:
 
 
 SAMPLE_SECONDS = 2e-3  # calls are batched so that one sample lasts about this long
+COLD_MAX_REPEATS = 25  # samples of a call at most, each from memory (``--cold``)
 
 
 def time_calls(
-    call: Callable[[], Any], budget: float, min_repeats: int = 3, max_repeats: int = 200
+    call: Callable[[], Any],
+    budget: float,
+    min_repeats: int = 3,
+    max_repeats: int = 200,
+    evict: Evict | None = None,
 ) -> tuple[list[float], int]:
     """Seconds per call, one value per sample, and the number of calls per sample.
 
     The garbage collector is off while timing (as in timeit). A call slower than a sample is
-    its own sample; samples continue until ``budget`` seconds have passed and at least
-    ``min_repeats`` were taken.
+    its own sample; samples continue until the timed calls have taken ``budget`` seconds and at
+    least ``min_repeats`` samples were taken. With ``evict`` (``--cold``), every sample is one
+    call, made after ``evict()`` (not timed): a call from memory.
     """
-    return time_interleaved([call], budget, min_repeats, max_repeats)[0]
+    return time_interleaved([call], budget, min_repeats, max_repeats, evict)[0]
 
 
 def time_interleaved(
-    calls: Sequence[Callable[[], Any]], budget: float, min_repeats: int = 3, max_repeats: int = 200
+    calls: Sequence[Callable[[], Any]],
+    budget: float,
+    min_repeats: int = 3,
+    max_repeats: int = 200,
+    evict: Evict | None = None,
 ) -> list[tuple[list[float], int]]:
     """``time_calls`` for several calls at once: each call's (samples, number), its samples taken
     in turn with the others', the order of each round reversed from the last's, so that a
     machine whose speed drifts, or a call that slows the next, weighs on all of them alike and
-    their ratios are those of one moment. ``budget`` is each call's."""
+    their ratios are those of one moment. ``budget`` is each call's (the evictions' time not
+    counted in it)."""
+    if evict is not None:  # each sample costs an eviction too (about 50 ms of a 960 MiB read)
+        max_repeats = max(min_repeats, min(max_repeats, COLD_MAX_REPEATS))
     enabled = gc.isenabled()
     gc.disable()
     try:
         numbers, samples = [], []
         for call in calls:
+            if evict is not None:
+                evict()
             start = time.perf_counter()
             call()
             first = time.perf_counter() - start
-            number = max(1, int(SAMPLE_SECONDS / max(first, 1e-9)))
+            number = 1 if evict is not None else max(1, int(SAMPLE_SECONDS / max(first, 1e-9)))
             numbers.append(number)
             samples.append([first] if number == 1 else [])
-        deadline = time.perf_counter() + budget * len(calls)
+        spent, allowed = 0.0, budget * len(calls)  # seconds of timed calls
         order = list(range(len(calls)))[::-1]  # the calibration's calls went forwards
         while any(len(taken) < max_repeats for taken in samples) and (
-            any(len(taken) < min_repeats for taken in samples) or time.perf_counter() < deadline
+            any(len(taken) < min_repeats for taken in samples) or spent < allowed
         ):
             for k in order:
                 if len(samples[k]) >= max_repeats:
                     continue
                 call, number = calls[k], numbers[k]
+                if evict is not None:
+                    evict()
                 start = time.perf_counter()
                 for _ in range(number):
                     call()
-                samples[k].append((time.perf_counter() - start) / number)
+                seconds = time.perf_counter() - start
+                spent += seconds
+                samples[k].append(seconds / number)
             order.reverse()
     finally:
         if enabled:
@@ -125,6 +144,7 @@ class Plan:
     scaling_tokens: tuple[int, ...] = ()
     scaling_budget: float = 0.04
     implementations: tuple[str, ...] | None = None  # None: all
+    cold: bool = False  # every sample and every copy of the floor from memory (roofline.Evict)
 
     def rows(self) -> list[tuple[str, str, tuple[int, int], str, int, str]]:
         """(kernel, implementation, shape, dtype, threads, sweep) in the order they run."""
@@ -252,6 +272,7 @@ def run(plan: Plan, progress: Progress | None = None) -> list[dict[str, Any]]:
         start_torch_threads(max(plan.threads))
     results: list[dict[str, Any]] = []
     batches: dict[tuple, Batch] = {}
+    evict = Evict() if plan.cold else None
     # Group the rows by batch and thread count so that the reference output is computed first.
     groups: dict[tuple, list[str]] = {}
     for kernel, name, shape, dtype, threads, sweep in planned:
@@ -273,7 +294,7 @@ def run(plan: Plan, progress: Progress | None = None) -> list[dict[str, Any]]:
                 label = f"{kernel.name} {shape_name(shape)} {dtype} {threads}T {name}"
                 row, outputs, call = measure(
                     kernel, implementation, batch, threads, budget, plan, reference,
-                    defer=implementation.kind == OURS,
+                    defer=implementation.kind == OURS, evict=evict,
                 )  # fmt: skip
                 row["sweep"] = sweep
                 if reference is None and implementation.kind == OURS and outputs is not None:
@@ -287,17 +308,20 @@ def run(plan: Plan, progress: Progress | None = None) -> list[dict[str, Any]]:
                 if results[k]["kind"] == FLOOR and results[k]["status"] == "ok"
             ]  # fmt: skip
             if floors:  # the floor of this table, at this moment's copy bandwidth (roofline)
-                timed = functools.partial(time_ours, ours, budget, plan.min_repeats)
-                bandwidth = copies_around(threads, timed)
+                timed = functools.partial(time_ours, ours, budget, plan.min_repeats, evict)
+                bandwidth = copies_around(threads, timed, evict)
                 for k in floors:
                     implementation = kernel.implementation(results[k]["implementation"])
                     results[k] = floor_row(kernel, implementation, batch, threads, bandwidth)
                     results[k]["sweep"] = sweep
             else:
-                time_ours(ours, budget, plan.min_repeats)
+                time_ours(ours, budget, plan.min_repeats, evict)
             del ours  # the prepared calls' inputs go before the next group's batch is made
     finally:
         set_threads_default()
+    if evict is not None:
+        for row in results:
+            row["evicted_bytes"] = evict.nbytes
     add_ratios(results)
     return results
 
@@ -317,10 +341,11 @@ def measure(
     plan: Plan,
     reference: dict[str, np.ndarray] | None,
     defer: bool = False,
+    evict: Evict | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray] | None, Callable[[], Any] | None]:
     """The row of one implementation, its outputs (for the reference) and, with ``defer``, its
     call, checked and not yet timed: ``time_ours`` times it (the row's times are then missing
-    until it does); otherwise None, the row timed here."""
+    until it does); otherwise None, the row timed here (each sample after ``evict``, if any)."""
     reason = why_not(implementation, batch.tokens)
     if reason is not None:
         row = make_row(kernel, implementation, batch, threads, "", status="skipped", reason=reason)
@@ -339,7 +364,7 @@ def measure(
                 row["reason"] = mismatch
                 return row, None, None
         if not defer:
-            samples, number = time_calls(call, budget, plan.min_repeats)
+            samples, number = time_calls(call, budget, plan.min_repeats, evict=evict)
     except Exception as error:  # a peer that breaks is reported, the run goes on
         row = make_row(kernel, implementation, batch, threads, "", status="error")
         row["reason"] = f"{type(error).__name__}: {error}"
@@ -371,7 +396,10 @@ def add_times(row: dict[str, Any], samples: list[float], number: int) -> None:
 
 
 def time_ours(
-    ours: list[tuple[dict[str, Any], Callable[[], Any]]], budget: float, min_repeats: int
+    ours: list[tuple[dict[str, Any], Callable[[], Any]]],
+    budget: float,
+    min_repeats: int,
+    evict: Evict | None = None,
 ) -> None:
     """Times our rows of one batch together (``time_interleaved``): the ratios between our
     backends are what the README judges them by, and a machine whose speed moves within seconds
@@ -379,7 +407,7 @@ def time_ours(
     raises makes its row an error; the others are timed again without it."""
     while ours:
         try:
-            timed = time_interleaved([call for _, call in ours], budget, min_repeats)
+            timed = time_interleaved([call for _, call in ours], budget, min_repeats, evict=evict)
         except Exception as error:  # a call that breaks is reported, the run goes on
             failed = []
             for k, (row, call) in enumerate(ours):
