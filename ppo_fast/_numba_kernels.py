@@ -36,6 +36,7 @@ from ._numba_core import (
     _prefetch,
     _prefetch_ahead,
     _prefetch_for_write,
+    _positions_per_line,
     _row_totals,
     _select,
     _valid_count,
@@ -198,20 +199,31 @@ def _shape_rewards_rows(code):
             # the C twin); past the length, 0.
             # k3 without its correction past exp(708) and a flag of whether it was needed, the
             # rare row that needed it redone (as kl_penalty's).
+            # In blocks of _PREFETCH_BLOCK positions, each after the prefetches of the lines
+            # _PREFETCH_DISTANCE positions of work ahead, across the padding into the next row,
+            # as the twin (ppo_prefetch_ahead): without them, float32 (1024, 4096) rows from
+            # memory took 1.13x the twin's time (5.16 against 4.58 ms, one thread).
             reach = _NO_BITS
-            if has_mask:
-                for i in range(start, end):
-                    log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
-                    reward = -kl_coef * _kl_within(log_ratio, code, clamp)
-                    reward += _select(i == last, score, 0.0)
-                    rewards[i] = _select(mask[i] != 0, reward, 0.0)
-                    reach = max(reach, _k3_reach(log_ratio))
-            else:
-                for i in range(start, end):
-                    log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
-                    reward = -kl_coef * _kl_within(log_ratio, code, clamp)
-                    rewards[i] = reward + _select(i == last, score, 0.0)
-                    reach = max(reach, _k3_reach(log_ratio))
+            for block in range(start, end, _PREFETCH_BLOCK):
+                ahead = _ahead_by(block, start, span, end - start, _PREFETCH_DISTANCE)
+                for k in range(np.uint64(0), _PREFETCH_BLOCK, _positions_per_line(logprobs)):
+                    _prefetch(logprobs, ahead + k)
+                    _prefetch(ref_logprobs, ahead + k)
+                block_end = min(block + _PREFETCH_BLOCK, end)
+                if has_mask:
+                    _prefetch(mask, ahead)
+                    for i in range(block, block_end):
+                        log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
+                        reward = -kl_coef * _kl_within(log_ratio, code, clamp)
+                        reward += _select(i == last, score, 0.0)
+                        rewards[i] = _select(mask[i] != 0, reward, 0.0)
+                        reach = max(reach, _k3_reach(log_ratio))
+                else:
+                    for i in range(block, block_end):
+                        log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
+                        reward = -kl_coef * _kl_within(log_ratio, code, clamp)
+                        rewards[i] = reward + _select(i == last, score, 0.0)
+                        reach = max(reach, _k3_reach(log_ratio))
             if code == K3 and reach > _BITS_708:
                 for i in range(start, end):
                     log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
