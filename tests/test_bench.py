@@ -312,6 +312,32 @@ def test_time_interleaved_takes_the_calls_samples_in_turn_and_ours_are_timed_tog
     assert rows[1]["median"] == pytest.approx(float(np.median(rows[1]["times"])))
 
 
+def test_the_oracle_is_timed_in_a_block_not_interleaved_with_the_compiled_backends(monkeypatch):
+    """Each call of the oracle is milliseconds of Python: taken in turn with the compiled
+    backends' samples, it left each next one cold (the clipped surrogate's 8x128 medians 1.5-2x
+    their best). Only the compiled rows are timed together; the oracle is timed as a peer."""
+    from ppo_fast.bench import timing
+
+    interleaved = []
+    time_ours = timing.time_ours
+
+    def logged_time_ours(ours, budget, min_repeats, evict=None):
+        interleaved.append([row["implementation"] for row, _ in ours])
+        time_ours(ours, budget, min_repeats, evict)
+
+    monkeypatch.setattr(timing, "time_ours", logged_time_ours)
+    names = ("ppo_fast[numba]", "ppo_fast[cython]", "ppo_fast[python]", "ppo_fast out=", "floor")
+    plan = engine.Plan(
+        kernels=("gae",), shapes=((4, 16),), threads=(1,), budget=0.001, implementations=names
+    )
+    rows = {row["implementation"]: row for row in engine.run(plan)}
+    gae = engine.KERNELS["gae"]
+    compiled = [name for name in names[:2] if engine.why_not(gae.implementation(name)) is None]
+    assert len(interleaved) == 1 and sorted(interleaved[0]) == sorted([*compiled, "ppo_fast out="])
+    oracle = rows["ppo_fast[python]"]
+    assert oracle["status"] == "ok" and len(oracle["times"]) >= 3
+
+
 def test_the_largest_cache_is_what_the_os_reports(monkeypatch, tmp_path):
     from ppo_fast.bench import roofline
 
