@@ -349,6 +349,23 @@ def test_bench_memory_check_counts_the_cold_runs_buffer(capsys, monkeypatch):
     assert error.endswith("(the need includes --cold's buffer of 0.0931 GiB)")
 
 
+def test_bench_cold_runs_every_sample_from_memory_and_says_so(capsys, monkeypatch, tmp_path):
+    from ppo_fast.bench import roofline
+
+    monkeypatch.setattr(roofline, "evict_bytes", lambda: 1 << 20)  # a small buffer: fast
+    path = tmp_path / "cold.json"
+    argv = ["bench", *TINY, "--cold", "--json", str(path)]
+    argv[argv.index("--repeats") + 1] = "2"
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "cold (--cold): every sample one call, and every copy, after a read of 1 MiB" in out
+    document = json.loads(path.read_text())
+    assert document["plan"]["cold"] is True
+    timed = [row for row in document["rows"] if row["status"] == "ok"]
+    assert timed and all(row["evicted_bytes"] == 1 << 20 for row in timed)
+    assert all(row["number"] == 1 for row in timed if row["kind"] != "floor")
+
+
 def test_batch_sizes_need_no_allocation():
     from ppo_fast.bench.batch import Batch
 
