@@ -7,9 +7,10 @@ A kernel's floor is the time its compulsory bytes take at the machine's copy ban
 - compulsory bytes: each input read once at its dtype (a bool mask at one byte) and each output
   written once (``Kernel.traffic``);
 - copy bandwidth: 2 x bytes / seconds of ``np.copyto`` over a buffer of ``COPY_BYTES`` (64 MiB,
-  larger than the last-level caches), the best of ``COPY_REPEATS`` copies, measured in the same
-  run with as many threads as the kernel uses (the buffer cut into that many slices, copied at
-  once: NumPy's copy releases the GIL). A copy reads and writes each byte, hence the 2.
+  larger than most last-level caches, but not every VM's: below), the best of ``COPY_REPEATS``
+  copies, measured in the same run with as many threads as the kernel uses (the buffer cut into
+  that many slices, copied at once: NumPy's copy releases the GIL). A copy reads and writes each
+  byte, hence the 2.
 
 ``ppo-fast bench`` measures the bandwidth again for each table, half of the copies just before
 ppo_fast's rows of the table are timed and half just after (``copies_around``): on a shared VM
