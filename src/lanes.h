@@ -9,8 +9,9 @@
  * spilled).
  *
  * One interface, three implementations: AVX2 and FMA intrinsics (setup.py's _avx2 build; its
- * _avx512 build keeps them for float32 and holds float64's eight lanes in one AVX-512 register,
- * which halves the instructions of the float64 lanes, k3's exp above all); GCC and Clang generic
+ * _avx512 build keeps them for float32, encoded with EVEX and 32 vector registers (AVX-512VL),
+ * and holds float64's eight lanes in one AVX-512 register, which halves the instructions of the
+ * float64 lanes, k3's exp above all); GCC and Clang generic
  * 16-byte vectors (their other builds: SSE2, NEON, ...); plain C lane by lane (other compilers).
  * Each operation is the same IEEE operation in all of them, so they agree bit for bit: max(a, b)
  * and min(a, b) are x86's a > b ? a : b and a < b ? a : b (which keep b when either is NaN: the
