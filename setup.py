@@ -7,7 +7,7 @@ serial build (the extension then says so at first use).
 
 Flags stay portable, since this may become a wheel: no -march=native. Instead, x86-64 gets the
 same kernels three times: ``_cython_kernels`` for any x86-64 CPU, ``_cython_kernels_avx2`` for
-those with AVX2 and FMA, and ``_cython_kernels_avx512`` for those with AVX-512 F and DQ as well;
+those with AVX2 and FMA, and ``_cython_kernels_avx512`` for those with AVX-512 F, DQ, VL and BW;
 ppo_fast/_cython_backend.py picks the widest the CPU runs, at run time. Without hardware FMA each
 fma() is a call into libm: GAE runs about 1.8 times slower than numba, and the losses, whose
 polynomial exp is a chain of fma(), do not vectorize at all. AVX2 also doubles the width of the
