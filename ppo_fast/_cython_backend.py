@@ -5,7 +5,8 @@ numba is not needed: this is what ``auto`` takes first (nothing to compile at fi
 setup.py builds the kernels three times on x86-64: ``_cython_kernels`` for any CPU,
 ``_cython_kernels_avx2`` for CPUs with AVX2 and FMA (hardware FMA matters to GAE), and
 ``_cython_kernels_avx512`` for CPUs with AVX-512 F, DQ, VL and BW too (float64 lanes in one
-register: k3's exp; float32's AVX2 lanes with 32 registers). This module takes the widest the CPU runs; ``ISA`` names it. All give the same bits.
+register: k3's exp; float32's AVX2 lanes with 32 registers). This module takes the widest the
+CPU runs; ``ISA`` names it. All give the same bits.
 
 This module is imported at the backend's first use (never by ``import ppo_fast``); that is when
 it warns, once, if the kernels were built without OpenMP.
