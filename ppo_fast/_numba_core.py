@@ -748,13 +748,7 @@ def _common_scales_into(agg, normaliser, flat_mask, has_mask, width, counts, sca
         divisor = normaliser if normaliser > 0 else float(width)
     else:
         divisor = normaliser if normaliser > 0 else seqs
-    for b in range(n_rows):
-        scale = 0.0
-        if agg != 1:  # one scale for every row
-            scale = 1.0 / divisor if divisor else 0.0
-        elif divisor and counts[b] > 0:  # seq-mean-token-mean
-            scale = 1.0 / (divisor * counts[b])
-        scales[b] = scale
+    _scales_from_counts(agg, divisor, counts, scales)
     return valid
 
 
@@ -771,14 +765,22 @@ def _packed_scales_into(agg, normaliser, spans, scales):
             seqs += 1.0
     valid = float(total)
     divisor = normaliser if normaliser > 0 else (seqs if agg == 1 or agg == 2 else valid)
+    _scales_from_counts(agg, divisor, spans, scales)
+    return valid
+
+
+@numba.njit(nogil=True, cache=_CACHE)
+def _scales_from_counts(agg, divisor, counts, scales):
+    """Each row's scale from its valid count and the aggregation's divisor (the second loop of
+    src/totals.h ppo_common_scales): one for every row, but seq-mean-token-mean's 1 / (divisor x
+    the row's count); 0 for a divisor of 0 and for an empty row of seq-mean-token-mean."""
     for b in range(scales.shape[0]):
         scale = 0.0
         if agg != 1:  # one scale for every row
             scale = 1.0 / divisor if divisor else 0.0
-        elif divisor and spans[b] > 0:  # seq-mean-token-mean
-            scale = 1.0 / (divisor * spans[b])
+        elif divisor and counts[b] > 0:  # seq-mean-token-mean
+            scale = 1.0 / (divisor * counts[b])
         scales[b] = scale
-    return valid
 
 
 @numba.njit(nogil=True, cache=_CACHE)
