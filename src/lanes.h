@@ -129,27 +129,22 @@ PPO_INLINE ppo_f32x8 ppo_f32x8_select(ppo_m32x8 m, ppo_f32x8 a, ppo_f32x8 b) {
     return _mm256_mask_blend_ps(m, b, a); /* a where m is set */
 }
 
-PPO_INLINE ppo_m32x8 ppo_m32x8_all(void) { return (ppo_m32x8)0xFF; }
-PPO_INLINE ppo_m32x8 ppo_m32x8_and(ppo_m32x8 a, ppo_m32x8 b) { return (ppo_m32x8)(a & b); }
-PPO_INLINE ppo_m32x8 ppo_m32x8_and_not(ppo_m32x8 a, ppo_m32x8 b) { /* a and not b */
-    return (ppo_m32x8)(a & ~b);
-}
-PPO_INLINE ppo_m32x8 ppo_m32x8_or(ppo_m32x8 a, ppo_m32x8 b) { return (ppo_m32x8)(a | b); }
 PPO_INLINE ppo_m32x8 ppo_m32x8_from_bytes(const uint8_t* p) { /* lane i: p[i] != 0 */
     int64_t bytes;
     memcpy(&bytes, p, 8);
     __m128i wide = _mm_cvtsi64_si128(bytes);
     return (ppo_m32x8)_mm_test_epi8_mask(wide, wide);
 }
-PPO_INLINE ppo_m32x8 ppo_m32x8_first(ptrdiff_t count) { /* lane i: i < count */
-    return (ppo_m32x8)((1u << (count < 0 ? 0 : count < 8 ? count : 8)) - 1u);
-}
-
-PPO_INLINE ppo_c32x8 ppo_c32x8_zero(void) { return 0; }
-PPO_INLINE ppo_c32x8 ppo_c32x8_add(ppo_c32x8 counts, ppo_m32x8 m) {
-    return counts + __builtin_popcount((unsigned)m);
-}
-PPO_INLINE int64_t ppo_c32x8_total(ppo_c32x8 counts) { return counts; }
+/* The other operations on these masks and counts are float64's, whose masks and counts are the
+ * same __mmask8 and int64_t (the AVX-512 float64 block below defines them). */
+#define ppo_m32x8_all ppo_m64x8_all
+#define ppo_m32x8_and ppo_m64x8_and
+#define ppo_m32x8_and_not ppo_m64x8_and_not
+#define ppo_m32x8_or ppo_m64x8_or
+#define ppo_m32x8_first ppo_m64x8_first
+#define ppo_c32x8_zero ppo_c64x8_zero
+#define ppo_c32x8_add ppo_c64x8_add
+#define ppo_c32x8_total ppo_c64x8_total
 #else
 PPO_INLINE ppo_m32x8 ppo_f32x8_eq(ppo_f32x8 a, ppo_f32x8 b) {
     return _mm256_cmp_ps(a, b, _CMP_EQ_OQ);
