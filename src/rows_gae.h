@@ -81,6 +81,10 @@ typedef struct {
     double gamma, gamma_lam, gl_2, gl_4, gl_8;
     double powers[8]; /* lane j: (gamma lam)^(8 - j) */
     int blocks;       /* whether blocks may take the scan */
+    /* gamma, gamma lam, (gamma lam)^2 and ^4 in every lane, and the powers, made once a span:
+     * as splats in the block, GCC broadcast them again in every block, on the shuffle port that
+     * the block's lane moves (valignq) need too */
+    ppo_f64x8 gammas, gamma_lams, gl_2s, gl_4s, powers_lanes;
 } ppo_gae_scan;
 
 PPO_INLINE void ppo_gae_scan_init(ppo_gae_scan* scan, double gamma, double gamma_lam) {
@@ -99,6 +103,11 @@ PPO_INLINE void ppo_gae_scan_init(ppo_gae_scan* scan, double gamma, double gamma
     scan->powers[6] = c2;
     scan->powers[7] = c;
     scan->blocks = c == 0.0 || scan->gl_8 != 0.0;
+    scan->gammas = ppo_f64x8_splat(gamma);
+    scan->gamma_lams = ppo_f64x8_splat(c);
+    scan->gl_2s = ppo_f64x8_splat(c2);
+    scan->gl_4s = ppo_f64x8_splat(c4);
+    scan->powers_lanes = ppo_f64x8_load(scan->powers);
 }
 
 /* The advantages of a block of 8 valid positions (lane 7 the last) from their rewards and
@@ -108,19 +117,16 @@ PPO_INLINE int ppo_gae_block(
     const ppo_gae_scan* scan, ppo_f64x8 rewards, ppo_f64x8 values, double next_value,
     double* running, ppo_f64x8* advantages) {
     ppo_f64x8 errors = ppo_f64x8_sub(
-        ppo_f64x8_fma(
-            ppo_f64x8_splat(scan->gamma), ppo_f64x8_down1_fill(values, next_value), rewards),
-        values);
+        ppo_f64x8_fma(scan->gammas, ppo_f64x8_down1_fill(values, next_value), rewards), values);
     ppo_m64x8 bounded = ppo_f64x8_le(ppo_f64x8_abs(errors), ppo_f64x8_splat(0x1p1000));
     if (!(fabs(*running) <= 0x1p1020) ||
         ppo_m64x8_any(ppo_m64x8_and_not(ppo_m64x8_all(), bounded)))
         return 0;
-    ppo_f64x8 sums = ppo_f64x8_fma(
-        ppo_f64x8_splat(scan->gamma_lam), ppo_f64x8_down1_fill(errors, 0.0), errors);
-    sums = ppo_f64x8_fma(ppo_f64x8_splat(scan->gl_2), ppo_f64x8_down2(sums), sums);
-    sums = ppo_f64x8_fma(ppo_f64x8_splat(scan->gl_4), ppo_f64x8_down4(sums), sums);
-    *advantages = ppo_f64x8_fma(
-        ppo_f64x8_load(scan->powers), ppo_f64x8_splat(*running), sums);
+    ppo_f64x8 sums =
+        ppo_f64x8_fma(scan->gamma_lams, ppo_f64x8_down1_fill(errors, 0.0), errors);
+    sums = ppo_f64x8_fma(scan->gl_2s, ppo_f64x8_down2(sums), sums);
+    sums = ppo_f64x8_fma(scan->gl_4s, ppo_f64x8_down4(sums), sums);
+    *advantages = ppo_f64x8_fma(scan->powers_lanes, ppo_f64x8_splat(*running), sums);
     /* Lane 0 again as a scalar: the next block waits on one fma, not on a broadcast too. */
     *running = fma(scan->gl_8, *running, ppo_f64x8_lane0(sums));
     return 1;

@@ -30,19 +30,19 @@ PPO_INLINE ptrdiff_t ppo_valid_count(
  * block. The sums are reassociated, within a few ulp of the recursion's (the oracle's
  * tolerances), and the same on every backend and thread count. Taken only where it cannot differ
  * from the recursion in anything but rounding, as ppo_gae_block: every reward within 2^1000 and
- * the running return within 2^1020; 0, with nothing changed, elsewhere. powers: lane j
- * gamma^(8 - j). */
+ * the running return within 2^1020; 0, with nothing changed, elsewhere. gammas, gamma_2s and
+ * gamma_4s: gamma, gamma^2 and gamma^4 in every lane, made once a row by the caller (as
+ * ppo_gae_scan's, which says why); powers: lane j gamma^(8 - j). */
 PPO_INLINE int ppo_returns_block(
-    ppo_f64x8 rewards, double gamma, double gamma_2, double gamma_4, ppo_f64x8 powers,
+    ppo_f64x8 rewards, ppo_f64x8 gammas, ppo_f64x8 gamma_2s, ppo_f64x8 gamma_4s, ppo_f64x8 powers,
     double* running, ppo_f64x8* returns) {
     ppo_m64x8 bounded = ppo_f64x8_le(ppo_f64x8_abs(rewards), ppo_f64x8_splat(0x1p1000));
     if (!(fabs(*running) <= 0x1p1020) ||
         ppo_m64x8_any(ppo_m64x8_and_not(ppo_m64x8_all(), bounded)))
         return 0;
-    ppo_f64x8 sums =
-        ppo_f64x8_fma(ppo_f64x8_splat(gamma), ppo_f64x8_down1_fill(rewards, 0.0), rewards);
-    sums = ppo_f64x8_fma(ppo_f64x8_splat(gamma_2), ppo_f64x8_down2(sums), sums);
-    sums = ppo_f64x8_fma(ppo_f64x8_splat(gamma_4), ppo_f64x8_down4(sums), sums);
+    ppo_f64x8 sums = ppo_f64x8_fma(gammas, ppo_f64x8_down1_fill(rewards, 0.0), rewards);
+    sums = ppo_f64x8_fma(gamma_2s, ppo_f64x8_down2(sums), sums);
+    sums = ppo_f64x8_fma(gamma_4s, ppo_f64x8_down4(sums), sums);
     *returns = ppo_f64x8_fma(powers, ppo_f64x8_splat(*running), sums);
     *running = ppo_f64x8_lane0(*returns);
     return 1;
@@ -59,11 +59,14 @@ PPO_INLINE void ppo_returns_in_place(double* r, ptrdiff_t n, double gamma, doubl
     for (j = 0; j < 8; j++) lanes[j] = powers[8 - j];
     ppo_f64x8 block_powers = ppo_f64x8_load(lanes), block;
     double gamma_2 = gamma * gamma, gamma_4 = gamma_2 * gamma_2;
+    ppo_f64x8 gammas = ppo_f64x8_splat(gamma), gamma_2s = ppo_f64x8_splat(gamma_2);
+    ppo_f64x8 gamma_4s = ppo_f64x8_splat(gamma_4);
     if (gamma == 0.0 || powers[8] != 0.0) {
         for (; t >= 8; t -= 8) {
             double* at = r + t - 8;
             if (ppo_returns_block(
-                    ppo_f64x8_load(at), gamma, gamma_2, gamma_4, block_powers, &running, &block)) {
+                    ppo_f64x8_load(at), gammas, gamma_2s, gamma_4s, block_powers, &running,
+                    &block)) {
                 ppo_f64x8_store(at, block);
             } else {
                 for (j = 7; j >= 0; j--) at[j] = running = fma(gamma, running, at[j]);
@@ -120,6 +123,8 @@ PPO_INLINE void PPO_ROW(ppo_returns_cases)(
     for (j = 0; j < 8; j++) lanes[j] = powers[8 - j];
     ppo_f64x8 block_powers = ppo_f64x8_load(lanes), baselines = ppo_f64x8_splat(baseline), block;
     double gamma_2 = gamma * gamma, gamma_4 = gamma_2 * gamma_2;
+    ppo_f64x8 gammas = ppo_f64x8_splat(gamma), gamma_2s = ppo_f64x8_splat(gamma_2);
+    ppo_f64x8 gamma_4s = ppo_f64x8_splat(gamma_4);
     t = valid_end;
     if (gamma == 0.0 || powers[8] != 0.0) {
         for (; t >= 8; t -= 8) {
@@ -128,7 +133,7 @@ PPO_INLINE void PPO_ROW(ppo_returns_cases)(
                 rewards, NULL, returns, advantages, has_mask ? mask : NULL, t, i);
             if ((!has_mask || ppo_all_valid8(mask + i)) &&
                 ppo_returns_block(
-                    PPO_V(to_f64)(PPO_V(load)(rewards + i)), gamma, gamma_2, gamma_4,
+                    PPO_V(to_f64)(PPO_V(load)(rewards + i)), gammas, gamma_2s, gamma_4s,
                     block_powers, &running, &block)) {
                 PPO_V(store)(returns + i, PPO_V(from_f64)(block));
                 if (advantages)
