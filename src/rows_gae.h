@@ -78,36 +78,24 @@ PPO_INLINE double ppo_gae_carry(double carry, double factor, double gamma_lam, d
  * it underflows to 0 where the recursion's repeated products keep a small advantage. A block
  * outside them takes the recursion. */
 typedef struct {
-    double gamma, gamma_lam, gl_2, gl_4, gl_8;
-    double powers[8]; /* lane j: (gamma lam)^(8 - j) */
-    int blocks;       /* whether blocks may take the scan */
-    /* gamma, gamma lam, (gamma lam)^2 and ^4 in every lane, and the powers, made once a span:
-     * as splats in the block, GCC broadcast them again in every block, on the shuffle port that
-     * the block's lane moves (valignq) need too */
-    ppo_f64x8 gammas, gamma_lams, gl_2s, gl_4s, powers_lanes;
+    /* gamma, gamma lam, (gamma lam)^2 and ^4 in every lane, and lane j (gamma lam)^(8 - j): made
+     * once a span, not as splats in the block, where GCC broadcast them again in every block, on
+     * the shuffle port that the block's lane moves (valignq) need too */
+    ppo_f64x8 gammas, gamma_lams, gl_2s, gl_4s, powers;
+    double gl_8; /* (gamma lam)^8, the running advantage's factor from one block to the next */
+    int blocks;  /* whether blocks may take the scan */
 } ppo_gae_scan;
 
 PPO_INLINE void ppo_gae_scan_init(ppo_gae_scan* scan, double gamma, double gamma_lam) {
-    double c = gamma_lam, c2 = c * c, c3 = c2 * c, c4 = c2 * c2;
-    scan->gamma = gamma;
-    scan->gamma_lam = c;
-    scan->gl_2 = c2;
-    scan->gl_4 = c4;
-    scan->gl_8 = c4 * c4;
-    scan->powers[0] = scan->gl_8;
-    scan->powers[1] = c4 * c3;
-    scan->powers[2] = c4 * c2;
-    scan->powers[3] = c4 * c;
-    scan->powers[4] = c4;
-    scan->powers[5] = c3;
-    scan->powers[6] = c2;
-    scan->powers[7] = c;
-    scan->blocks = c == 0.0 || scan->gl_8 != 0.0;
+    double c = gamma_lam, c2 = c * c, c3 = c2 * c, c4 = c2 * c2, c8 = c4 * c4;
+    double powers[8] = {c8, c4 * c3, c4 * c2, c4 * c, c4, c3, c2, c};
     scan->gammas = ppo_f64x8_splat(gamma);
     scan->gamma_lams = ppo_f64x8_splat(c);
     scan->gl_2s = ppo_f64x8_splat(c2);
     scan->gl_4s = ppo_f64x8_splat(c4);
-    scan->powers_lanes = ppo_f64x8_load(scan->powers);
+    scan->powers = ppo_f64x8_load(powers);
+    scan->gl_8 = c8;
+    scan->blocks = c == 0.0 || c8 != 0.0;
 }
 
 /* The advantages of a block of 8 valid positions (lane 7 the last) from their rewards and
@@ -126,7 +114,7 @@ PPO_INLINE int ppo_gae_block(
         ppo_f64x8_fma(scan->gamma_lams, ppo_f64x8_down1_fill(errors, 0.0), errors);
     sums = ppo_f64x8_fma(scan->gl_2s, ppo_f64x8_down2(sums), sums);
     sums = ppo_f64x8_fma(scan->gl_4s, ppo_f64x8_down4(sums), sums);
-    *advantages = ppo_f64x8_fma(scan->powers_lanes, ppo_f64x8_splat(*running), sums);
+    *advantages = ppo_f64x8_fma(scan->powers, ppo_f64x8_splat(*running), sums);
     /* Lane 0 again as a scalar: the next block waits on one fma, not on a broadcast too. */
     *running = fma(scan->gl_8, *running, ppo_f64x8_lane0(sums));
     return 1;
