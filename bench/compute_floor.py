@@ -36,13 +36,13 @@ this runs on moves within seconds; compare the columns of one run.
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 
 import numpy as np
 
 from ppo_fast.bench import registry
 from ppo_fast.bench.batch import Batch, parse_shape
+from ppo_fast.bench.report import environment
 from ppo_fast.bench.roofline import copies_around, floor_seconds
 from ppo_fast.bench.timing import quiet_openmp, set_threads
 
@@ -106,8 +106,10 @@ def main() -> None:
     large_tokens, small_tokens = int(large.lengths.sum()), int(small.lengths.sum())
     repeat = max(1, large_tokens // small_tokens // 2)  # a small sample lasts about as long
     backends = args.backends.split(",")
+    machine = environment()
     print(
-        f"{platform.processor() or platform.machine()}, copy bandwidth around each kernel's large "
+        f"{machine['date']}, {machine['cpu']} ({machine['cores']} cores), ppo_fast "
+        f"{machine['versions']['ppo_fast']}: copy bandwidth around each kernel's large "
         f"batch; large {args.shape} float32 ({large_tokens} valid tokens), "
         f"small {args.small} ({small_tokens}, {repeat} calls a sample); one thread\n"
     )
