@@ -1,9 +1,10 @@
-"""Shared pieces of the numba backend: LLVM intrinsics, the vectorizable exp and log, mask words,
-prefetches and the row totals. The float64 lanes of the block scans are in ``_numba_lanes.py``,
-the serial/parallel kernel builders (``_Kernel``, ``_Specialised``) in ``_numba_builds.py``.
+"""Shared pieces of the numba backend: LLVM intrinsics, mask words, prefetches and the row totals.
+The vectorizable exp and log are in ``_numba_math.py``, the float64 lanes of the block scans in
+``_numba_lanes.py``, the serial/parallel kernel builders (``_Kernel``, ``_Specialised``) in
+``_numba_builds.py``.
 
 The kernels themselves live in ``_numba_kernels.py`` (rewards, returns, moments),
-``_numba_gae.py``, ``_numba_losses.py`` (the per-token policy losses and the value loss),
+``_numba_gae.py``, ``_numba_losses.py`` (the per-token policy losses), ``_numba_value_loss.py``,
 ``_numba_sequence_losses.py`` (GSPO, the geometric mean) and ``_numba_covariance.py`` (KL-Cov's
 selection); ``_numba_kernels`` is the backend's interface (one callable per kernel of the
 table). Conventions that keep them fast and exact:
@@ -84,7 +85,6 @@ from numba.core import event, types
 from numba.extending import intrinsic, overload
 
 from ._numba_memory import _stack_array
-from ._spec import EXP32, EXP64, LOG32, LOG64
 
 _CACHE = os.environ.get("PPO_FAST_NUMBA_CACHE", "") == "1"
 if _CACHE:
@@ -109,8 +109,26 @@ if _CACHE:
 # first calls compile 5-15% longer. The option is LLVM's, for the whole process: it is raised
 # while numba compiles a function of this package (and what that compiles) and put back to
 # LLVM's default after, so that other numba code compiles as it would without ppo_fast.
-_UNSWITCH_THRESHOLD = 400
 _LLVM_UNSWITCH_THRESHOLD = 50
+
+
+def _compiles_for_avx512() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 (NUMBA_CPU_FEATURES where it is set, as
+    numba does, else the host's features)."""
+    features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+    return "+avx512f" in features.split(",")
+
+
+# Where numba compiles for AVX-512 its kernels are as they were measured on the Intel Xeon of the
+# README's runs; without it (AVX2: 16 vector registers, masks held as vectors) three things
+# differ, each so that the code LLVM makes there is nearer the C twin's: this threshold
+# (below), exp's constants (exp_constants) and a mask's bytes (_numba_lanes._valid_bytes). On the
+# AMD EPYC of 0.8.31's runs the loss kernels' loops with a mask and without weights, each over
+# 8 tokens, were not unswitched at 400 (AVX2's instructions count twice for a lane op in float64):
+# a test of the mask in every block made its lanes a phi that LLVM held as 8 16-bit lanes and
+# widened again for each use.
+_AVX512 = _compiles_for_avx512()
+_UNSWITCH_THRESHOLD = 400 if _AVX512 else 1600
 
 
 class _Unswitching(event.Listener):
@@ -243,176 +261,6 @@ def _without_refcounts(function):
     row, that held the value loss to 1.25x the C twin's time on rows in memory (float32 (1024,
     4096), one thread; equal in cache)."""
     return numba.njit(nogil=True, cache=_CACHE, error_model="numpy", _nrt=False)(function)
-
-
-# exp by range reduction and a polynomial, with the constants of the kernel table (_spec.EXP64 and
-# _spec.EXP32, which the Cython build reads too): x = n ln2 + r, |r| <= ln2/2, exp(x) = 2^n p(r),
-# with n rounded by the 1.5 * 2^(mantissa bits) shift trick and 2^n built from its exponent bits.
-# All of it is plain arithmetic LLVM vectorizes (math.exp is a libm call that it cannot: PyPI's
-# llvmlite has no SVML). Finite inputs are saturated so that 2^n stays a normal number: the result
-# is finite for every finite input, within 2 ulp of exp in float64 and 1 ulp in float32
-# (tests/test_loss.py); below exp(-708) (float64) or exp(-87.3) (float32) it returns that bound
-# instead of a subnormal, above exp(709) or exp(88.3) that bound instead of overflowing. NaN, inf
-# and -inf give NaN, inf and 0, as math.exp: a non-finite input is never made finite.
-_F32 = np.float32
-# numba reads globals as constants: plain numbers and tuples, not the table's records.
-_E64_LOW, _E64_HIGH, _E64_SHIFT = EXP64.low, EXP64.high, EXP64.shift
-_E64_LOG2E, _E64_LN2_HIGH, _E64_LN2_LOW = EXP64.log2e, EXP64.ln2_high, EXP64.ln2_low
-_P64 = EXP64.polynomial
-_F64_SHIFT_BITS = np.int64(np.float64(_E64_SHIFT).view(np.int64))
-_E32_LOW, _E32_HIGH, _E32_SHIFT = _F32(EXP32.low), _F32(EXP32.high), _F32(EXP32.shift)
-_E32_LOG2E, _E32_LN2_HIGH = _F32(EXP32.log2e), _F32(EXP32.ln2_high)
-_E32_LN2_LOW = _F32(EXP32.ln2_low)
-_P32 = tuple(_F32(c) for c in EXP32.polynomial)
-_F32_SHIFT_BITS = np.int32(_E32_SHIFT.view(np.int32))
-
-
-@_jit
-def _exact_where_nonfinite(x, y):
-    """y = exp(x) as computed, except where x is not finite: the saturation is for finite
-    arguments only, and NaN, inf and -inf come out as math.exp's (NaN, inf, 0)."""
-    y = y - y if x == -np.inf else y
-    y = x if x == np.inf else y
-    return y if x == x else x
-
-
-@_jit
-def _exp64(argument):
-    x = min(max(argument, _E64_LOW), _E64_HIGH)
-    shifted = fma(x, _E64_LOG2E, _E64_SHIFT)  # x / ln2 + shift
-    n = shifted - _E64_SHIFT
-    r = fma(-n, _E64_LN2_HIGH, x)  # ln2 in two parts: exact n * ln2_high
-    r = fma(-n, _E64_LN2_LOW, r)
-    p = fma(_P64[0], r, _P64[1])
-    p = fma(p, r, _P64[2])
-    p = fma(p, r, _P64[3])
-    p = fma(p, r, _P64[4])
-    p = fma(p, r, _P64[5])
-    p = fma(p, r, _P64[6])
-    p = fma(p, r, _P64[7])
-    p = fma(p, r, _P64[8])
-    p = fma(p, r, _P64[9])
-    p = fma(p, r, _P64[10])
-    p = fma(p, r, _P64[11])
-    p = fma(p, r, _P64[12])
-    exponent = _as_int_bits(shifted) - _F64_SHIFT_BITS
-    power = _as_float_bits((exponent + np.int64(1023)) << np.int64(52))
-    return _exact_where_nonfinite(argument, p * power)
-
-
-@_jit
-def _exp32(argument):
-    x = min(max(argument, _E32_LOW), _E32_HIGH)
-    shifted = fma(x, _E32_LOG2E, _E32_SHIFT)
-    n = shifted - _E32_SHIFT
-    r = fma(-n, _E32_LN2_HIGH, x)
-    r = fma(-n, _E32_LN2_LOW, r)
-    p = fma(_P32[0], r, _P32[1])
-    p = fma(p, r, _P32[2])
-    p = fma(p, r, _P32[3])
-    p = fma(p, r, _P32[4])
-    p = fma(p, r, _P32[5])
-    p = fma(p * r, r, r) + _F32(1.0)
-    exponent = _as_int_bits(shifted) - _F32_SHIFT_BITS
-    # numba widens int32 arithmetic to int64: narrow back so the bits are a float32's.
-    power = _as_float_bits(np.int32((exponent + 127) << 23))
-    return _exact_where_nonfinite(argument, p * power)
-
-
-def exp_poly(x):
-    """exp in the dtype of x (float32 or float64), vectorizable; see _exp64 and _exp32."""
-
-
-@overload(exp_poly, inline="always")
-def _exp_poly_overload(x):
-    if x == types.float32:
-        return lambda x: _exp32(x)
-    if x == types.float64:
-        return lambda x: _exp64(x)
-    return None
-
-
-# log by range reduction and a series, with the constants of the kernel table (_spec.LOG64 and
-# _spec.LOG32, which the Cython build reads too; the method is described there): plain arithmetic
-# and selects that LLVM vectorizes, as exp. Within 1 ulp of math.log in both dtypes
-# (tests/test_policy_token.py), subnormal arguments included (scaled by 2^54 or 2^25 first);
-# +0 and -0 give -inf, a negative argument NaN, inf inf and NaN NaN, as numpy's log. Its rounding
-# depends on the order of the operations: it runs in functions compiled without fastmath.
-_L64_OFFSET, _L64_SQRT_HALF = np.int64(LOG64.offset), np.int64(LOG64.sqrt_half_bits)
-_L64_MANTISSA = np.int64((1 << LOG64.mantissa_bits) - 1)
-_L64_SHIFT, _L64_BIAS = np.int64(LOG64.mantissa_bits), np.int64(LOG64.bias)
-_L64_TINY, _L64_SCALE = LOG64.smallest_normal, float(2**LOG64.subnormal_scale_bits)
-_L64_SCALE_BITS = np.int64(LOG64.subnormal_scale_bits)
-_Q64 = LOG64.polynomial
-_L32_OFFSET, _L32_SQRT_HALF = np.int64(LOG32.offset), np.int64(LOG32.sqrt_half_bits)
-_L32_MANTISSA = np.int64((1 << LOG32.mantissa_bits) - 1)
-_L32_SHIFT, _L32_BIAS = np.int64(LOG32.mantissa_bits), np.int64(LOG32.bias)
-_L32_TINY, _L32_SCALE = _F32(LOG32.smallest_normal), _F32(2**LOG32.subnormal_scale_bits)
-_L32_SCALE_BITS = np.int64(LOG32.subnormal_scale_bits)
-_Q32 = tuple(_F32(c) for c in LOG32.polynomial)
-
-
-@_jit
-def _log64(x):
-    tiny = x < _L64_TINY
-    scaled = _select(tiny, x * _L64_SCALE, x)
-    bits = _as_int_bits(scaled) + _L64_OFFSET
-    k = (bits >> _L64_SHIFT) - _L64_BIAS - (_L64_SCALE_BITS if tiny else np.int64(0))
-    m = _as_float_bits((bits & _L64_MANTISSA) + _L64_SQRT_HALF)
-    f = m - 1.0
-    half_square = 0.5 * f * f
-    s = f / (2.0 + f)
-    z = s * s
-    r = fma(_Q64[0], z, _Q64[1])
-    r = fma(r, z, _Q64[2])
-    r = fma(r, z, _Q64[3])
-    r = fma(r, z, _Q64[4])
-    r = fma(r, z, _Q64[5])
-    r = fma(r, z, _Q64[6])
-    r = fma(r, z, _Q64[7])
-    r = fma(r, z, _Q64[8])
-    r = fma(r, z, _Q64[9]) * z
-    n = np.float64(k)
-    y = n * _E64_LN2_HIGH - ((half_square - (s * (half_square + r) + n * _E64_LN2_LOW)) - f)
-    y = _select(x == np.inf, x, y)
-    y = _select(x == 0.0, -np.inf, y)
-    return _select(x < 0.0, np.nan, _select(x == x, y, x))
-
-
-@_jit
-def _log32(x):
-    tiny = x < _L32_TINY
-    scaled = _select(tiny, x * _L32_SCALE, x)
-    bits = np.int64(_as_int_bits(scaled)) + _L32_OFFSET
-    k = (bits >> _L32_SHIFT) - _L32_BIAS - (_L32_SCALE_BITS if tiny else np.int64(0))
-    # numba widens int32 arithmetic to int64: narrow back so the bits are a float32's.
-    m = _as_float_bits(np.int32((bits & _L32_MANTISSA) + _L32_SQRT_HALF))
-    one = _F32(1.0)
-    f = m - one
-    half_square = _F32(0.5) * f * f
-    s = f / (_F32(2.0) + f)
-    z = s * s
-    r = fma(_Q32[0], z, _Q32[1])
-    r = fma(r, z, _Q32[2])
-    r = fma(r, z, _Q32[3]) * z
-    n = _F32(k)
-    y = n * _E32_LN2_HIGH - ((half_square - (s * (half_square + r) + n * _E32_LN2_LOW)) - f)
-    y = _select(x == _F32(np.inf), x, y)
-    y = _select(x == _F32(0.0), _F32(-np.inf), y)
-    return _select(x < _F32(0.0), _F32(np.nan), _select(x == x, y, x))
-
-
-def log_poly(x):
-    """log in the dtype of x (float32 or float64), vectorizable; see _log64 and _log32."""
-
-
-@overload(log_poly, inline="always")
-def _log_poly_overload(x):
-    if x == types.float32:
-        return lambda x: _log32(x)
-    if x == types.float64:
-        return lambda x: _log64(x)
-    return None
 
 
 @intrinsic

@@ -4,8 +4,8 @@
 Signatures and semantics are those of the oracle, ``_reference.py``; each kernel names its
 Cython twin in ``src/``. The conventions that keep them fast and exact, the intrinsics and the
 serial/parallel builders in ``_numba_builds.py``; GAE in ``_numba_gae.py``; the losses in
-``_numba_losses.py`` and ``_numba_sequence_losses.py``; KL-Cov's selection in
-``_numba_covariance.py``.
+``_numba_losses.py``, ``_numba_sequence_losses.py`` and ``_numba_value_loss.py``; KL-Cov's
+selection in ``_numba_covariance.py``; exp and log in ``_numba_math.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from ._numba_core import (
     _as_int_bits,
     _blocks_per_line,
     _common_scales,
-    _exp64,
     _jit,
     _mask_stop,
     _positions_per_line,
@@ -70,9 +69,10 @@ from ._numba_losses import (
     kl_cov,
     reinforce,
     sapo,
-    value_loss,
 )
+from ._numba_math import _exp64
 from ._numba_sequence_losses import geo_mean, gspo
+from ._numba_value_loss import value_loss
 from ._rows import EMPTY_MASK as _EMPTY_MASK
 from ._spec import ESTIMATORS, KERNELS
 

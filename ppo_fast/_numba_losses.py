@@ -1,8 +1,8 @@
-"""The numba per-token policy losses and the value loss: the loss, its exact gradient and the
-statistics in one pass over rows (twins of ``_reference.py``'s; the Cython twins are in
-``src/rows_loss.h``, ``src/rows_policy.h`` and ``src/rows_token.h``; the per-sequence losses are
-in ``_numba_sequence_losses.py``). Registered as the backend's kernels in ``_numba_kernels.py``;
-conventions in ``_numba_core.py``.
+"""The numba per-token policy losses: the loss, its exact gradient and the statistics in one pass
+over rows (twins of ``_reference.py``'s; the Cython twins are in ``src/rows_loss.h``,
+``src/rows_policy.h`` and ``src/rows_token.h``; the per-sequence losses are in
+``_numba_sequence_losses.py``, the value loss in ``_numba_value_loss.py``). Registered as the
+backend's kernels in ``_numba_kernels.py``; conventions in ``_numba_core.py``.
 
 Every kernel here runs in lanes (``_numba_lanes``), operation for operation its C twin's, and
 gives its bits; a chunk's exps (and DPPO's trust region) come first, as scalar loops that LLVM
@@ -27,8 +27,6 @@ from ._numba_core import (
     _prefetch_ahead,
     _select,
     _without_refcounts,
-    exp_poly,
-    log_poly,
 )
 from ._numba_lanes import (
     _count_valid_lanes,
@@ -58,6 +56,7 @@ from ._numba_lanes import (
     _valid_first,
     _valid_put,
 )
+from ._numba_math import exp_constants, exp_with, log_poly
 from ._numba_memory import _stack_array
 
 _CHUNK = 256  # tokens per chunk of the loss kernels: their scratch rows stay in L1
@@ -74,6 +73,7 @@ def _chunk_ratios(
     -clamp, clamp)) at positions first .. first + n - 1 into ratios[0 .. n): the losses' exp
     pre-pass, _PREFETCH_BLOCK positions at a time, each block prefetching ahead the inputs the
     chunk's main pass reads (_ahead, _prefetch_ahead: past the row's valid_end, the next row's)."""
+    constants = exp_constants(clamp)
     for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
         _prefetch_ahead(
             logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
@@ -81,7 +81,7 @@ def _chunk_ratios(
         )  # fmt: skip
         for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
             i = first + j
-            ratios[j] = exp_poly(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp))
+            ratios[j] = exp_with(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp), constants)
 
 
 @_jit
@@ -92,6 +92,7 @@ def _kl_cov_ratios(
     """KL-Cov's pre-pass (twin: src/rows_token.h ppo_kl_cov_cases' first loop): as
     _chunk_ratios, without a clamp (exp of the log-ratio itself), its selection's line
     prefetched too (a byte a token: one line a block)."""
+    constants = exp_constants(logprobs)
     for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
         ahead = _ahead(first + j0, start, span, valid_end)
         _prefetch_ahead(
@@ -100,7 +101,7 @@ def _kl_cov_ratios(
         _prefetch(selected, ahead)
         for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
             i = first + j
-            ratios[j] = exp_poly(logprobs[i] - old_logprobs[i])
+            ratios[j] = exp_with(logprobs[i] - old_logprobs[i], constants)
 
 
 @_without_refcounts
@@ -113,9 +114,10 @@ def _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg):
     _prefer_wide_vectors()
     zero = tau_pos - tau_pos
     one = _one_like(zero)
+    constants = exp_constants(zero)
     for j in range(n):
         tau = _select(advantages[first + j] > zero, tau_pos, tau_neg)
-        sigmoids[j] = one / (one + exp_poly(-(tau * (ratios[j] - one))))  # 1 / (1 + exp(-z))
+        sigmoids[j] = one / (one + exp_with(-(tau * (ratios[j] - one)), constants))  # sigmoid
 
 
 # The per-token policy losses in lanes: the family's kernels (twin: src/rows_policy.h's
@@ -563,16 +565,18 @@ def _exps(values, first, out, n):
     """out[j] = exp(values[first + j]) for j < n: one inlined exp per function (numba's SSA pass
     loses track of a second, as _sapo_sigmoids says)."""
     _prefer_wide_vectors()
+    constants = exp_constants(out)
     for j in range(n):
-        out[j] = exp_poly(values[first + j])
+        out[j] = exp_with(values[first + j], constants)
 
 
 @_without_refcounts
 def _exps_wide(values, first, out, n):
     """_exps in float64 (DPPO-KL's probabilities: _binary_kls says why)."""
     _prefer_wide_vectors()
+    constants = exp_constants(out)
     for j in range(n):
-        out[j] = exp_poly(np.float64(values[first + j]))
+        out[j] = exp_with(np.float64(values[first + j]), constants)
 
 
 @_without_refcounts
@@ -684,116 +688,4 @@ def kl_cov(
         logprobs, old_logprobs, advantages, weights, selected, starts, spans, lengths, mask, scales,
         coef, one, one, one, one, one, one, one, one, False, grad, row_loss, row_penalised,
         row_penalised, row_abs_kl,
-    )  # fmt: skip
-
-
-@_without_refcounts
-def _value_block(valid, values, old_values, returns, i, clip_range, scale, zero, grad, loss):
-    """Twin: src/rows_loss.h ppo_value_block. The 8 positions from i, ``valid`` as the mask and
-    the length allow: stores their gradient, returns the loss lanes with their halved squares
-    added, and how many of them were clipped."""
-    value = _lanes_of(values, i)
-    old = _lanes_of(old_values, i)
-    target = _lanes_of(returns, i)
-    error = _lanes_sub(value, target)
-    unclipped = _lanes_mul(error, error)
-    clipped_value = _lanes_clip(value, _lanes_sub(old, clip_range), _lanes_add(old, clip_range))
-    clipped_error = _lanes_sub(clipped_value, target)
-    clipped = _lanes_mul(clipped_error, clipped_error)
-    is_clipped = _lanes_gt(clipped, unclipped)
-    sloped = _valid_and_not(valid, is_clipped)
-    _lanes_put(grad, i, _lanes_where(sloped, _lanes_mul(error, scale), zero))
-    chosen = _lanes_where(valid, _lanes_where(is_clipped, clipped, unclipped), zero)
-    loss = _lanes_add(loss, _lanes_mul(_lanes_f64(chosen), _lanes_splat(0.5)))
-    return loss, _count_valid_lanes(_valid_and(valid, is_clipped))
-
-
-@_without_refcounts
-def _value_rows(
-    values, old_values, returns, starts, spans, lengths, mask, clip, scales, grad, row_loss,
-    row_clipped, tail, tail_mask,
-):  # fmt: skip
-    """Twin: src/rows_loss.h ppo_value_loss_cases, row by row. Unlike the policy losses, every
-    position of a row is computed, as in the twin (which says why), a chunk of _CHUNK positions
-    at a time: the blocks wholly before the length with no test of it, the others with one, a
-    row's last partial block in zero-padded lanes. Writes each row's loss and clipped count.
-    Positions are signed (a block's count of positions before the length may be below 0). The
-    loop over the rows is here, not in the caller: a call a row passed its arrays field by field
-    (about 90 moves) and cost short rows 20-30 ns each (1.4x the twin's time at 1024 x 8)."""
-    has_mask = mask.shape[0] > 0
-    clip_range = _lanes_splat(clip)
-    for b in range(starts.shape[0]):
-        start, span, length = starts[b], spans[b], lengths[b]
-        scale = scales[b]
-        row_scales = _lanes_splat(scale)
-        zero = _lanes_splat(scale - scale)  # as the twin: 0 in the dtype
-        loss = _lanes_splat(0.0)
-        clipped = 0
-        within = (length - length % 8 if length > 0 else 0) if length < span else span - span % 8
-        for first in range(0, span, _CHUNK):
-            end = min(first + _CHUNK, span)
-            whole_end = end - (end - first) % 8
-            before_length = min(within, whole_end)
-            for t in range(first, before_length, 8):
-                if has_mask:
-                    valid = _valid_bytes(mask, start + t)
-                else:
-                    valid = _valid_all()
-                loss, block_clipped = _value_block(
-                    valid, values, old_values, returns, start + t, clip_range, row_scales, zero,
-                    grad, loss,
-                )  # fmt: skip
-                clipped += block_clipped
-            for t in range(max(before_length, first), whole_end, 8):
-                valid = _valid_first(length - t)
-                if has_mask:
-                    valid = _valid_and(valid, _valid_bytes(mask, start + t))
-                loss, block_clipped = _value_block(
-                    valid, values, old_values, returns, start + t, clip_range, row_scales, zero,
-                    grad, loss,
-                )  # fmt: skip
-                clipped += block_clipped
-            t = whole_end
-            if t < end:
-                count = end - t
-                _tail_fill(
-                    tail, tail_mask, values, old_values, returns, values, False, mask, has_mask,
-                    start + t, count,
-                )  # fmt: skip
-                valid = _valid_and(_valid_bytes(tail_mask, 0), _valid_first(length - t))
-                tail_grad = tail[4]
-                loss, block_clipped = _value_block(
-                    valid, tail[0], tail[1], tail[2], 0, clip_range, row_scales, zero, tail_grad,
-                    loss,
-                )  # fmt: skip
-                clipped += block_clipped
-                _lanes_put_first(grad, start + t, _lanes_of(tail_grad, 0), count)
-        row_loss[b] = _lane_total(loss)
-        row_clipped[b] = clipped
-
-
-def value_loss(
-    values,
-    old_values,
-    returns,
-    starts,
-    spans,
-    lengths,
-    mask,
-    scales,
-    clip,
-    grad,
-    row_loss,
-    row_clipped,
-):
-    """Twin: src/rows_loss.h ppo_value_loss_row, in lanes (``_value_rows``): the clipped value
-    loss's halved squares summed in float64 lanes added up in the twin's tree, the gradient, and
-    the clipped count (a whole number)."""
-    tail = _stack_array((5, 8), values.dtype)
-    tail[:] = 0
-    tail_mask = _stack_array((8,), np.uint8)
-    tail_mask[:] = 0
-    _value_rows(
-        values, old_values, returns, starts, spans, lengths, mask, clip, scales, grad, row_loss,
-        row_clipped, tail, tail_mask,
     )  # fmt: skip

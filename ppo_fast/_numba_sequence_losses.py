@@ -20,8 +20,6 @@ from ._numba_core import (
     _rounded_like,
     _select,
     _without_refcounts,
-    exp_poly,
-    log_poly,
 )
 from ._numba_lanes import (
     _add_lanes,
@@ -49,6 +47,7 @@ from ._numba_lanes import (
     _valid_or,
 )
 from ._numba_losses import _CHUNK, _U64, _UCHUNK
+from ._numba_math import exp_poly, log_poly
 from ._numba_memory import _stack_array
 
 _U7 = np.uint64(7)

@@ -8,6 +8,9 @@ tests (test_gae.py, test_loss.py, ...) hold the identities, seeds and hostile in
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -209,9 +212,9 @@ def test_numbas_partial_blocks_read_and_write_only_their_first_items(dtype):
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
 def test_numba_raises_llvms_unswitch_threshold_only_while_it_compiles_this_package(monkeypatch):
     """``_numba_core._Unswitching``: a function of ppo_fast compiled (here a new signature of
-    its mask count) raises LLVM's unswitch threshold at the start and puts LLVM's default back
-    at the end, once, whatever it compiles inside; a function of someone else's is compiled
-    with the option left alone."""
+    its mask count) raises LLVM's unswitch threshold at the start (by the instruction set numba
+    compiles for) and puts LLVM's default back at the end, once, whatever it compiles inside; a
+    function of someone else's is compiled with the option left alone."""
     import numba
 
     from ppo_fast import _numba_core
@@ -229,7 +232,9 @@ def test_numba_raises_llvms_unswitch_threshold_only_while_it_compiles_this_packa
     signatures = len(_numba_core._count_nonzero.signatures)
     assert _numba_core._count_nonzero(mask, np.int32(3), np.int32(90)) == 90
     assert len(_numba_core._count_nonzero.signatures) == signatures + 1  # it compiled
-    assert options == ["-unswitch-threshold=400", "-unswitch-threshold=50"]
+    raised = _numba_core._UNSWITCH_THRESHOLD  # 400 where numba compiles for AVX-512, else 1600
+    assert raised == (400 if _numba_core._AVX512 else 1600)
+    assert options == [f"-unswitch-threshold={raised}", "-unswitch-threshold=50"]
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
@@ -400,3 +405,60 @@ def _assert_same_bits_wherever_the_arrays_lie(case, kernels, expected, backend):
                 where = f"{backend} {out_name}: {name} ends {gap} positions before {output}"
                 with case.described(where):
                     np.testing.assert_array_equal(got[out_name], want)
+
+
+_AVX2_PATH = """
+import numpy as np
+import ppo_fast
+from ppo_fast import _numba_core
+from ppo_fast.loss import clipped_surrogate, value_loss
+from ppo_fast.policy import cispo_loss, dppo_loss, kl_cov_loss, sapo_loss
+
+assert not _numba_core._AVX512 and _numba_core._UNSWITCH_THRESHOLD == 1600
+rng = np.random.default_rng(7)
+for dtype in (np.float32, np.float64):  # float64: every loss's lanes and exp in float64 too
+    B, T = 5, 300
+    lengths = rng.integers(0, T + 1, B)
+    mask = (np.arange(T) < lengths[:, None]) & (rng.random((B, T)) < 0.9)
+    logp = (rng.standard_normal((B, T)) * 0.5 - 1).astype(dtype)
+    old = (logp + rng.standard_normal((B, T)) * 0.3).astype(dtype)
+    adv = rng.standard_normal((B, T)).astype(dtype)
+    selected = rng.random((B, T)) < 0.1
+    logp[0, 3], old[1, 5], adv[2, 7] = np.nan, np.inf, -np.inf
+    calls = [
+        lambda b: clipped_surrogate(logp, old, adv, mask=mask, dual_clip=3.0, backend=b),
+        lambda b: value_loss(logp, old, adv, mask=mask, clip=0.2, backend=b),
+        lambda b: cispo_loss(logp, old, adv, mask=mask, backend=b),
+        lambda b: sapo_loss(logp, old, adv, mask=mask, backend=b),
+        lambda b: dppo_loss(logp, old, adv, mask=mask, backend=b),
+        lambda b: kl_cov_loss(logp, old, adv, selected, mask=mask, backend=b),
+    ]
+    for call in calls:
+        ours, twin = call("numba"), call("cython")
+        for name, a, b in zip(ours._fields, ours, twin):
+            np.testing.assert_equal(a, b, err_msg=name)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    "numba" not in COMPILED or "cython" not in COMPILED, reason="numba and Cython both needed"
+)
+def test_numba_kernels_built_for_avx2_equal_the_cython_twins():
+    """Where numba compiles for a CPU without AVX-512 its loss kernels take other forms
+    (``_numba_core._AVX512``: exp's constants made opaque, a mask's bytes compared as 32-bit
+    lanes, a larger unswitch threshold): compiled so in a fresh process (NUMBA_CPU_FEATURES
+    without AVX-512, as on an AMD EPYC), on any x86-64 CPU with AVX2 and FMA, every masked loss
+    with NaN and inf inputs gives the Cython build's bits, float32 and float64."""
+    from llvmlite import binding as llvm
+
+    host = llvm.get_host_cpu_features()
+    if not (host.get("avx2") and host.get("fma")):
+        pytest.skip("the CPU has no AVX2 and FMA")
+    features = ",".join(f"+{name}" for name in ("sse4.2", "avx", "avx2", "fma", "f16c", "bmi2"))
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CPU_FEATURES=features)
+    out = subprocess.run(
+        [sys.executable, "-c", _AVX2_PATH], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

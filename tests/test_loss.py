@@ -562,7 +562,7 @@ def test_large_batches_match_the_oracle_and_use_threads(compiled_backend, dtype)
 
 def test_polynomial_exp_is_exact_to_the_dtypes_rounding():
     numba = pytest.importorskip("numba")  # the numba backend's own helper
-    from ppo_fast._numba_core import exp_poly
+    from ppo_fast._numba_math import exp_poly
 
     @numba.njit
     def evaluate(xs, out):

@@ -357,7 +357,7 @@ def test_torch_device_path_equals_the_kernels(name, monkeypatch):
 
 def test_the_kernels_log_is_within_one_ulp():
     numba = pytest.importorskip("numba")
-    from ppo_fast._numba_core import log_poly
+    from ppo_fast._numba_math import log_poly
 
     @numba.njit
     def evaluate(xs, out):

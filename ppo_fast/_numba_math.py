@@ -1,0 +1,249 @@
+"""The numba backend's vectorizable exp and log (twins: src/exp.h, src/log.h and the lane forms of
+src/lanes.h), with the constants of the kernel table (_spec.EXP32, EXP64, LOG32, LOG64, which the
+Cython build reads too). Shared pieces of the backend are in ``_numba_core.py``."""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic, overload
+
+from ._numba_core import _AVX512, _as_float_bits, _as_int_bits, _jit, _select, fma
+from ._spec import EXP32, EXP64, LOG32, LOG64
+
+# exp by range reduction and a polynomial, with the constants of the kernel table (_spec.EXP64 and
+# _spec.EXP32, which the Cython build reads too): x = n ln2 + r, |r| <= ln2/2, exp(x) = 2^n p(r),
+# with n rounded by the 1.5 * 2^(mantissa bits) shift trick and 2^n built from its exponent bits.
+# All of it is plain arithmetic LLVM vectorizes (math.exp is a libm call that it cannot: PyPI's
+# llvmlite has no SVML). Finite inputs are saturated so that 2^n stays a normal number: the result
+# is finite for every finite input, within 2 ulp of exp in float64 and 1 ulp in float32
+# (tests/test_loss.py); below exp(-708) (float64) or exp(-87.3) (float32) it returns that bound
+# instead of a subnormal, above exp(709) or exp(88.3) that bound instead of overflowing. NaN, inf
+# and -inf give NaN, inf and 0, as math.exp: a non-finite input is never made finite.
+_F32 = np.float32
+# numba reads globals as constants: plain numbers and tuples, not the table's records.
+_E64_LOW, _E64_HIGH, _E64_SHIFT = EXP64.low, EXP64.high, EXP64.shift
+_E64_LOG2E, _E64_LN2_HIGH, _E64_LN2_LOW = EXP64.log2e, EXP64.ln2_high, EXP64.ln2_low
+_P64 = EXP64.polynomial
+_F64_SHIFT_BITS = np.int64(np.float64(_E64_SHIFT).view(np.int64))
+_E32_LOW, _E32_HIGH, _E32_SHIFT = _F32(EXP32.low), _F32(EXP32.high), _F32(EXP32.shift)
+_E32_LOG2E, _E32_LN2_HIGH = _F32(EXP32.log2e), _F32(EXP32.ln2_high)
+_E32_LN2_LOW = _F32(EXP32.ln2_low)
+_P32 = tuple(_F32(c) for c in EXP32.polynomial)
+_F32_SHIFT_BITS = np.int32(_E32_SHIFT.view(np.int32))
+
+
+@_jit
+def _exact_where_nonfinite(x, y):
+    """y = exp(x) as computed, except where x is not finite: the saturation is for finite
+    arguments only, and NaN, inf and -inf come out as math.exp's (NaN, inf, 0)."""
+    y = y - y if x == -np.inf else y
+    y = x if x == np.inf else y
+    return y if x == x else x
+
+
+@intrinsic
+def _opaque(typingctx, x):
+    """x, as a value LLVM cannot see the constant of (an empty inline asm that returns its
+    operand in a vector register). A loop's constants so made before it stay in registers or
+    stack slots: as constants, under the register pressure of AVX2's 16 vector registers, LLVM
+    remakes each at every use, two instructions with numba's large code model (the constant's
+    64-bit address, then a broadcast load): exp's 13 float32 constants took 15-20 of its 56
+    instructions per 8 tokens (AMD EPYC, AVX2), none where AVX-512's 32 registers hold them."""
+    if x not in (types.float32, types.float64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        item = context.get_value_type(sig.args[0])
+        return builder.asm(ir.FunctionType(item, [item]), "", "=x,0", [args[0]], False)
+
+    return x(x), codegen
+
+
+_E64_CONSTANTS = (_E64_LOW, _E64_HIGH, _E64_SHIFT, _E64_LOG2E, _E64_LN2_HIGH, _E64_LN2_LOW, *_P64)
+_E32_CONSTANTS = (
+    _E32_LOW, _E32_HIGH, _E32_SHIFT, _E32_LOG2E, _E32_LN2_HIGH, _E32_LN2_LOW, *_P32, _F32(1.0)
+)  # fmt: skip
+
+
+@_jit
+def _exp64_with(argument, constants):
+    low, high, shift, log2e, ln2_high, ln2_low = constants[:6]
+    x = min(max(argument, low), high)
+    shifted = fma(x, log2e, shift)  # x / ln2 + shift
+    n = shifted - shift
+    r = fma(-n, ln2_high, x)  # ln2 in two parts: exact n * ln2_high
+    r = fma(-n, ln2_low, r)
+    p = fma(constants[6], r, constants[7])
+    p = fma(p, r, constants[8])
+    p = fma(p, r, constants[9])
+    p = fma(p, r, constants[10])
+    p = fma(p, r, constants[11])
+    p = fma(p, r, constants[12])
+    p = fma(p, r, constants[13])
+    p = fma(p, r, constants[14])
+    p = fma(p, r, constants[15])
+    p = fma(p, r, constants[16])
+    p = fma(p, r, constants[17])
+    p = fma(p, r, constants[18])
+    exponent = _as_int_bits(shifted) - _F64_SHIFT_BITS
+    power = _as_float_bits((exponent + np.int64(1023)) << np.int64(52))
+    return _exact_where_nonfinite(argument, p * power)
+
+
+@_jit
+def _exp32_with(argument, constants):
+    low, high, shift, log2e, ln2_high, ln2_low = constants[:6]
+    x = min(max(argument, low), high)
+    shifted = fma(x, log2e, shift)
+    n = shifted - shift
+    r = fma(-n, ln2_high, x)
+    r = fma(-n, ln2_low, r)
+    p = fma(constants[6], r, constants[7])
+    p = fma(p, r, constants[8])
+    p = fma(p, r, constants[9])
+    p = fma(p, r, constants[10])
+    p = fma(p, r, constants[11])
+    p = fma(p * r, r, r) + constants[12]
+    exponent = _as_int_bits(shifted) - _F32_SHIFT_BITS
+    # numba widens int32 arithmetic to int64: narrow back so the bits are a float32's.
+    power = _as_float_bits(np.int32((exponent + 127) << 23))
+    return _exact_where_nonfinite(argument, p * power)
+
+
+@_jit
+def _exp64(argument):
+    return _exp64_with(argument, _E64_CONSTANTS)
+
+
+def exp_poly(x):
+    """exp in the dtype of x (float32 or float64), vectorizable; see _exp64_with and
+    _exp32_with. In a loop, exp_with(x, exp_constants(x)) with the constants made before it."""
+
+
+def exp_constants(like):
+    """exp_with's constants for the dtype of ``like`` (a float or an array of floats), opaque
+    (_opaque): make them once before a loop of exps, not in it (LLVM does not move an asm out
+    of a loop before it vectorizes the loop, and a loop with one stays scalar)."""
+
+
+def exp_with(x, constants):
+    """exp_poly(x) with its constants given (exp_constants): the same bits."""
+
+
+@overload(exp_poly, inline="always")
+def _exp_poly_overload(x):
+    if x == types.float32:
+        return lambda x: _exp32_with(x, _E32_CONSTANTS)
+    if x == types.float64:
+        return lambda x: _exp64_with(x, _E64_CONSTANTS)
+    return None
+
+
+@overload(exp_constants, inline="always")
+def _exp_constants_overload(like):
+    dtype = like.dtype if isinstance(like, types.Array) else like
+    constants = {types.float32: _E32_CONSTANTS, types.float64: _E64_CONSTANTS}.get(dtype)
+    if constants is None:
+        return None
+    if _AVX512:  # AVX-512's 32 registers hold them: the table's numbers as constants
+        return lambda like: constants
+    # a tuple of the table's numbers, each through _opaque (written out: numba builds a tuple
+    # of a fixed length, not one from a loop)
+    items = ", ".join(f"_opaque(constants[{k}])" for k in range(len(constants)))
+    namespace = {"_opaque": _opaque, "constants": constants}
+    exec(f"def make(like):\n    return ({items},)", namespace)
+    return namespace["make"]
+
+
+@overload(exp_with, inline="always")
+def _exp_with_overload(x, constants):
+    if x == types.float32:
+        return lambda x, constants: _exp32_with(x, constants)
+    if x == types.float64:
+        return lambda x, constants: _exp64_with(x, constants)
+    return None
+
+
+# log by range reduction and a series, with the constants of the kernel table (_spec.LOG64 and
+# _spec.LOG32, which the Cython build reads too; the method is described there): plain arithmetic
+# and selects that LLVM vectorizes, as exp. Within 1 ulp of math.log in both dtypes
+# (tests/test_policy_token.py), subnormal arguments included (scaled by 2^54 or 2^25 first);
+# +0 and -0 give -inf, a negative argument NaN, inf inf and NaN NaN, as numpy's log. Its rounding
+# depends on the order of the operations: it runs in functions compiled without fastmath.
+_L64_OFFSET, _L64_SQRT_HALF = np.int64(LOG64.offset), np.int64(LOG64.sqrt_half_bits)
+_L64_MANTISSA = np.int64((1 << LOG64.mantissa_bits) - 1)
+_L64_SHIFT, _L64_BIAS = np.int64(LOG64.mantissa_bits), np.int64(LOG64.bias)
+_L64_TINY, _L64_SCALE = LOG64.smallest_normal, float(2**LOG64.subnormal_scale_bits)
+_L64_SCALE_BITS = np.int64(LOG64.subnormal_scale_bits)
+_Q64 = LOG64.polynomial
+_L32_OFFSET, _L32_SQRT_HALF = np.int64(LOG32.offset), np.int64(LOG32.sqrt_half_bits)
+_L32_MANTISSA = np.int64((1 << LOG32.mantissa_bits) - 1)
+_L32_SHIFT, _L32_BIAS = np.int64(LOG32.mantissa_bits), np.int64(LOG32.bias)
+_L32_TINY, _L32_SCALE = _F32(LOG32.smallest_normal), _F32(2**LOG32.subnormal_scale_bits)
+_L32_SCALE_BITS = np.int64(LOG32.subnormal_scale_bits)
+_Q32 = tuple(_F32(c) for c in LOG32.polynomial)
+
+
+@_jit
+def _log64(x):
+    tiny = x < _L64_TINY
+    scaled = _select(tiny, x * _L64_SCALE, x)
+    bits = _as_int_bits(scaled) + _L64_OFFSET
+    k = (bits >> _L64_SHIFT) - _L64_BIAS - (_L64_SCALE_BITS if tiny else np.int64(0))
+    m = _as_float_bits((bits & _L64_MANTISSA) + _L64_SQRT_HALF)
+    f = m - 1.0
+    half_square = 0.5 * f * f
+    s = f / (2.0 + f)
+    z = s * s
+    r = fma(_Q64[0], z, _Q64[1])
+    r = fma(r, z, _Q64[2])
+    r = fma(r, z, _Q64[3])
+    r = fma(r, z, _Q64[4])
+    r = fma(r, z, _Q64[5])
+    r = fma(r, z, _Q64[6])
+    r = fma(r, z, _Q64[7])
+    r = fma(r, z, _Q64[8])
+    r = fma(r, z, _Q64[9]) * z
+    n = np.float64(k)
+    y = n * _E64_LN2_HIGH - ((half_square - (s * (half_square + r) + n * _E64_LN2_LOW)) - f)
+    y = _select(x == np.inf, x, y)
+    y = _select(x == 0.0, -np.inf, y)
+    return _select(x < 0.0, np.nan, _select(x == x, y, x))
+
+
+@_jit
+def _log32(x):
+    tiny = x < _L32_TINY
+    scaled = _select(tiny, x * _L32_SCALE, x)
+    bits = np.int64(_as_int_bits(scaled)) + _L32_OFFSET
+    k = (bits >> _L32_SHIFT) - _L32_BIAS - (_L32_SCALE_BITS if tiny else np.int64(0))
+    # numba widens int32 arithmetic to int64: narrow back so the bits are a float32's.
+    m = _as_float_bits(np.int32((bits & _L32_MANTISSA) + _L32_SQRT_HALF))
+    one = _F32(1.0)
+    f = m - one
+    half_square = _F32(0.5) * f * f
+    s = f / (_F32(2.0) + f)
+    z = s * s
+    r = fma(_Q32[0], z, _Q32[1])
+    r = fma(r, z, _Q32[2])
+    r = fma(r, z, _Q32[3]) * z
+    n = _F32(k)
+    y = n * _E32_LN2_HIGH - ((half_square - (s * (half_square + r) + n * _E32_LN2_LOW)) - f)
+    y = _select(x == _F32(np.inf), x, y)
+    y = _select(x == _F32(0.0), _F32(-np.inf), y)
+    return _select(x < _F32(0.0), _F32(np.nan), _select(x == x, y, x))
+
+
+def log_poly(x):
+    """log in the dtype of x (float32 or float64), vectorizable; see _log64 and _log32."""
+
+
+@overload(log_poly, inline="always")
+def _log_poly_overload(x):
+    if x == types.float32:
+        return lambda x: _log32(x)
+    if x == types.float64:
+        return lambda x: _log64(x)
+    return None
