@@ -123,36 +123,47 @@ def _compiles_for_avx512() -> bool:
 # README's runs; without it (AVX2: 16 vector registers, masks held as vectors) three things
 # differ, each so that the code LLVM makes there is nearer the C twin's: this threshold
 # (below), exp's constants (exp_constants) and a mask's bytes (_numba_lanes._valid_bytes). On the
-# AMD EPYC of 0.8.31's runs the loss kernels' loops with a mask and without weights, each over
-# 8 tokens, were not unswitched at 400 (AVX2's instructions count twice for a lane op in float64):
-# a test of the mask in every block made its lanes a phi that LLVM held as 8 16-bit lanes and
-# widened again for each use.
+# AMD EPYC of 0.8.31's runs the per-token policy losses' loops with a mask and without weights,
+# each over 8 tokens, were not unswitched at 400 (AVX2's instructions count twice for a lane op
+# in float64): a test of the mask in every block made its lanes a phi that LLVM held as 8 16-bit
+# lanes and widened again for each use. At 1600 for every kernel, first calls compiled 1.5-2.7x
+# longer (the optimal token baseline 5.1 -> 13.9 s, no faster); so 1600 only for those losses
+# (the functions of _LOSS_MODULE), whose first calls compile about 1.5x longer there.
 _AVX512 = _compiles_for_avx512()
-_UNSWITCH_THRESHOLD = 400 if _AVX512 else 1600
+_UNSWITCH_THRESHOLD = 400
+_LOSS_UNSWITCH_THRESHOLD = 400 if _AVX512 else 1600
+_LOSS_MODULE = __package__ + "._numba_losses"
 
 
 class _Unswitching(event.Listener):
-    """Raises LLVM's unswitch threshold around the compilation of this package's jitted
-    functions (numba's "numba:compile" events, which numba sends under its compiler lock, one
-    compilation at a time, nested for what a compilation compiles)."""
+    """Sets LLVM's unswitch threshold around the compilation of this package's jitted functions
+    (numba's "numba:compile" events, which numba sends under its compiler lock, one compilation
+    at a time, nested for what a compilation compiles): each of ours compiles at its module's
+    threshold, whatever compiles it, and what it compiles of others' at the same; after the
+    outermost, LLVM's default again."""
 
     def __init__(self):
-        self.depth = 0  # compilations open since one of this package's began
+        self.thresholds = []  # of the compilations open since one of this package's began
 
     def on_start(self, compilation):
-        if self.depth == 0:
-            function = getattr(compilation.data["dispatcher"], "py_func", None)
-            if not str(getattr(function, "__module__", "")).startswith(__package__ + "."):
-                return
-            llvm.set_option(__package__, f"-unswitch-threshold={_UNSWITCH_THRESHOLD}")
-        self.depth += 1
+        function = getattr(compilation.data["dispatcher"], "py_func", None)
+        module = str(getattr(function, "__module__", ""))
+        if module.startswith(__package__ + "."):
+            loss = module == _LOSS_MODULE
+            threshold = _LOSS_UNSWITCH_THRESHOLD if loss else _UNSWITCH_THRESHOLD
+        elif self.thresholds:
+            threshold = self.thresholds[-1]
+        else:
+            return
+        self.thresholds.append(threshold)
+        llvm.set_option(__package__, f"-unswitch-threshold={threshold}")
 
     def on_end(self, compilation):
-        if self.depth == 0:
+        if not self.thresholds:
             return
-        self.depth -= 1
-        if self.depth == 0:
-            llvm.set_option(__package__, f"-unswitch-threshold={_LLVM_UNSWITCH_THRESHOLD}")
+        self.thresholds.pop()
+        threshold = self.thresholds[-1] if self.thresholds else _LLVM_UNSWITCH_THRESHOLD
+        llvm.set_option(__package__, f"-unswitch-threshold={threshold}")
 
 
 event.register("numba:compile", _Unswitching())

@@ -212,9 +212,9 @@ def test_numbas_partial_blocks_read_and_write_only_their_first_items(dtype):
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
 def test_numba_raises_llvms_unswitch_threshold_only_while_it_compiles_this_package(monkeypatch):
     """``_numba_core._Unswitching``: a function of ppo_fast compiled (here a new signature of
-    its mask count) raises LLVM's unswitch threshold at the start (by the instruction set numba
-    compiles for) and puts LLVM's default back at the end, once, whatever it compiles inside; a
-    function of someone else's is compiled with the option left alone."""
+    its mask count) raises LLVM's unswitch threshold at the start (a policy loss's function by
+    the instruction set numba compiles for) and puts LLVM's default back at the end; a function
+    of someone else's is compiled with the option left alone."""
     import numba
 
     from ppo_fast import _numba_core
@@ -232,8 +232,13 @@ def test_numba_raises_llvms_unswitch_threshold_only_while_it_compiles_this_packa
     signatures = len(_numba_core._count_nonzero.signatures)
     assert _numba_core._count_nonzero(mask, np.int32(3), np.int32(90)) == 90
     assert len(_numba_core._count_nonzero.signatures) == signatures + 1  # it compiled
-    raised = _numba_core._UNSWITCH_THRESHOLD  # 400 where numba compiles for AVX-512, else 1600
-    assert raised == (400 if _numba_core._AVX512 else 1600)
+    assert options == ["-unswitch-threshold=400", "-unswitch-threshold=50"]
+    # the per-token policy losses' functions: 1600 where numba compiles without AVX-512
+    from ppo_fast import _numba_losses
+
+    options.clear()
+    assert _numba_losses._select_bool(np.bool_(True), np.int16(1), np.int16(2)) == 1
+    raised = 400 if _numba_core._AVX512 else 1600
     assert options == [f"-unswitch-threshold={raised}", "-unswitch-threshold=50"]
 
 
@@ -414,7 +419,7 @@ from ppo_fast import _numba_core
 from ppo_fast.loss import clipped_surrogate, value_loss
 from ppo_fast.policy import cispo_loss, dppo_loss, kl_cov_loss, sapo_loss
 
-assert not _numba_core._AVX512 and _numba_core._UNSWITCH_THRESHOLD == 1600
+assert not _numba_core._AVX512 and _numba_core._LOSS_UNSWITCH_THRESHOLD == 1600
 rng = np.random.default_rng(7)
 for dtype in (np.float32, np.float64):  # float64: every loss's lanes and exp in float64 too
     B, T = 5, 300
@@ -448,9 +453,10 @@ print("ok")
 def test_numba_kernels_built_for_avx2_equal_the_cython_twins():
     """Where numba compiles for a CPU without AVX-512 its loss kernels take other forms
     (``_numba_core._AVX512``: exp's constants made opaque, a mask's bytes compared as 32-bit
-    lanes, a larger unswitch threshold): compiled so in a fresh process (NUMBA_CPU_FEATURES
-    without AVX-512, as on an AMD EPYC), on any x86-64 CPU with AVX2 and FMA, every masked loss
-    with NaN and inf inputs gives the Cython build's bits, float32 and float64."""
+    lanes, a larger unswitch threshold for the policy losses): compiled so in a fresh process
+    (NUMBA_CPU_FEATURES without AVX-512, as on an AMD EPYC), on any x86-64 CPU with AVX2 and FMA,
+    every masked loss with NaN and inf inputs gives the Cython build's bits, float32 and
+    float64."""
     from llvmlite import binding as llvm
 
     host = llvm.get_host_cpu_features()
