@@ -121,14 +121,14 @@ def _compiles_for_avx512() -> bool:
 
 # Where numba compiles for AVX-512 its kernels are as they were measured on the Intel Xeon of the
 # README's runs; without it (AVX2: 16 vector registers, masks held as vectors) three things
-# differ, each so that the code LLVM makes there is nearer the C twin's: this threshold
-# (below), exp's constants (exp_constants) and a mask's bytes (_numba_lanes._valid_bytes). On the
-# AMD EPYC of 0.8.31's runs the per-token policy losses' loops with a mask and without weights,
+# differ, each so that the code LLVM makes there is nearer the C twin's: this threshold (below),
+# exp's constants (_numba_math.exp_constants) and a mask's bytes (_numba_lanes._valid_bytes). On
+# the AMD EPYC of 0.8.31's runs the per-token policy losses' loops with a mask and no weights,
 # each over 8 tokens, were not unswitched at 400 (AVX2's instructions count twice for a lane op
 # in float64): a test of the mask in every block made its lanes a phi that LLVM held as 8 16-bit
 # lanes and widened again for each use. At 1600 for every kernel, first calls compiled 1.5-2.7x
 # longer (the optimal token baseline 5.1 -> 13.9 s, no faster); so 1600 only for those losses
-# (the functions of _LOSS_MODULE), whose first calls compile about 1.5x longer there.
+# (the functions of _LOSS_MODULE), whose first calls compile 1.25-1.7x longer there.
 _AVX512 = _compiles_for_avx512()
 _UNSWITCH_THRESHOLD = 400
 _LOSS_UNSWITCH_THRESHOLD = 400 if _AVX512 else 1600

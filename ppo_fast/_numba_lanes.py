@@ -586,8 +586,8 @@ def _valid_bytes(typingctx, mask, i):
     (LLVM would fold the widening away and compare the bytes): the comparison is then one of 8
     32-bit lanes, the form a float32 select and a count (movmskps) take, as the C twin's AVX2
     mask; compared as bytes, LLVM held the lanes as 8 16-bit ones and widened them again for
-    each use, six instructions a block more than the twin in the value loss (numba 1.18x the
-    twin's time there, 0.95-0.99x so; float32 32x2048 in cache, one thread, AMD EPYC)."""
+    each use, six instructions a block more than the twin in the value loss (numba 1.17-1.20x the
+    twin's time there, 0.93-0.99x so; float32 32x2048 in cache, one thread, AMD EPYC)."""
     if not (isinstance(mask, types.Array) and mask.dtype == types.uint8):
         return None
 
