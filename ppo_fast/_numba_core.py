@@ -126,12 +126,13 @@ def _compiles_for_avx512() -> bool:
 # the AMD EPYC of 0.8.31's runs the per-token policy losses' loops with a mask and no weights,
 # each over 8 tokens, were not unswitched at 400 (AVX2's instructions count twice for a lane op
 # in float64): a test of the mask in every block made its lanes a phi that LLVM held as 8 16-bit
-# lanes and widened again for each use. At 1600 for every kernel, first calls compiled 1.5-2.7x
-# longer (the optimal token baseline 5.1 -> 13.9 s, no faster); so 1600 only for those losses
-# (the functions of _LOSS_MODULE), whose first calls compile 1.25-1.7x longer there.
+# lanes and widened again for each use. 800 unswitches them (0.8.31 took 1600: as fast, measured
+# at 400, 800, 1200 and 1600, and first calls 10-25% longer than at 800). At 1600 for every
+# kernel, first calls compiled 1.5-2.7x longer (the optimal token baseline 5.1 -> 13.9 s, no
+# faster); so the raised threshold only for those losses (the functions of _LOSS_MODULE).
 _AVX512 = _compiles_for_avx512()
 _UNSWITCH_THRESHOLD = 400
-_LOSS_UNSWITCH_THRESHOLD = 400 if _AVX512 else 1600
+_LOSS_UNSWITCH_THRESHOLD = 400 if _AVX512 else 800
 _LOSS_MODULE = __package__ + "._numba_losses"
 
 

@@ -70,7 +70,7 @@ from ._numba_losses import (
     reinforce,
     sapo,
 )
-from ._numba_math import _exp64
+from ._numba_math import _exp64, _exp64_with, exp_constants
 from ._numba_sequence_losses import geo_mean, gspo
 from ._numba_value_loss import value_loss
 from ._rows import EMPTY_MASK as _EMPTY_MASK
@@ -80,10 +80,11 @@ K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
 
 
 @_jit
-def _k3_within(log_ratio, clamp):
+def _k3_within(log_ratio, clamp, constants):
     """kl_value's k3 where -log_ratio <= 708 (or NaN): exp(-log_ratio) with no correction for
-    the range past 708, whose subtraction of 0 and product with 1 change no bit there."""
-    value = _exp64(-log_ratio) - 1.0 + log_ratio
+    the range past 708, whose subtraction of 0 and product with 1 change no bit there.
+    ``constants``: exp's, exp_constants(0.0) made before the loop (the same bits)."""
+    value = _exp64_with(-log_ratio, constants) - 1.0 + log_ratio
     return min(max(value, -clamp), clamp)
 
 
@@ -105,11 +106,11 @@ def _k3_reach(log_ratio):
 
 
 @_jit
-def _kl_within(log_ratio, estimator, clamp):
+def _kl_within(log_ratio, estimator, clamp, constants):
     """kl_value, k3 as _k3_within: the bits of kl_value wherever _k3_reach is at most
     _BITS_708."""
     if estimator == K3:
-        return _k3_within(log_ratio, clamp)
+        return _k3_within(log_ratio, clamp, constants)
     return kl_value(log_ratio, estimator, clamp)
 
 
@@ -148,9 +149,10 @@ def _kl_penalty_rows(code):
                 # (1024, 4096): 2.2 -> 1.6 ms); the C twin skips it by a branch per block of 8
                 # (this flag there measured no faster).
                 reach = _NO_BITS
+                constants = exp_constants(0.0)
                 for i in range(start, end):
                     log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
-                    kl[i] = _k3_within(log_ratio, clamp)
+                    kl[i] = _k3_within(log_ratio, clamp, constants)
                     reach = max(reach, _k3_reach(log_ratio))
                 if reach <= _BITS_708:
                     continue
@@ -204,6 +206,7 @@ def _shape_rewards_rows(code):
             # as the twin (ppo_prefetch_ahead): without them, float32 (1024, 4096) rows from
             # memory took 1.13x the twin's time (5.16 against 4.58 ms, one thread).
             reach = _NO_BITS
+            constants = exp_constants(0.0)
             for block in range(start, end, _PREFETCH_BLOCK):
                 ahead = _ahead_by(block, start, span, end - start, _PREFETCH_DISTANCE)
                 for k in range(np.uint64(0), _PREFETCH_BLOCK, _positions_per_line(logprobs)):
@@ -214,14 +217,14 @@ def _shape_rewards_rows(code):
                     _prefetch(mask, ahead)
                     for i in range(block, block_end):
                         log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
-                        reward = -kl_coef * _kl_within(log_ratio, code, clamp)
+                        reward = -kl_coef * _kl_within(log_ratio, code, clamp, constants)
                         reward += _select(i == last, score, 0.0)
                         rewards[i] = _select(mask[i] != 0, reward, 0.0)
                         reach = max(reach, _k3_reach(log_ratio))
                 else:
                     for i in range(block, block_end):
                         log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
-                        reward = -kl_coef * _kl_within(log_ratio, code, clamp)
+                        reward = -kl_coef * _kl_within(log_ratio, code, clamp, constants)
                         rewards[i] = reward + _select(i == last, score, 0.0)
                         reach = max(reach, _k3_reach(log_ratio))
             if code == K3 and reach > _BITS_708:
@@ -394,8 +397,9 @@ def _baseline_sums(
     """Twin: src/rows_returns.h ppo_baseline_sums (whose comment says how)."""
     _valid_returns(rewards, mask, prefix, start, valid_end, count, gamma, bootstrap, row_returns)
     reach = reached if prefix else valid_end  # the exps read below
+    constants = exp_constants(0.0)
     for k in range(reach):
-        exps[k] = _exp64(np.float64(old_logprobs[start + k]))
+        exps[k] = _exp64_with(np.float64(old_logprobs[start + k]), constants)
     if prefix:
         for k in range(reached):
             weight = 1.0 - 2.0 * exps[k]
