@@ -6,6 +6,8 @@ moments of several blocks are merged and the groups meet across blocks.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -23,12 +25,36 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 RTOL = 1e-12
 
 
+# Ray's default shuffle (SHUFFLE_V2: hash partitions by aggregator actors that each groupby starts)
+# took 5-7 s a groupby of a few rows on a 2-core machine, most of this module's time; the
+# pull-based sort shuffle (tasks) 0.1 s. The groups meet whichever shuffle Ray takes, so the module
+# runs the sort shuffle and test_group_local_estimators_by_groupby_equal_one_table also runs under
+# Ray's default (``rays_default_shuffle``).
+FAST_SHUFFLE = "sort_shuffle_pull_based"
+
+
 @pytest.fixture(scope="module", autouse=True)
 def local_cluster():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    default = context.shuffle_strategy
+    context.shuffle_strategy = type(default)(FAST_SHUFFLE)
+    yield default
+    context.shuffle_strategy = default
     ray.shutdown()
+
+
+@contextlib.contextmanager
+def shuffled_by(strategy):
+    """Ray Data's shuffle strategy set to ``strategy`` inside the block."""
+    context = ray.data.DataContext.get_current()
+    before = context.shuffle_strategy
+    context.shuffle_strategy = strategy
+    try:
+        yield
+    finally:
+        context.shuffle_strategy = before
 
 
 def rollouts(n_rows: int = 240, seed: int = 3) -> pa.Table:
@@ -76,15 +102,22 @@ def test_gae_whitened_over_blocks_equals_one_table():
     )
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "opo"])
-def test_group_local_estimators_by_groupby_equal_one_table(estimator):
+@pytest.mark.parametrize(
+    ("estimator", "rays_default_shuffle"), [("grpo", False), ("opo", False), ("grpo", True)]
+)
+def test_group_local_estimators_by_groupby_equal_one_table(
+    estimator, rays_default_shuffle, local_cluster
+):
     table = rollouts(n_rows=120, seed=5)
     columns = data.resolve_columns(mask="mask")  # opo weighs by the valid tokens
     expected = data.advantages(table, estimator=estimator, columns=columns)
-    dataset = ray.data.from_arrow(table).repartition(2)  # groups spread over both blocks
-    got = collected(
-        ppo_ray.advantages(dataset, estimator=estimator, columns=columns, num_partitions=2)
-    )
+    strategy = local_cluster if rays_default_shuffle else type(local_cluster)(FAST_SHUFFLE)
+    with shuffled_by(strategy):  # a dataset takes the context of when it is made
+        dataset = ray.data.from_arrow(table).repartition(2)  # groups spread over both blocks
+        assert dataset.context.shuffle_strategy == strategy
+        got = collected(
+            ppo_ray.advantages(dataset, estimator=estimator, columns=columns, num_partitions=2)
+        )
     assert got.num_rows == table.num_rows
     np.testing.assert_allclose(
         flat(got, "advantages"), flat(expected, "advantages"), rtol=RTOL, atol=RTOL
