@@ -148,7 +148,7 @@ def _parallel_build(serial, kernel: Kernel, row_chunks=None):
     if kernel.chunks is not None:
         lines.append("    return n_chunks")
     namespace = {
-        "__name__": __name__,  # the function's module: _numba_core._Unswitching tells by it
+        "__name__": __name__,  # the function's module: _numba_core._LLVMOptions tells by it
         "np": np,
         "numba": numba,
         "prange": numba.prange,

@@ -66,7 +66,8 @@ table). Conventions that keep them fast and exact:
 - A kernel tests its cases (a mask or not, weights or not) in its loops, and LLVM copies each
   loop once per outcome with the test outside it (loop unswitching), as the C twins' compiler
   does with their cases: the package raises LLVM's size threshold for that while numba compiles
-  its functions (``_Unswitching``), and puts LLVM's default back after.
+  its functions (``_LLVMOptions``), and puts LLVM's default back after; without AVX-512 it also
+  has DPPO-KL's binary KL loop interleaved twice, as its C twin runs it.
 - The on-disk cache is off by default: numba issues #4807 and #7518 (cache races between
   processes; the README says what they do). ``PPO_FAST_NUMBA_CACHE=1`` turns it on, with a
   warning naming them.
@@ -136,38 +137,59 @@ _LOSS_UNSWITCH_THRESHOLD = 400 if _AVX512 else 800
 _LOSS_MODULE = __package__ + "._numba_losses"
 
 
-class _Unswitching(event.Listener):
-    """Sets LLVM's unswitch threshold around the compilation of this package's jitted functions
-    (numba's "numba:compile" events, which numba sends under its compiler lock, one compilation
-    at a time, nested for what a compilation compiles): each of ours compiles at its module's
-    threshold, whatever compiles it, and what it compiles of others' at the same; after the
-    outermost, LLVM's default again."""
+# LLVM's loop vectorizer runs a loop of _binary_kls (DPPO-KL's binary KL: two float64 divisions
+# and a 10-term log polynomial per token, one dependent chain) as one 4-lane float64 vector a trip
+# without AVX-512; its C twin takes two independent 4-lane vectors a trip (ppo_f64x8: two
+# __m256d), so that one's divisions and polynomial run while the other's wait. LLVM's
+# -force-vector-interleave=2 is that for the functions named here, only where numba compiles
+# without AVX-512 (with it, one 8-lane vector already is).
+_INTERLEAVED = frozenset() if _AVX512 else frozenset({_LOSS_MODULE + "._binary_kls"})
+_LLVM_DEFAULTS = {"unswitch-threshold": _LLVM_UNSWITCH_THRESHOLD, "force-vector-interleave": 0}
+
+
+class _LLVMOptions(event.Listener):
+    """Sets LLVM's unswitch threshold (and the interleave count of _INTERLEAVED's functions)
+    around the compilation of this package's jitted functions (numba's "numba:compile" events,
+    which numba sends under its compiler lock, one compilation at a time, nested for what a
+    compilation compiles): each of ours compiles with its own, whatever compiles it, and what it
+    compiles of others' with the same; after the outermost, LLVM's defaults again. An option is
+    set only where it changes."""
 
     def __init__(self):
-        self.thresholds = []  # of the compilations open since one of this package's began
+        self.opened = []  # the options of the compilations open since one of this package's began
+        self.current = dict(_LLVM_DEFAULTS)
 
     def on_start(self, compilation):
         function = getattr(compilation.data["dispatcher"], "py_func", None)
         module = str(getattr(function, "__module__", ""))
         if module.startswith(__package__ + "."):
             loss = module == _LOSS_MODULE
-            threshold = _LOSS_UNSWITCH_THRESHOLD if loss else _UNSWITCH_THRESHOLD
-        elif self.thresholds:
-            threshold = self.thresholds[-1]
+            name = module + "." + str(getattr(function, "__qualname__", ""))
+            options = {
+                "unswitch-threshold": _LOSS_UNSWITCH_THRESHOLD if loss else _UNSWITCH_THRESHOLD,
+                "force-vector-interleave": 2 if name in _INTERLEAVED else 0,
+            }
+        elif self.opened:
+            options = self.opened[-1]
         else:
             return
-        self.thresholds.append(threshold)
-        llvm.set_option(__package__, f"-unswitch-threshold={threshold}")
+        self.opened.append(options)
+        self._set(options)
 
     def on_end(self, compilation):
-        if not self.thresholds:
+        if not self.opened:
             return
-        self.thresholds.pop()
-        threshold = self.thresholds[-1] if self.thresholds else _LLVM_UNSWITCH_THRESHOLD
-        llvm.set_option(__package__, f"-unswitch-threshold={threshold}")
+        self.opened.pop()
+        self._set(self.opened[-1] if self.opened else _LLVM_DEFAULTS)
+
+    def _set(self, options):
+        for option, value in options.items():
+            if self.current[option] != value:
+                llvm.set_option(__package__, f"-{option}={value}")
+                self.current[option] = value
 
 
-event.register("numba:compile", _Unswitching())
+event.register("numba:compile", _LLVMOptions())
 
 
 _U1 = np.uint64(1)

@@ -174,7 +174,7 @@ def _policy_rows_build(kind):
     helpers, with its four cases of mask and weights as literal arguments, took numba 20 s to
     compile (its type inference runs on every inlined copy); built so, 2-3 s. Mask and weights
     (and REINFORCE's penalty) are tested in the block, a branch that every step of the loop
-    takes the same way, and LLVM copies the loop for each case (``_numba_core._Unswitching``):
+    takes the same way, and LLVM copies the loop for each case (``_numba_core._LLVMOptions``):
     with the test in every block, REINFORCE took 1.27x its twin's time."""
 
     @_without_refcounts

@@ -210,11 +210,12 @@ def test_numbas_partial_blocks_read_and_write_only_their_first_items(dtype):
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
-def test_numba_raises_llvms_unswitch_threshold_only_while_it_compiles_this_package(monkeypatch):
-    """``_numba_core._Unswitching``: a function of ppo_fast compiled (here a new signature of
+def test_numba_sets_llvms_options_only_while_it_compiles_this_package(monkeypatch):
+    """``_numba_core._LLVMOptions``: a function of ppo_fast compiled (here a new signature of
     its mask count) raises LLVM's unswitch threshold at the start (a policy loss's function by
-    the instruction set numba compiles for) and puts LLVM's default back at the end; a function
-    of someone else's is compiled with the option left alone."""
+    the instruction set numba compiles for; DPPO-KL's binary KL also interleaved without
+    AVX-512) and puts LLVM's defaults back at the end; a function of someone else's is compiled
+    with the options left alone."""
     import numba
 
     from ppo_fast import _numba_core
@@ -240,6 +241,23 @@ def test_numba_raises_llvms_unswitch_threshold_only_while_it_compiles_this_packa
     assert _numba_losses._select_bool(np.bool_(True), np.int16(1), np.int16(2)) == 1
     raised = 400 if _numba_core._AVX512 else 800
     assert options == [f"-unswitch-threshold={raised}", "-unswitch-threshold=50"]
+    # DPPO-KL's binary KL: its vector loop interleaved twice where numba compiles without AVX-512
+    # (a signature of int16 inputs, which no call of the package compiles)
+    options.clear()
+    logprobs = np.array([-1, -2, -3], np.int16)
+    probs = np.exp(logprobs.astype(np.float64))
+    within = np.empty(3)
+    _numba_losses._binary_kls(logprobs, logprobs, logprobs, 0, probs, probs, within, 3, 0.1, 0.1)
+    np.testing.assert_array_equal(within, 1.0)  # a distribution is within any bound of itself
+    if _numba_core._AVX512:
+        assert options == ["-unswitch-threshold=400", "-unswitch-threshold=50"]
+    else:
+        assert options == [
+            "-unswitch-threshold=800",
+            "-force-vector-interleave=2",
+            "-unswitch-threshold=50",
+            "-force-vector-interleave=0",
+        ]
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
@@ -440,6 +458,7 @@ for dtype in (np.float32, np.float64):  # float64: every loss's lanes and exp in
         lambda b: cispo_loss(logp, old, adv, mask=mask, backend=b),
         lambda b: sapo_loss(logp, old, adv, mask=mask, backend=b),
         lambda b: dppo_loss(logp, old, adv, mask=mask, backend=b),
+        lambda b: dppo_loss(logp, old, adv, mask=mask, divergence="kl", backend=b),  # interleaved
         lambda b: kl_cov_loss(logp, old, adv, selected, mask=mask, backend=b),
         lambda b: gspo_loss(logp, old, adv, mask=mask, weights=weights, backend=b),  # log
         lambda b: (ppo_fast.kl_penalty(logp, old, "k3", backend=b),),
