@@ -97,12 +97,18 @@ def common_arguments(
     n_threads, by name, over (B, T) = ``shape`` with no mask: (B, T) inputs drawn as in
     ``arguments``, a loss's ``agg`` token-mean's code (0) and ``normaliser`` 0.0 (its own
     count), one value of each row input (a float), the table's first example of each scalar,
-    fresh (B, T) outputs; optional inputs present when ``optional``, else empty."""
+    fresh (B, T) outputs; optional inputs (weights) flat, present when ``optional``, else
+    empty; flags (KL-Cov's selection) a bool array. Each of the types the public calls hand
+    the entry (``policy._run_common``), so that ``ppo_fast.warmup`` compiles their overloads."""
     token_dtype = np.dtype(dtype)
     named: dict[str, Any] = {}
     for array in kernel.inputs:
         size = shape if optional or not array.optional else (0,)
         named[array.name] = token_values(array, size, token_dtype, rng)
+        if array.dtype == FLAGS:  # the public calls hand the entry a bool array (KL-Cov's)
+            named[array.name] = named[array.name].view(np.bool_)
+        elif array.optional:  # and no weights as an empty (0,) array: weights are flat too
+            named[array.name] = named[array.name].reshape(-1)
     named["mask"] = None
     if kernel.aggregates:
         named["agg"], named["normaliser"] = 0, 0.0  # token-mean over the batch's count

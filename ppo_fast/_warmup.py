@@ -51,19 +51,24 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
             if kernel.common:  # numba's entries also compile the totals of the row outputs
                 for shape in sizes:
                     n_threads = _threads.threads_for(shape[0], shape[0] * shape[1])
-                    named = _examples.common_arguments(kernel, shape, dtype, rng)
-                    entry = _backend.common(kernel.name, name, n_threads)
-                    # without a mask and with a bool one: each compiles an overload
-                    for mask in (None, rng.random(shape) < 0.9):
-                        named["mask"] = mask
-                        arguments = [named[argument] for argument in kernel.common_arguments[:-1]]
+                    for packed, arguments in common_calls(kernel, shape, dtype, rng):
+                        entry = _backend.common(kernel.name, name, n_threads, None, False, packed)
                         entry(*arguments, n_threads)
-                    # the same rows packed: the rows' starts and spans in the mask's place
-                    entry = _backend.common(kernel.name, name, n_threads, None, False, True)
-                    named = {k: _packed(v, shape) for k, v in named.items()}
-                    named["mask"] = (np.arange(shape[0]) * shape[1], np.full(shape[0], shape[1]))
-                    entry(*(named[a] for a in kernel.common_arguments[:-1]), n_threads)
     _warm_mask_conversion(dtypes, sizes)
+
+
+def common_calls(kernel, shape: tuple[int, int], dtype: str, rng: np.random.Generator):
+    """(packed?, the arguments but n_threads) of each call of ``kernel``'s common-case entry that
+    warmup makes over (B, T) = ``shape``: without a mask and with a bool one (each compiles an
+    overload), and the same rows packed (their starts and spans in the mask's place). Their
+    types are those the public calls hand the entries (tests/test_backend.py holds them to it)."""
+    named = _examples.common_arguments(kernel, shape, dtype, rng)
+    for mask in (None, rng.random(shape) < 0.9):
+        named["mask"] = mask
+        yield False, [named[argument] for argument in kernel.common_arguments[:-1]]
+    named = {k: _packed(v, shape) for k, v in named.items()}
+    named["mask"] = (np.arange(shape[0]) * shape[1], np.full(shape[0], shape[1]))
+    yield True, [named[argument] for argument in kernel.common_arguments[:-1]]
 
 
 def _packed(value, shape: tuple[int, int]):

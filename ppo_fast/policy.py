@@ -109,7 +109,7 @@ from ._policy_scalars import (
     _reinforce_scalars,
     _sapo_scalars,
 )
-from ._spec import FLAGS, KERNELS
+from ._spec import CODE, FLAGS, KERNELS
 from .loss import (
     _NO_WEIGHTS,
     Aggregation,
@@ -215,9 +215,14 @@ def _common_scalar_names(kernel: str) -> tuple[str, ...]:
     return arguments[arguments.index("normaliser") + 1 : arguments.index(first_output)]
 
 
-# Each loss's common-entry scalars by name, in the entry's order.
+# Each loss's common-entry scalars, in the entry's order: (name, whether it is a code). The
+# entry takes a code as an int and the rest in the token dtype, as the table says and as
+# ppo_fast.warmup compiles it (until 0.8.33 DPPO's divergence code went in the token dtype: its
+# first call after warmup compiled the entry again).
 _COMMON_SCALARS = {
-    name: _common_scalar_names(name) for name, k in KERNELS.items() if k.common and k.aggregates
+    name: tuple((s, k.scalar(s).dtype == CODE) for s in _common_scalar_names(name))
+    for name, k in KERNELS.items()
+    if k.common and k.aggregates
 }
 
 
@@ -248,9 +253,10 @@ def _run_common(
         empty = np.empty if logprobs.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
         grad = empty(shape, dtype)
     codes = codes or {}
-    values = [
-        token(scalars[name]) if name in scalars else codes[name] for name in _COMMON_SCALARS[kernel]
-    ]
+    values = []
+    for name, is_code in _COMMON_SCALARS[kernel]:
+        value = scalars[name] if name in scalars else codes[name]
+        values.append(int(value) if is_code else token(value))
     if type(mask) is tuple:  # packed rows' (starts, spans)
         entry, n_threads = _backend.packed_common(kernel, backend, dtype, mask, shape[0])
     else:

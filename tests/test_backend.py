@@ -315,6 +315,63 @@ def test_warmup_compiles_ahead_of_time():
     assert lines[2] == "compiled after warmup: []"
 
 
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_warmup_gives_the_common_entries_the_types_the_public_calls_give_them(monkeypatch):
+    """numba compiles an overload for each set of argument types, so warmup's calls of the
+    common-case entries (``_warmup.common_calls``) must pass what the public calls pass, or a
+    first call after warmup compiles again (until 0.8.33: DPPO's divergence code in the token
+    dtype, KL-Cov's selection as bytes, 2.1 and 1.1 s). Every stage with a fast path in its
+    common cases (tests/test_fast_path.py's), without a mask, with a bool one and packed, both
+    dtypes: the numba types of each entry's arguments are among warmup's for that entry. The
+    entries are stubs that record them: nothing compiles or runs."""
+    import numba
+    from test_fast_path import masks, outcome, the_stages, token_arrays
+
+    from ppo_fast import _warmup
+
+    public: dict[tuple, set] = {}
+
+    def stub(name, packed):
+        kernel = KERNELS[name]
+
+        def entry(*arguments):
+            types = tuple(numba.typeof(a) for a in arguments)
+            public.setdefault((name, packed), set()).add(types)
+            if kernel.aggregates:  # one valid token, totals of 1: every stage goes on
+                return (1.0, *[1.0] * len(kernel.row_outputs))
+            return tuple([1.0] * len(kernel.row_outputs)) if kernel.row_outputs else None
+
+        return entry
+
+    def common(name, backend, n_threads=0, dtype=None, masked=False, packed=False):
+        return stub(name, packed)
+
+    monkeypatch.setattr(_backend, "common", common)
+    monkeypatch.setattr(_backend, "packed_common", lambda name, *_: (stub(name, True), 1))
+    monkeypatch.setattr(_threads, "threads_for", lambda *_: 1)
+    rng = np.random.default_rng(5)
+    for dtype in ("float32", "float64"):
+        shape = (4, 16)
+        arrays = token_arrays(rng, shape, np.dtype(dtype))
+        for mask in masks(rng, shape)[:2]:  # none and a bool one
+            for call, kwargs in the_stages(arrays):
+                outcome(call, **kwargs, mask=mask, backend="numba")
+        flat = {k: v.ravel() if v.shape == shape else v for k, v in arrays.items()}
+        cu_seqlens = np.array([0, 10, 10, 64])
+        for call, kwargs in the_stages(flat):
+            outcome(call, **kwargs, cu_seqlens=cu_seqlens, backend="numba")
+    warmed: dict[tuple, set] = {}
+    for dtype in ("float32", "float64"):
+        for kernel in KERNELS.values():
+            if kernel.common:
+                for packed, arguments in _warmup.common_calls(kernel, (2, 8), dtype, rng):
+                    types = tuple(numba.typeof(a) for a in [*arguments, 1])
+                    warmed.setdefault((kernel.name, packed), set()).add(types)
+    assert {name for name, _ in public} == {k.name for k in KERNELS.values() if k.common}
+    for key, types in public.items():
+        assert types <= warmed[key], (key, types - warmed[key], warmed[key])
+
+
 @pytest.mark.skipif("cython" not in COMPILED, reason="the Cython backend is not built here")
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_warmup_runs_the_large_batches_when_threads_are_used(monkeypatch, n_threads):

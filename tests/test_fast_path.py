@@ -541,7 +541,10 @@ def _kernel_way(kernel, backend, named, n_threads, spans=None):
         if named["normaliser"]:
             normalisers[(0, 1, 1, 2)[named["agg"]]] = named["normaliser"]
         scales, valid = _row_scales(AGGREGATIONS[named["agg"]], rows, *normalisers)
-    arguments = {name: named[name].reshape(-1) for name in (a.name for a in kernel.inputs)}
+    arguments = {a.name: named[a.name].reshape(-1) for a in kernel.inputs}
+    for a in kernel.inputs:  # flags as the table kernel takes them: bytes
+        if a.dtype == FLAGS:
+            arguments[a.name] = arguments[a.name].view(np.uint8)
     arguments.update(starts=starts, spans=spans, lengths=spans, mask=flat_mask)
     for array in kernel.row_inputs:
         dtype = first.dtype if array.dtype == TOKEN else np.float64
@@ -586,8 +589,11 @@ def test_every_common_entry_equals_its_table_kernel_and_numpys_sums(name, dtype,
                     named["agg"], named["normaliser"] = next(agg_codes)
                 for array in kernel.inputs:  # non-finite values, at valid positions or not
                     if named[array.name].size > 4:  # flags: bytes other than 0 and 1
-                        odd = [255, 2] if array.dtype == FLAGS else [np.nan, np.inf]
-                        named[array.name].flat[rng.integers(0, 4, 2)] = odd
+                        values = named[array.name]
+                        if array.dtype == FLAGS:  # a bool array's bytes (KL-Cov's selection)
+                            values.view(np.uint8).flat[rng.integers(0, 4, 2)] = [255, 2]
+                        else:
+                            values.flat[rng.integers(0, 4, 2)] = [np.nan, np.inf]
                 # one thread: numba's compiled entry (serial_common); two: the table kernel's
                 for n_threads in (1, 2):
                     expected, expected_totals = _kernel_way(kernel, backend, named, n_threads)
