@@ -17,13 +17,16 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
     """Compile every kernel of ``backend`` for ``dtypes`` now rather than at first use.
 
     Runs each kernel on a small batch and, when more than one thread is in use, on one large
-    enough to take the parallel build; every build of a specialised kernel (each KL estimator);
+    enough to take the parallel build; every build of a specialised kernel (each KL estimator),
+    and its one-thread build that a fast path calls (``_backend.table_kernel``, 0.8.33);
     the common-case entry of each kernel that has one (``_backend.common``), without a mask and
     with a bool one, on each of those batches, and its entry for packed rows (0.8.28); for a
     kernel whose long rows run in chunks (GAE), a row that long too; and the conversion of a 0/1
     mask of int64, int32 or ``dtypes`` numbers that the stages' fast paths run
     (``_loops.convert_mask``). Before 0.8.24 the entries with a mask and the conversion compiled
-    at the first call that used them.
+    at the first call that used them; before 0.8.33, DPPO's entries, KL-Cov's common entry and
+    the one-thread builds of kl_penalty and shape_rewards (each call's arguments are of the types
+    warmup's are: tests/test_backend.py checks every stage's).
     For cython and python this only loads the backend. Whatever the backend, it also compiles
     the hash table that numbers many integer group ids (``_groups``) and the loops of the group
     estimators (``_loops``), for ``dtypes``, onto a mask and onto lengths.
@@ -47,6 +50,14 @@ def warmup(backend: str | None = None, dtypes: tuple[str, ...] = ("float32", "fl
                 for scalars in _examples.codes(kernel):
                     arguments = _examples.arguments(kernel, rows, dtype, rng, scalars=scalars)
                     _backend.run(kernel.name, name, **arguments)
+                    # and its one-thread build, which a fast path calls on one thread (numba's
+                    # serial_table of each KL estimator: compiled at the first such call of
+                    # kl_penalty and shape_rewards until 0.8.33)
+                    code = scalars[kernel.specialise] if kernel.specialise else None
+                    one_thread = _backend.table_kernel(
+                        kernel.name, name, 1, np.dtype(dtype), False, code
+                    )
+                    one_thread(*kernel.bind({**arguments, "n_threads": 1}))
         for kernel in KERNELS.values():
             if kernel.common:  # numba's entries also compile the totals of the row outputs
                 for shape in sizes:

@@ -109,7 +109,7 @@ from ._policy_scalars import (
     _reinforce_scalars,
     _sapo_scalars,
 )
-from ._spec import CODE, FLAGS, KERNELS
+from ._spec import FLAGS, KERNELS
 from .loss import (
     _NO_WEIGHTS,
     Aggregation,
@@ -215,14 +215,9 @@ def _common_scalar_names(kernel: str) -> tuple[str, ...]:
     return arguments[arguments.index("normaliser") + 1 : arguments.index(first_output)]
 
 
-# Each loss's common-entry scalars, in the entry's order: (name, whether it is a code). The
-# entry takes a code as an int and the rest in the token dtype, as the table says and as
-# ppo_fast.warmup compiles it (until 0.8.33 DPPO's divergence code went in the token dtype: its
-# first call after warmup compiled the entry again).
+# Each loss's common-entry scalars by name, in the entry's order.
 _COMMON_SCALARS = {
-    name: tuple((s, k.scalar(s).dtype == CODE) for s in _common_scalar_names(name))
-    for name, k in KERNELS.items()
-    if k.common and k.aggregates
+    name: _common_scalar_names(name) for name, k in KERNELS.items() if k.common and k.aggregates
 }
 
 
@@ -253,10 +248,9 @@ def _run_common(
         empty = np.empty if logprobs.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
         grad = empty(shape, dtype)
     codes = codes or {}
-    values = []
-    for name, is_code in _COMMON_SCALARS[kernel]:
-        value = scalars[name] if name in scalars else codes[name]
-        values.append(int(value) if is_code else token(value))
+    values = [
+        token(scalars[name]) if name in scalars else codes[name] for name in _COMMON_SCALARS[kernel]
+    ]
     if type(mask) is tuple:  # packed rows' (starts, spans)
         entry, n_threads = _backend.packed_common(kernel, backend, dtype, mask, shape[0])
     else:
@@ -521,6 +515,10 @@ def dppo_loss(
         Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (verl: 20; None or inf: no
         clamp); the probabilities are exp of the unclamped log-probabilities, as verl's.
     """
+    scalars = _dppo_scalars(divergence, divergence_low, divergence_high, ratio_cap, log_ratio_clamp)
+    # the divergence is a code, an int to the kernels (until 0.8.33 it went in the token dtype,
+    # so that the first call after ppo_fast.warmup compiled again)
+    codes = {"divergence": scalars.pop("divergence")}
     grad, (loss, outside, capped, kl), valid = _run(
         "dppo",
         {
@@ -533,8 +531,9 @@ def dppo_loss(
         {"agg": agg, "num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale": loss_scale},
         grad_out,
         backend,
-        _dppo_scalars(divergence, divergence_low, divergence_high, ratio_cap, log_ratio_clamp),
+        scalars,
         ("row_loss", "row_outside", "row_capped", "row_kl"),
+        codes,
     )
     return PolicyLossResult(
         loss, grad, _mean(outside, valid), _mean(capped, valid), _mean(kl, valid)

@@ -315,43 +315,78 @@ def test_warmup_compiles_ahead_of_time():
     assert lines[2] == "compiled after warmup: []"
 
 
-@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
-def test_warmup_gives_the_common_entries_the_types_the_public_calls_give_them(monkeypatch):
-    """numba compiles an overload for each set of argument types, so warmup's calls of the
-    common-case entries (``_warmup.common_calls``) must pass what the public calls pass, or a
-    first call after warmup compiles again (until 0.8.33: DPPO's divergence code in the token
-    dtype, KL-Cov's selection as bytes, 2.1 and 1.1 s). Every stage with a fast path in its
-    common cases (tests/test_fast_path.py's), without a mask, with a bool one and packed, both
-    dtypes: the numba types of each entry's arguments are among warmup's for that entry. The
-    entries are stubs that record them: nothing compiles or runs."""
+def _recording_entries(monkeypatch, calls: dict[tuple, set]) -> None:
+    """The backend's entries (``_backend.run``, ``table_kernel``, ``common`` and
+    ``packed_common``) replaced by stubs that record the numba types of the arguments each
+    kernel's entry is called with, by (entry, kernel, variant: packed rows or not for a common
+    entry, the estimator's code for a one-thread build), and run nothing."""
     import numba
-    from test_fast_path import masks, outcome, the_stages, token_arrays
 
-    from ppo_fast import _warmup
-
-    public: dict[tuple, set] = {}
-
-    def stub(name, packed):
+    def record(entry, name, variant=None):
         kernel = KERNELS[name]
 
-        def entry(*arguments):
+        def call(*arguments):
             types = tuple(numba.typeof(a) for a in arguments)
-            public.setdefault((name, packed), set()).add(types)
+            calls.setdefault((entry, name, variant), set()).add(types)
+            if entry != "common":  # outputs of 1 (a count of 1): every stage goes on
+                outputs = {a.name for a in (*kernel.outputs, *kernel.row_outputs)}
+                for argument_name, argument in zip(kernel.arguments, arguments, strict=True):
+                    if argument_name in outputs:
+                        argument[...] = 1
+                return None
             if kernel.aggregates:  # one valid token, totals of 1: every stage goes on
                 return (1.0, *[1.0] * len(kernel.row_outputs))
             return tuple([1.0] * len(kernel.row_outputs)) if kernel.row_outputs else None
 
-        return entry
+        return call
+
+    def run(name, backend, **arguments):
+        record("table", name)(*KERNELS[name].bind({**arguments, "n_threads": 1}))
+
+    def table_kernel(name, backend, n_threads=0, dtype=None, masked=False, code=None):
+        if n_threads != 1 or dtype is None:  # the table kernel, as run calls it
+            return record("table", name)
+        return record("one-thread", name, code)  # numba's one-thread build (of the estimator)
 
     def common(name, backend, n_threads=0, dtype=None, masked=False, packed=False):
-        return stub(name, packed)
+        return record("common", name, bool(packed))
 
+    monkeypatch.setattr(_backend, "run", run)
+    monkeypatch.setattr(_backend, "table_kernel", table_kernel)
     monkeypatch.setattr(_backend, "common", common)
-    monkeypatch.setattr(_backend, "packed_common", lambda name, *_: (stub(name, True), 1))
+    monkeypatch.setattr(
+        _backend, "packed_common", lambda name, *_: (common(name, 0, packed=True), 1)
+    )
+
+
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_warmup_calls_each_kernel_with_the_types_the_public_calls_do(monkeypatch):
+    """numba compiles an overload for each set of argument types, so warmup must call each
+    kernel's entries with what the public calls pass them, or a first call after warmup
+    compiles again (until 0.8.33: DPPO's divergence code in the token dtype, 0.7-2.1 s;
+    KL-Cov's selection as bytes, 1.1 s; the one-thread builds of kl_penalty's and
+    shape_rewards' estimators, 0.1-0.5 s). Every stage with a fast path in its common cases
+    (tests/test_fast_path.py's), without a mask, with a bool one and packed, and the general
+    way (Fortran-ordered arrays, weights, the returns), both dtypes, on one thread: each
+    entry's argument types are among those warmup gives it. The entries are stubs that record
+    (``_recording_entries``): nothing compiles or runs."""
+    from test_fast_path import FAMILY, masks, outcome, the_stages, token_arrays
+
+    from ppo_fast import _warmup
+
+    warmed: dict[tuple, set] = {}
+    _recording_entries(monkeypatch, warmed)
+    monkeypatch.setattr(_warmup, "_warm_group_estimators", lambda dtypes: None)
+    monkeypatch.setattr(_warmup, "_warm_mask_conversion", lambda dtypes, sizes: None)
+    monkeypatch.setattr(_threads, "get_num_threads", lambda: 1)
+    ppo_fast.warmup("numba", ("float32", "float64"))
+
+    public: dict[tuple, set] = {}
+    _recording_entries(monkeypatch, public)
     monkeypatch.setattr(_threads, "threads_for", lambda *_: 1)
     rng = np.random.default_rng(5)
+    shape = (4, 16)
     for dtype in ("float32", "float64"):
-        shape = (4, 16)
         arrays = token_arrays(rng, shape, np.dtype(dtype))
         for mask in masks(rng, shape)[:2]:  # none and a bool one
             for call, kwargs in the_stages(arrays):
@@ -360,16 +395,27 @@ def test_warmup_gives_the_common_entries_the_types_the_public_calls_give_them(mo
         cu_seqlens = np.array([0, 10, 10, 64])
         for call, kwargs in the_stages(flat):
             outcome(call, **kwargs, cu_seqlens=cu_seqlens, backend="numba")
-    warmed: dict[tuple, set] = {}
-    for dtype in ("float32", "float64"):
-        for kernel in KERNELS.values():
-            if kernel.common:
-                for packed, arguments in _warmup.common_calls(kernel, (2, 8), dtype, rng):
-                    types = tuple(numba.typeof(a) for a in [*arguments, 1])
-                    warmed.setdefault((kernel.name, packed), set()).add(types)
-    assert {name for name, _ in public} == {k.name for k in KERNELS.values() if k.common}
+        # the general way: Fortran-ordered arrays, weights, and the stages without a fast path
+        fortran = {k: np.asfortranarray(v) if v.shape == shape else v for k, v in arrays.items()}
+        for call, kwargs in the_stages(fortran):
+            outcome(call, **kwargs, mask=np.asfortranarray(mask), backend="numba")
+        lp, old, adv, r = (arrays[k] for k in ("lp", "old", "a", "r"))
+        weights, uids = np.abs(arrays["v"]), np.array([0, 0, 1, 1])
+        policy = dict(logprobs=lp, old_logprobs=old, advantages=adv, weights=weights)
+        for loss, _ in FAMILY:
+            loss(**policy, mask=mask, backend="numba")
+        ppo_fast.dppo_loss(**policy, divergence="kl", backend="numba")
+        ppo_fast.kl_cov_loss(**policy, selected=arrays["selected"], backend="numba")
+        ppo_fast.clipped_surrogate(**policy, backend="numba")
+        ppo_fast.discounted_returns(r, mask=mask, gamma=0.9, backend="numba")
+        ppo_fast.reinforce_plus_plus(r, mask=mask, backend="numba")
+        ppo_fast.remax(r, arrays["scores"], mask=mask, backend="numba")
+        ppo_fast.optimal_token_baseline(r, old, weights, uids, mask=mask, backend="numba")
+        ppo_fast.masked_moments(adv, mask=mask, backend="numba")
+        ppo_fast.kl_cov_selection(lp, adv, ratio=0.1, mask=mask, backend="numba")
+    assert {name for _, name, _ in public} >= {k.name for k in KERNELS.values() if k.common}
     for key, types in public.items():
-        assert types <= warmed[key], (key, types - warmed[key], warmed[key])
+        assert types <= warmed.get(key, set()), (key, types - warmed.get(key, set()))
 
 
 @pytest.mark.skipif("cython" not in COMPILED, reason="the Cython backend is not built here")
