@@ -67,7 +67,8 @@ table). Conventions that keep them fast and exact:
   loop once per outcome with the test outside it (loop unswitching), as the C twins' compiler
   does with their cases: the package raises LLVM's size threshold for that while numba compiles
   its functions (``_LLVMOptions``), and puts LLVM's default back after; without AVX-512 it also
-  has DPPO-KL's binary KL loop interleaved twice, as its C twin runs it.
+  has the loops of DPPO-KL's binary KL and SAPO's sigmoids interleaved twice, as their C twins
+  run them (``_INTERLEAVED``).
 - The on-disk cache is off by default: numba issues #4807 and #7518 (cache races between
   processes; the README says what they do). ``PPO_FAST_NUMBA_CACHE=1`` turns it on, with a
   warning naming them.
