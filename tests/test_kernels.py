@@ -242,22 +242,30 @@ def test_numba_sets_llvms_options_only_while_it_compiles_this_package(monkeypatc
     raised = 400 if _numba_core._AVX512 else 800
     assert options == [f"-unswitch-threshold={raised}", "-unswitch-threshold=50"]
     # DPPO-KL's binary KL: its vector loop interleaved twice where numba compiles without AVX-512
-    # (a signature of int16 inputs, which no call of the package compiles)
-    options.clear()
-    logprobs = np.array([-1, -2, -3], np.int16)
-    probs = np.exp(logprobs.astype(np.float64))
-    within = np.empty(3)
-    _numba_losses._binary_kls(logprobs, logprobs, logprobs, 0, probs, probs, within, 3, 0.1, 0.1)
-    np.testing.assert_array_equal(within, 1.0)  # a distribution is within any bound of itself
-    if _numba_core._AVX512:
-        assert options == ["-unswitch-threshold=400", "-unswitch-threshold=50"]
-    else:
-        assert options == [
+    # (signatures of int16, then int32 inputs, which no call of the package compiles; the first
+    # may compile helpers it calls, each at its own options, after which the binary KL's are
+    # set again, as the second's list shows whole)
+    expected = (
+        ["-unswitch-threshold=400", "-unswitch-threshold=50"]
+        if _numba_core._AVX512
+        else [
             "-unswitch-threshold=800",
             "-force-vector-interleave=2",
             "-unswitch-threshold=50",
             "-force-vector-interleave=0",
         ]
+    )
+    probs = np.exp(-np.arange(1.0, 4.0))
+    for dtype in (np.int16, np.int32):
+        options.clear()
+        logprobs = np.array([-1, -2, -3], dtype)
+        within = np.empty(3)
+        _numba_losses._binary_kls(
+            logprobs, logprobs, logprobs, 0, probs, probs, within, 3, 0.1, 0.1
+        )
+        np.testing.assert_array_equal(within, 1.0)  # a distribution is within any bound of itself
+        assert options[:2] == expected[:2] and options[-2:] == expected[-2:], options
+    assert options == expected
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
