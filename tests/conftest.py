@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import zlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
@@ -31,12 +34,60 @@ COMPILED = [name for name in ppo_fast.available_backends() if name != "python"] 
 ALL_BACKENDS = [*COMPILED, "python"]
 
 # The tests that compile numba's parallel builds of every kernel (and the tiny bench run, which
-# runs them on two threads) share one xdist group: one worker compiles those builds once
-# (numba compiles each build per process, 1-5 s a kernel and dtype), not each worker its own.
-NUMBA_PARALLEL = pytest.mark.xdist_group("numba_parallel")
+# runs them on two threads) share one xdist group with the float32 tests below
+# (pytest_collection_modifyitems): one worker compiles those builds once (numba compiles each
+# build per process, 1-5 s a kernel and dtype), not each worker its own.
+NUMBA_PARALLEL = pytest.mark.numba_parallel
 COMPILED_NUMBA_PARALLEL = [
     pytest.param(name, marks=NUMBA_PARALLEL) if name == "numba" else name for name in COMPILED
 ]
+
+
+def numba_dtype(item) -> str | None:
+    """The float dtype a test runs numba's kernels at: its parameters name the numba backend and
+    one float dtype (the tests over backends and dtypes); None for any other test."""
+    values = getattr(getattr(item, "callspec", None), "params", {}).values()
+    # a backend's name, or a benchmark's implementation of ppo_fast (its .backend)
+    backends = [getattr(value, "backend", value) for value in values]
+    if not any(isinstance(backend, str) and backend == "numba" for backend in backends):
+        return None
+    names = set()
+    for value in values:
+        if isinstance(value, str):
+            names.add(value)
+        elif isinstance(value, np.dtype) or (
+            isinstance(value, type) and issubclass(value, np.generic)
+        ):
+            names.add(np.dtype(value).name)
+    floats = names & {"float32", "float64"}
+    return floats.pop() if len(floats) == 1 else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Groups of numba's tests by dtype, for ``--dist loadgroup``.
+
+    numba compiles a kernel once per process and dtype, 1-10 s each: compiling was half of the
+    suite's time on two cores (600 of 1,235 s of tests in a run that recorded every compile, 2026-
+    12-07), and each worker compiled most kernels at both dtypes. The tests that run numba at
+    float32 share a group, those at float64 another (on more than two workers, one a test file
+    within each, so that every worker has work), and one worker compiles a dtype's kernels for
+    all of them; the parallel builds' group (NUMBA_PARALLEL) is float32's, as the tiny bench run
+    in it compiles every float32 kernel. Replayed on that run's records (each test's time less its
+    compiles, each compile paid once per worker) on two workers: 634 -> 558 s."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    parts = max(1, workers // 2)
+    for item in items:
+        if item.get_closest_marker("xdist_group"):  # a group of its own (the Ray clusters')
+            continue
+        dtype = "float32" if item.get_closest_marker("numba_parallel") else numba_dtype(item)
+        if dtype is None:
+            continue
+        group = f"numba_{dtype}"
+        if parts > 1:
+            group += f"_{zlib.crc32(item.path.name.encode()) % parts}"
+        item.add_marker(pytest.mark.xdist_group(group))
+
 
 # Relative tolerance of a backend against the oracle (DESIGN.md section 5).
 RTOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5}
