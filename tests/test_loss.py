@@ -14,7 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import ppo_fast
-from ppo_fast import _validate
+from ppo_fast import _reference, _validate
 from ppo_fast._rows import COUNT_BY_ROW
 from ppo_fast.loss import AGGREGATIONS
 
@@ -618,6 +618,31 @@ def test_a_per_token_value_that_overflows_its_dtype_is_inf_on_every_backend(back
     result = ppo_fast.value_loss(values, zeros, zeros, backend=backend)
     assert result.loss == math.inf
     assert result.grad[0, 0] == dtype(value) * dtype(0.5)  # the gradient (v - R) / n is finite
+
+
+def test_the_oracles_float32_rounding_is_numpys_cast_bit_for_bit():
+    """The oracle rounds each per-token float32 value as numpy casts float64 to float32: doubles
+    of every bit pattern and exponent, either side of float32's overflow (its largest value plus
+    half an ulp and less), its subnormals, signed zeros, inf and NaN."""
+    rounded = _reference.in_dtype(np.float32)
+    largest = float(np.finfo(np.float32).max)
+    edges = [largest, largest * (1 + 2**-25), largest * (1 + 2**-24), 1e39, 1e-45, 7e-46, 1e-46]
+    edges += [np.nextafter(largest * (1 + 2**-24), 0.0), 0.0, 5e-324, math.inf, math.nan]
+    rng = np.random.default_rng(7)
+    values = np.concatenate(
+        [
+            rng.integers(0, 2**64, 50_000, dtype=np.uint64).view(np.float64),
+            rng.standard_normal(50_000) * 10.0 ** rng.integers(-50, 40, 50_000),
+            edges,
+            np.negative(edges),
+        ]
+    )
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = values.astype(np.float32).astype(np.float64)
+    got = np.array([rounded(value) for value in values.tolist()])
+    same = (got.view(np.uint64) == expected.view(np.uint64)) | (np.isnan(got) & np.isnan(expected))
+    assert same.all(), values[~same][:5]
+    assert _reference.in_dtype(np.float64) is float
 
 
 def test_a_non_finite_log_ratio_without_a_clamp_stays_non_finite(backend):
