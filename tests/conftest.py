@@ -44,12 +44,14 @@ COMPILED_NUMBA_PARALLEL = [
 
 
 def numba_dtype(item) -> str | None:
-    """The float dtype a test runs numba's kernels at: its parameters name the numba backend and
-    one float dtype (the tests over backends and dtypes); None for any other test."""
+    """The float dtype a test runs numba's kernels at: its parameters name one float dtype, and
+    the numba backend or the test is marked ``numba`` (it runs numba itself, beside Cython);
+    None for any other test."""
     values = getattr(getattr(item, "callspec", None), "params", {}).values()
     # a backend's name, or a benchmark's implementation of ppo_fast (its .backend)
     backends = [getattr(value, "backend", value) for value in values]
-    if not any(isinstance(backend, str) and backend == "numba" for backend in backends):
+    named = any(isinstance(backend, str) and backend == "numba" for backend in backends)
+    if not named and item.get_closest_marker("numba") is None:
         return None
     names = set()
     for value in values:

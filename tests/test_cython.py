@@ -161,6 +161,7 @@ def test_every_build_gives_the_same_bits(batch, n_threads):
 EDGE_LENGTHS = [0, 1, 7, 8, 9, 15, 16, 17, 24, 255, 256, 257, 263, 264, 513]
 
 
+@pytest.mark.numba
 @pytest.mark.parametrize("layout", ["mask", "lengths", "packed"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 def test_loss_rows_at_the_edges_of_blocks_and_chunks(layout, dtype):
@@ -186,6 +187,7 @@ def test_loss_rows_at_the_edges_of_blocks_and_chunks(layout, dtype):
 KL_EDGES = [np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0, -707.5, -708.0, -708.5, -709.5, -710.0, 800.0]
 
 
+@pytest.mark.numba
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 def test_kl_estimators_at_the_edges_of_exp_agree_with_numba(dtype):
     from ppo_fast import _numba_kernels

@@ -496,6 +496,7 @@ def run_kernel(backend: str, arguments: list, n_threads: int) -> tuple[np.ndarra
     return arguments[-2], arguments[-1]
 
 
+@pytest.mark.numba
 @pytest.mark.parametrize("layout", ["mask", "lengths", "packed"])
 def test_long_rows_give_the_same_bits_on_any_threads_and_compiled_backend(layout, dtype):
     rewards, values, kwargs = long_batch(layout, dtype)
