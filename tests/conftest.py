@@ -70,13 +70,14 @@ def pytest_collection_modifyitems(config, items):
     """Groups of numba's tests by dtype, for ``--dist loadgroup``.
 
     numba compiles a kernel once per process and dtype, 1-10 s each: compiling was half of the
-    suite's time on two cores (600 of 1,235 s of tests in a run that recorded every compile, 2026-
-    12-07), and each worker compiled most kernels at both dtypes. The tests that run numba at
-    float32 share a group, those at float64 another (on more than two workers, one a test file
-    within each, so that every worker has work), and one worker compiles a dtype's kernels for
-    all of them; the parallel builds' group (NUMBA_PARALLEL) is float32's, as the tiny bench run
-    in it compiles every float32 kernel. Replayed on that run's records (each test's time less its
-    compiles, each compile paid once per worker) on two workers: 634 -> 558 s."""
+    suite's time on two cores (633 of 1,235 s of tests in a run that recorded every compile, AMD
+    EPYC, 2026-12-07), and each worker compiled most kernels at both dtypes. The tests that run
+    numba at float32 share a group, those at float64 another, and one worker compiles a dtype's
+    kernels for all of them; the parallel builds' group (NUMBA_PARALLEL) is float32's, as the
+    tiny bench run in it compiles every float32 kernel. There, two workers: compiles 633 -> 499
+    s, the suite 656-675 -> 591 s. On more than two workers a dtype's tests make one group a
+    test file (of workers // 2), so that every worker has work: that run's tests and compiles
+    replayed on 8 workers took 334 s with a group a dtype, 209 s so, as without groups."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     parts = max(1, workers // 2)
     for item in items:
