@@ -162,6 +162,18 @@ def _parallel_build(serial, kernel: Kernel, row_chunks=None):
     return numba.njit(nogil=True, parallel=True)(function)
 
 
+# The common entries' scales (valid counts and each row's scale), called by address
+# (``_compiled_caller``): compiled once, not linked into each entry and optimized with it again
+# (a second entry of a loss, float32: 0.86-0.93 -> 0.65-0.71 s, LLVM 0.55-0.59 -> 0.32-0.36 s,
+# AMD EPYC; the same 8 x 128 call time within its noise). The totals' pairwise sums stay linked.
+_common_scales_caller = _compiled_caller(
+    _common_scales_into, ("agg", "normaliser", "flat_mask", "has_mask", "width", "counts", "scales")
+)
+_packed_scales_caller = _compiled_caller(
+    _packed_scales_into, ("agg", "normaliser", "spans", "scales")
+)
+
+
 # A batch of at most this many rows keeps its layout, scales and row outputs in the common
 # entry's stack frame (``_serial_common_build``): 9 KiB at most.
 _STACK_ROWS = 128
@@ -278,8 +290,8 @@ def _serial_common_build(serial, kernel: Kernel, packed: bool = False):
         "np": np,
         "serial": _compiled_caller(serial, kernel.arguments[:-1]),
         "STACK_ROWS": _STACK_ROWS,
-        "_common_scales_into": _common_scales_into,
-        "_packed_scales_into": _packed_scales_into,
+        "_common_scales_into": _common_scales_caller,
+        "_packed_scales_into": _packed_scales_caller,
         "_heap_bytes": _heap_bytes,
         "_heap_free": _heap_free,
         "_pairwise_sum": _pairwise_sum,
