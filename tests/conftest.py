@@ -34,9 +34,9 @@ COMPILED = [name for name in ppo_fast.available_backends() if name != "python"] 
 ALL_BACKENDS = [*COMPILED, "python"]
 
 # The tests that compile numba's parallel builds of every kernel (and the tiny bench run, which
-# runs them on two threads) share one xdist group with the float32 tests below
-# (pytest_collection_modifyitems): one worker compiles those builds once (numba compiles each
-# build per process, 1-5 s a kernel and dtype), not each worker its own.
+# runs them on two threads) join the float32 tests' xdist group (pytest_collection_modifyitems):
+# on two workers one worker compiles those builds (numba compiles each build per process, 1-5 s
+# a kernel and dtype), not each worker its own.
 NUMBA_PARALLEL = pytest.mark.numba_parallel
 COMPILED_NUMBA_PARALLEL = [
     pytest.param(name, marks=NUMBA_PARALLEL) if name == "numba" else name for name in COMPILED
