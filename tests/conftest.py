@@ -44,14 +44,18 @@ COMPILED_NUMBA_PARALLEL = [
 
 
 def numba_dtype(item) -> str | None:
-    """The float dtype a test runs numba's kernels at: its parameters name one float dtype, and
-    the numba backend or the test is marked ``numba`` (it runs numba itself, beside Cython);
-    None for any other test."""
+    """The float dtype a test runs numba's kernels at, None for a test that does not run them
+    or runs them at both dtypes. A test runs them where a parameter names the numba backend or
+    the test is marked ``numba`` (it runs numba itself, beside Cython) or ``numba_parallel``; at
+    the float dtype its parameters name, else at its ``numba_dtype`` marker's, else at float32
+    for ``numba_parallel``'s tests and float64 for the others: NumPy's default dtype, which a
+    test that names none makes its arrays of."""
     values = getattr(getattr(item, "callspec", None), "params", {}).values()
     # a backend's name, or a benchmark's implementation of ppo_fast (its .backend)
     backends = [getattr(value, "backend", value) for value in values]
     named = any(isinstance(backend, str) and backend == "numba" for backend in backends)
-    if not named and item.get_closest_marker("numba") is None:
+    parallel = item.get_closest_marker("numba_parallel") is not None
+    if not (named or parallel or item.get_closest_marker("numba")):
         return None
     names = set()
     for value in values:
@@ -62,7 +66,13 @@ def numba_dtype(item) -> str | None:
         ):
             names.add(np.dtype(value).name)
     floats = names & {"float32", "float64"}
-    return floats.pop() if len(floats) == 1 else None
+    if floats:
+        return floats.pop() if len(floats) == 1 else None
+    marker = item.get_closest_marker("numba_dtype")
+    if marker is not None:
+        return marker.args[0]
+    # the parallel builds' tests at float32 (the tiny bench run compiles every float32 kernel)
+    return "float32" if parallel else "float64"
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
@@ -72,18 +82,19 @@ def pytest_collection_modifyitems(config, items):
     numba compiles a kernel once per process and dtype, 1-10 s each: compiling was half of the
     suite's time on two cores (633 of 1,235 s of tests in a run that recorded every compile, AMD
     EPYC, 2026-12-07), and each worker compiled most kernels at both dtypes. The tests that run
-    numba at float32 share a group, those at float64 another, and one worker compiles a dtype's
-    kernels for all of them; the parallel builds' group (NUMBA_PARALLEL) is float32's, as the
-    tiny bench run in it compiles every float32 kernel. There, two workers: compiles 633 -> 499
-    s, the suite 656-675 -> 591 s. On more than two workers a dtype's tests make one group a
-    test file (of workers // 2), so that every worker has work: that run's tests and compiles
-    replayed on 8 workers took 334 s with a group a dtype, 209 s so, as without groups."""
+    numba at float32 share a group, those at float64 another (``numba_dtype``), and one worker
+    compiles a dtype's kernels for all of them; the parallel builds' tests (NUMBA_PARALLEL) that
+    name no dtype are float32's, as the tiny bench run among them compiles every float32 kernel.
+    There, two workers: compiles 633 -> 499 s, the suite 656-675 -> 591 s. On more than two
+    workers a dtype's tests make one group a test file (of workers // 2), so that every worker
+    has work: that run's tests and compiles replayed on 8 workers took 334 s with a group a
+    dtype, 209 s so, as without groups."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     parts = max(1, workers // 2)
     for item in items:
         if item.get_closest_marker("xdist_group"):  # a group of its own (the Ray clusters')
             continue
-        dtype = "float32" if item.get_closest_marker("numba_parallel") else numba_dtype(item)
+        dtype = numba_dtype(item)
         if dtype is None:
             continue
         group = f"numba_{dtype}"

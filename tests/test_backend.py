@@ -227,6 +227,7 @@ def test_leaving_one_core_caps_this_thread_only():
         ppo_fast.set_num_threads(None)
 
 
+@pytest.mark.numba_dtype("float32")  # its arrays' dtype
 def test_results_do_not_depend_on_threads_bit_for_bit(compiled_backend):
     rewards, values, mask = big_batch()
     outputs = {}
@@ -244,6 +245,7 @@ def test_results_do_not_depend_on_threads_bit_for_bit(compiled_backend):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.numba_dtype("float32")  # its arrays' dtype
 def test_calls_from_several_python_threads_at_once(compiled_backend):
     rewards, values, mask = big_batch()
     expected = everything(compiled_backend, rewards, values, mask)

@@ -123,11 +123,12 @@ needs_a_wider_build = pytest.mark.skipif(
 )
 
 
-@given(batch=ragged_batches())
-def test_agrees_with_numba(batch):
+@pytest.mark.numba
+@given(data=st.data())
+def test_agrees_with_numba(dtype, data):
     """The same operations in the same order: equal to numba, NaN and inf included (within the
-    tolerances of ``tolerance``)."""
-    assert_agrees_with_numba(batch)
+    tolerances of ``tolerance``). One dtype a test, drawn inside it (test_kernels.py says why)."""
+    assert_agrees_with_numba(data.draw(ragged_batches(dtypes=(dtype,))))
 
 
 def test_the_widest_build_the_cpu_runs_is_taken():

@@ -383,7 +383,8 @@ def test_kl_penaltys_fast_path_gives_the_general_ways_bits_or_errors(backend, dt
 
 
 @pytest.mark.skipif("numba" not in COMPILED, reason="the numba backend does not load here")
-def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkeypatch):
+@pytest.mark.numba
+def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkeypatch, dtype):
     """numba's one-thread entries are called, after their first call, through the compiled
     wrapper of the overload that call ran (``_numba_kernels.exact_entry``), which trusts its
     arguments to be of that overload's types: ``_backend.common`` keys it by the token dtype and
@@ -418,40 +419,39 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
     monkeypatch.setattr(_backend, "_commons", {})  # learned anew
     monkeypatch.setattr(_backend, "_serial_tables", {})
     rng = np.random.default_rng(3)
-    for dtype in DTYPES:
-        for shape in [(8, 128), (1, 5), (3, 1), (9, 3), (130, 3)]:
-            arrays = token_arrays(rng, shape, dtype)
-            for mask in masks(rng, shape)[:3]:
-                for call, kwargs in the_stages(arrays):
-                    kwargs.update(mask=mask, backend="numba")
-                    for options in (kwargs, with_outputs(call, kwargs, shape, dtype)[0]):
-                        outcome(call, **options)
-                for ratio in (0.0002, 1, np.float32(0.5)):
-                    selection = dict(logprobs=arrays["lp"], advantages=arrays["a"], ratio=ratio)
-                    outcome(ppo_fast.kl_cov_selection, **selection, mask=mask, backend="numba")
-            # the same rows packed (cu_seqlens int64 and int32, empty rows among them)
-            lengths = rng.integers(0, shape[1] + 1, shape[0])
-            valid = np.arange(shape[1])[None, :] < lengths[:, None]
-            flat = {k: v[valid] if v.shape == shape else v for k, v in arrays.items()}
-            flat.update({k: arrays[k] for k in ("scores", "scores32", "scores_read_only")})
-            cu = np.concatenate([[0], np.cumsum(lengths)])
-            for cu_seqlens in (cu, cu.astype(np.int32)):
-                for call, kwargs in the_stages(flat):
-                    kwargs.update(cu_seqlens=cu_seqlens, backend="numba")
-                    outcome(call, **kwargs)
-                    outcome(call, **with_outputs(call, kwargs, flat["lp"].shape, dtype)[0])
-            for estimator, clamp in KL_PENALTY_OPTIONS:
-                kl = dict(logprobs=arrays["lp"], ref_logprobs=arrays["old"], backend="numba")
-                outcome(ppo_fast.kl_penalty, **kl, estimator=estimator, clamp=clamp)
-                out = np.empty(shape, dtype)
-                outcome(ppo_fast.kl_penalty, **kl, estimator=estimator, clamp=clamp, out=out)
+    for shape in [(8, 128), (1, 5), (3, 1), (9, 3), (130, 3)]:
+        arrays = token_arrays(rng, shape, dtype)
+        for mask in masks(rng, shape)[:3]:
+            for call, kwargs in the_stages(arrays):
+                kwargs.update(mask=mask, backend="numba")
+                for options in (kwargs, with_outputs(call, kwargs, shape, dtype)[0]):
+                    outcome(call, **options)
+            for ratio in (0.0002, 1, np.float32(0.5)):
+                selection = dict(logprobs=arrays["lp"], advantages=arrays["a"], ratio=ratio)
+                outcome(ppo_fast.kl_cov_selection, **selection, mask=mask, backend="numba")
+        # the same rows packed (cu_seqlens int64 and int32, empty rows among them)
+        lengths = rng.integers(0, shape[1] + 1, shape[0])
+        valid = np.arange(shape[1])[None, :] < lengths[:, None]
+        flat = {k: v[valid] if v.shape == shape else v for k, v in arrays.items()}
+        flat.update({k: arrays[k] for k in ("scores", "scores32", "scores_read_only")})
+        cu = np.concatenate([[0], np.cumsum(lengths)])
+        for cu_seqlens in (cu, cu.astype(np.int32)):
+            for call, kwargs in the_stages(flat):
+                kwargs.update(cu_seqlens=cu_seqlens, backend="numba")
+                outcome(call, **kwargs)
+                outcome(call, **with_outputs(call, kwargs, flat["lp"].shape, dtype)[0])
+        for estimator, clamp in KL_PENALTY_OPTIONS:
+            kl = dict(logprobs=arrays["lp"], ref_logprobs=arrays["old"], backend="numba")
+            outcome(ppo_fast.kl_penalty, **kl, estimator=estimator, clamp=clamp)
+            out = np.empty(shape, dtype)
+            outcome(ppo_fast.kl_penalty, **kl, estimator=estimator, clamp=clamp, out=out)
     assert {key[0] for key in types_by_key} == {
         *COMMON,
         "kl_cov_top_k",
         "shape_rewards",
         "kl_penalty",
     }
-    assert {key[1] for key in types_by_key} == {np.dtype(d) for d in DTYPES}
+    assert {key[1] for key in types_by_key} == {np.dtype(dtype)}
     # shape_rewards' one-thread builds: one per estimator that the stages ask for
     for name in ("shape_rewards", "kl_penalty"):
         assert {key[3] for key in types_by_key if key[0] == name} == {0, 1, 2, 3}
@@ -465,13 +465,14 @@ def test_a_fast_paths_dtype_and_mask_fix_the_numba_type_of_every_argument(monkey
             )
             assert entry in {o.entry_point for o in dispatcher.overloads.values()}, name
             packed_entries += packed
-    assert packed_entries >= len(COMMON)  # each kernel's, per dtype
+    assert packed_entries >= len(COMMON)  # each kernel's
     assert _backend._serial_tables
     for (name, *_, code), entry in _backend._serial_tables.items():
         dispatcher = _numba_kernels.serial_table_kernel(name, code)
         assert entry in {o.entry_point for o in dispatcher.overloads.values()}, name
 
 
+@pytest.mark.numba_dtype("float32")  # its arrays' dtype
 @pytest.mark.parametrize("backend", COMPILED)
 def test_gae_rows_long_enough_to_run_in_chunks_go_the_general_way(backend, fast_calls):
     """The common entries run each row whole: a row longer than GAE_CHUNKS.long_row runs in
@@ -498,6 +499,7 @@ def _both_stages(arrays, mask, backend):
     return [*gae, *loss]
 
 
+@pytest.mark.numba_dtype("float32")  # its arrays' dtype
 @pytest.mark.parametrize("backend", COMPILED)
 def test_the_fast_path_gives_the_same_bits_on_one_and_two_threads(backend, fast_calls):
     rng = np.random.default_rng(5)

@@ -204,6 +204,7 @@ def test_packed_rows_the_fast_path_cannot_take_go_the_general_way(fast_calls):
     assert norm[0] == "error" and "loss_scale" in norm[1][1] and not fast_calls
 
 
+@pytest.mark.numba_dtype("float32")  # its arrays' dtype
 @pytest.mark.parametrize("backend", COMPILED)
 def test_the_packed_fast_path_gives_the_same_bits_on_one_and_two_threads(backend, monkeypatch):
     """Rows shared among two threads (a batch the thread policy gives two) and run on one: the

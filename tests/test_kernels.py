@@ -87,10 +87,13 @@ def _assert_outputs_equal_oracle(actual, expected, case, dtype, backend):
             np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
 
 
+# One dtype a test (the ``dtype`` fixture's), drawn inside it: numba's tests of one dtype share
+# a worker (tests/conftest.py), which compiles that dtype's kernels for all of them.
 @pytest.mark.parametrize("backend", COMPILED)
-@settings(max_examples=40)
-@given(batch=ragged_batches(max_rows=5, max_len=24, long_rows=False))
-def test_every_kernel_equals_the_oracle(backend, batch):
+@settings(max_examples=20)
+@given(data=st.data())
+def test_every_kernel_equals_the_oracle(backend, dtype, data):
+    batch = data.draw(ragged_batches(dtypes=(dtype,), max_rows=5, max_len=24, long_rows=False))
     kernels = _backend.resolve(backend)
     for case in cases(batch):
         expected = case.run(_reference)
@@ -100,9 +103,10 @@ def test_every_kernel_equals_the_oracle(backend, batch):
 
 
 @pytest.mark.parametrize("backend", COMPILED)
-@settings(max_examples=40)
-@given(batch=ragged_batches(max_rows=4, max_len=20, long_rows=False))
-def test_every_kernel_keeps_the_oracles_nan_and_inf_at_valid_positions(backend, batch):
+@settings(max_examples=20)
+@given(data=st.data())
+def test_every_kernel_keeps_the_oracles_nan_and_inf_at_valid_positions(backend, dtype, data):
+    batch = data.draw(ragged_batches(dtypes=(dtype,), max_rows=4, max_len=20, long_rows=False))
     kernels = _backend.resolve(backend)
     for case in cases(batch, nonfinite=True):
         expected = case.run(_reference)
@@ -131,9 +135,11 @@ def test_every_kernel_gives_the_same_bits_on_one_and_two_threads(backend, batch)
 
 
 @pytest.mark.skipif(not {"numba", "cython"} <= set(COMPILED), reason="needs both compiled backends")
-@settings(max_examples=20)
-@given(batch=ragged_batches(max_rows=5, max_len=40, long_rows=False), nonfinite=st.booleans())
-def test_numba_and_cython_give_the_same_bits(batch, nonfinite):
+@pytest.mark.numba
+@settings(max_examples=10)
+@given(data=st.data(), nonfinite=st.booleans())
+def test_numba_and_cython_give_the_same_bits(dtype, data, nonfinite):
+    batch = data.draw(ragged_batches(dtypes=(dtype,), max_rows=5, max_len=40, long_rows=False))
     numba_kernels, cython_kernels = _backend.resolve("numba"), _backend.resolve("cython")
     for case in cases(batch, nonfinite=nonfinite):
         numba_outputs, cython_outputs = case.run(numba_kernels), case.run(cython_kernels)

@@ -52,6 +52,7 @@ def groups(items, monkeypatch, workers):
 
 def test_numbas_tests_of_one_dtype_share_a_group_and_others_keep_theirs(monkeypatch):
     ray = pytest.mark.xdist_group("ray").mark
+    float32 = pytest.mark.numba_dtype("float32").mark
     items = [
         Item({"backend": "numba", "dtype": np.float32}),
         Item({"compiled_backend": "numba", "dtype": np.dtype(np.float64), "layout": "mask"}),
@@ -61,14 +62,22 @@ def test_numbas_tests_of_one_dtype_share_a_group_and_others_keep_theirs(monkeypa
         Item({"backend": "cython", "dtype": np.float32}),
         Item({"implementation": Implementation("cython"), "dtype": "float64"}),
         Item({"dtype": np.float32}),  # neither a numba parameter nor the marker
-        Item({"backend": "numba"}),  # no dtype
-        Item({"backend": "numba", "dtypes": ["float32", "float64"], "x": np.zeros(2)}),
+        Item({"backend": "cython"}, [float32]),  # the dtype marker alone: not numba
         Item({"backend": "numba", "a": np.float32, "b": "float64"}),  # two dtypes
         Item({"backend": "numba", "dtype": np.float32}, [ray]),  # a group of its own
         Item(None),
+        # no dtype among the parameters: the marker's, else NumPy's default
+        Item({"backend": "numba"}, [float32]),
+        Item({"backend": "numba", "dtype": np.float64}, [float32]),  # the parameter's first
+        Item({"backend": "numba"}),
+        Item({"backend": "numba", "dtypes": ["float32", "float64"], "x": np.zeros(2)}),
+        Item(None, [pytest.mark.numba.mark]),
+        Item({"backend": "numba", "dtype": np.float64}, [conftest.NUMBA_PARALLEL.mark]),
     ]
     expected = ["numba_float32", "numba_float64", "numba_float32", "numba_float64"]
-    expected += ["numba_float32", *[None] * 6, "ray", None]
+    expected += ["numba_float32", *[None] * 5, "ray", None]
+    expected += ["numba_float32", "numba_float64", "numba_float64", "numba_float64"]
+    expected += ["numba_float64", "numba_float64"]
     assert groups(items, monkeypatch, workers=2) == expected
 
 
