@@ -85,7 +85,10 @@ def pytest_collection_modifyitems(config, items):
     numba at float32 share a group, those at float64 another (``numba_dtype``), and one worker
     compiles a dtype's kernels for all of them; the parallel builds' tests (NUMBA_PARALLEL) that
     name no dtype are float32's, as the tiny bench run among them compiles every float32 kernel.
-    There, two workers: compiles 633 -> 499 s, the suite 656-675 -> 591 s. On more than two
+    There, two workers: compiles 633 -> 499 s, the suite 656-675 -> 591 s; with the tests that
+    name no dtype grouped too (float64, or their ``numba_dtype`` marker's), the property tests
+    that ran both dtypes split by dtype and the hostile inputs in float64's group, 364 s and 491
+    s (the two workers' tests 460 s each). On more than two
     workers a dtype's tests make one group a test file (of workers // 2), so that every worker
     has work: that run's tests and compiles replayed on 8 workers took 334 s with a group a
     dtype, 209 s so, as without groups."""

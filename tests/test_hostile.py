@@ -28,6 +28,9 @@ def _params():
             yield pytest.param(target, case, id=case.id(target))
 
 
+# Each case runs on every compiled backend, numba's at its targets' float64 arrays: float64's
+# xdist group (tests/conftest.py), whose worker compiles those kernels for the other tests too.
+@pytest.mark.numba
 @pytest.mark.parametrize(("target", "case"), list(_params()))
 def test_hostile_input(target, case):
     hostile.check(target, case, COMPILED)
