@@ -109,8 +109,9 @@ EXTENSIONS = [
 # Per compiler family: (optimisation and exact arithmetic, OpenMP compile, OpenMP link).
 # MSVC does not contract under /fp:precise (its default since Visual Studio 2022).
 # -g0 (after Python's own CFLAGS, which carry -g): no debug information. GCC took longer over the
-# kernels' DWARF than over their code: the AVX2 build of the generated C 63 s -> 35 s on one core
-# of the AMD EPYC, its object 21.6 MB -> 1.1 MB, the machine code byte for byte the same.
+# kernels' DWARF than over their code: the AVX2 build of the generated C 51-57 s -> 36-40 s on one
+# core of the AMD EPYC, its object 21.6 MB -> 1.1 MB, the machine code (.text) byte for byte the
+# same in the portable, AVX2 and AVX-512 builds.
 FLAGS = {
     "msvc": (["/O2", "/fp:precise"], ["/openmp"], []),
     "unix": (

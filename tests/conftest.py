@@ -88,10 +88,10 @@ def pytest_collection_modifyitems(config, items):
     There, two workers: compiles 633 -> 499 s, the suite 656-675 -> 591 s; with the tests that
     name no dtype grouped too (float64, or their ``numba_dtype`` marker's), the property tests
     that ran both dtypes split by dtype and the hostile inputs in float64's group, 364 s and 491
-    s (the two workers' tests 460 s each). On more than two
-    workers a dtype's tests make one group a test file (of workers // 2), so that every worker
-    has work: that run's tests and compiles replayed on 8 workers took 334 s with a group a
-    dtype, 209 s so, as without groups."""
+    s (the two workers' tests 460 s each). On more than two workers a dtype's tests make one
+    group a test file (of workers // 2), so that every worker has work: that run's tests and
+    compiles replayed on 8 workers took 334 s with a group a dtype, 209 s so, as without
+    groups."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     parts = max(1, workers // 2)
     for item in items:
