@@ -260,7 +260,8 @@ def _common_from_kernel(
     packed: bool = False,
 ) -> Callable:
     """A backend's entry for the common case of ``kernel`` (``Kernel.common_arguments``) made from
-    its table ``function``, for a backend without its own (numba, the oracle): the flat arrays,
+    its table ``function``, for a backend without its own (the oracle; numba with its on-disk
+    cache on, or on several threads where it has no ``parallel_common``): the flat arrays,
     the padded layout, each row input repeated over the rows and the row outputs, as the general
     way makes them, the row scales by ``scales`` (``common_scales``, or the backend's compiled
     twin: numba's), and the row outputs totalled by ``totals`` (numba's ``row_totals``, which
@@ -366,7 +367,10 @@ def common(
     made from its table kernel (``_common_from_kernel``). The stages' fast paths call it with
     the threads of the thread policy (``_threads.threads_for``), and name them here: for one
     thread, a backend's one-thread entry (numba's ``serial_common``) is the entry itself, not
-    called from a Python function that tests the threads (0.15 us of a 4-6 us call at 8 x 128).
+    called from a Python function that tests the threads (0.15 us of a 4-6 us call at 8 x 128);
+    for more, its entry of several threads where it has one (numba's ``parallel_common``: the
+    same steps compiled around its parallel build, where the entry made from the table kernel
+    dispatched that build from Python, about 10 us of a 0.1 ms call at 256 x 1024).
 
     A fast path also names the token ``dtype`` and whether it passes a mask (``masked``): with
     the checks of ``_validate.common_case`` and ``common_outputs`` (exact NumPy arrays, 2-D,
@@ -391,11 +395,15 @@ def common(
         if function is None:
             serial = getattr(module, "serial_packed" if packed else "serial_common", None)
             serial = serial and serial(name)
+            parallel = getattr(module, "parallel_common", None)
+            parallel = not one_thread and parallel and parallel(name, packed)
             if one_thread and serial is not None:
                 function = serial
                 exact_entry = getattr(module, "exact_entry", None)
                 if dtype is not None and exact_entry is not None:
                     function = _learned(serial, exact_entry, _commons, key)
+            elif parallel:
+                function = parallel
             else:
                 function = _common_from_kernel(
                     KERNELS[name],

@@ -179,7 +179,7 @@ _packed_scales_caller = _compiled_caller(
 _STACK_ROWS = 128
 
 
-def _serial_common_build(serial, kernel: Kernel, packed: bool = False):
+def _serial_common_build(serial, kernel: Kernel, packed: bool = False, parallel=None):
     """numba's entry for the common case of ``kernel`` on one thread (``Kernel.common_arguments``,
     n_threads 1): what ``_backend._common_from_kernel`` does around a serial call, compiled
     into one function that calls the serial build by address (``_compiled_caller``), so that a
@@ -200,7 +200,14 @@ def _serial_common_build(serial, kernel: Kernel, packed: bool = False):
 
     ``packed``: the entry for packed rows (1-D token arrays), whose ``mask`` argument is their
     (starts, spans) (``_validate.common_packed``), every position valid, the scales
-    ``_packed_scales_into``'s."""
+    ``_packed_scales_into``'s.
+
+    ``parallel``: the kernel's parallel build (``_parallel_build``), for the entry of several
+    threads: the same steps around a call of that build by address with the entry's n_threads,
+    which share the rows among that many threads as the table kernel's parallel call does
+    (``_locked`` guards it), where ``_backend._common_from_kernel`` made them in Python, with a
+    dispatch of the parallel build that types its twenty-odd arguments (about 10 us of a 0.12 ms
+    call at 256 x 1024, numba's two-thread losses 1.10-1.11x Cython's time)."""
     first = kernel.inputs[0].name
     arguments = kernel.common_arguments  # n_threads last, which is 1 here
     floats = [a.name for a in kernel.row_inputs if a.name != SCALES]  # gae's gammas, ...
@@ -212,7 +219,8 @@ def _serial_common_build(serial, kernel: Kernel, packed: bool = False):
     row_bytes = 8 * (n_ints + len(floats)) + (8 if kernel.aggregates else 0)
     float_bytes = 8 * n_ints
     token_bytes = 8 * (n_ints + len(floats))
-    entry = f"{kernel.name}_serial_{'packed' if packed else 'common'}"
+    threads = "serial" if parallel is None else "parallel"
+    entry = f"{kernel.name}_{threads}_{'packed' if packed else 'common'}"
     lines = [
         f"def {entry}({', '.join(arguments)}):",
         f"    n_rows, width = {first}.shape",
@@ -269,7 +277,10 @@ def _serial_common_build(serial, kernel: Kernel, packed: bool = False):
         *(f"{a.name}.reshape({a.name}.size)" for a in kernel.outputs),
         *(f"{a.name}_rows" for a in kernel.row_outputs),
     ]
-    lines.append(f"    serial({', '.join(call)})")
+    if parallel is None:
+        lines.append(f"    serial({', '.join(call)})")
+    else:
+        lines.append(f"    parallel({', '.join(call)}, n_threads)")
     # np.int64(0), not the literal 0: numba would compile _pairwise_sum and _block_sum for it too
     totals = ", ".join(
         f"0.0 + _pairwise_sum({a.name}_rows, np.int64(0), n_rows)" for a in kernel.row_outputs
@@ -289,6 +300,7 @@ def _serial_common_build(serial, kernel: Kernel, packed: bool = False):
         "__name__": __name__,  # as _parallel_build's
         "np": np,
         "serial": _compiled_caller(serial, kernel.arguments[:-1]),
+        "parallel": parallel and _compiled_caller(parallel, kernel.arguments),
         "STACK_ROWS": _STACK_ROWS,
         "_common_scales_into": _common_scales_caller,
         "_packed_scales_into": _packed_scales_caller,
@@ -299,7 +311,37 @@ def _serial_common_build(serial, kernel: Kernel, packed: bool = False):
     }
     exec("\n".join(lines), namespace)  # the source is made from the kernel table
     function = namespace[entry]
-    return numba.njit(nogil=True, _nrt=False, error_model="numpy")(function)
+    # The entry of several threads keeps numba's reference counting: the parallel build it
+    # calls allocates (its ranges of rows), and compiled first from within an entry compiled
+    # without (its first call), it was typed without too, which refuses that allocation.
+    return numba.njit(nogil=True, _nrt=parallel is not None, error_model="numpy")(function)
+
+
+def _locked(parallel_entry, serial_entry, arguments):
+    """A common entry of several threads, of the common ``arguments`` (n_threads last):
+    ``parallel_entry`` with numba's thread count capped at NUMBA_NUM_THREADS, under
+    ``_parallel_lock`` as ``_Kernel.__call__`` runs the parallel build, else (one thread, or
+    another call holds the lock) ``serial_entry``: the same bits. Its source names the
+    arguments, as the entries' signatures do (tests/test_fast_path.py)."""
+    names = ", ".join(arguments[:-1])
+    lines = [
+        f"def common({names}, n_threads):",
+        "    threads = min(n_threads, maximum)",
+        "    if threads > 1 and lock.acquire(blocking=False):",
+        "        try:",
+        f"            return parallel({names}, threads)",
+        "        finally:",
+        "            lock.release()",
+        f"    return serial({names}, n_threads)",
+    ]
+    namespace = {
+        "maximum": numba.config.NUMBA_NUM_THREADS,
+        "lock": _parallel_lock,
+        "parallel": parallel_entry,
+        "serial": serial_entry,
+    }
+    exec("\n".join(lines), namespace)  # the source is made from the kernel table
+    return namespace["common"]
 
 
 class _Kernel:
@@ -324,6 +366,7 @@ class _Kernel:
         self.kernel = kernel
         self._serial_common = None
         self._serial_packed = None
+        self._parallel_commons = {}  # by packed
         # Both parallel builds take the threads last: the one made from the table cuts the rows
         # into ranges itself, one a thread; a kernel that ``splits_groups`` has the source
         # ``shared`` of a group's work in a given number of ranges of rows, built with
@@ -355,6 +398,18 @@ class _Kernel:
         if self._serial_packed is None:
             self._serial_packed = _serial_common_build(self.serial, self.kernel, packed=True)
         return self._serial_packed
+
+    def parallel_common(self, packed: bool = False):
+        """The entry of the common case on several threads (``_serial_common_build`` with the
+        parallel build, behind ``_locked``), built once; None without a parallel build made
+        from the table."""
+        if not self.sets_threads:
+            return None
+        if packed not in self._parallel_commons:
+            build = _serial_common_build(self.serial, self.kernel, packed, self.parallel)
+            serial = self.serial_packed() if packed else self.serial_common()
+            self._parallel_commons[packed] = _locked(build, serial, self.kernel.common_arguments)
+        return self._parallel_commons[packed]
 
     def __call__(self, *args):
         """The kernel's result (None for most: they write their outputs). The backend signature

@@ -440,6 +440,7 @@ class _GAE:
         # The common case has no long row (gae.py's fast path): the whole rows' entries.
         self.serial_common = self.whole_rows.serial_common
         self.serial_packed = self.whole_rows.serial_packed
+        self.parallel_common = self.whole_rows.parallel_common
 
     def __call__(self, *args):
         if self.whole_rows(*args):

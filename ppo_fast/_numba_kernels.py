@@ -714,6 +714,16 @@ def serial_packed(name):
     return globals()[name].serial_packed()
 
 
+def parallel_common(name, packed=False):
+    """The entry for the common case of kernel ``name`` on several threads, padded or
+    ``packed``: ``_backend.common`` calls it when the thread policy gives more than one thread
+    (``_numba_builds._Kernel.parallel_common``). None with the on-disk cache on, as
+    ``serial_common``."""
+    if _CACHE:
+        return None
+    return globals()[name].parallel_common(packed)
+
+
 def serial_table_kernel(name, code=None):
     """The one-thread build of table kernel ``name`` as one compiled function of the table's
     arguments, n_threads (1) last, or None where there is none: ``_backend.table_kernel`` calls

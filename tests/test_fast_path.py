@@ -596,7 +596,8 @@ def test_every_common_entry_equals_its_table_kernel_and_numpys_sums(name, dtype,
                             values.view(np.uint8).flat[rng.integers(0, 4, 2)] = [255, 2]
                         else:
                             values.flat[rng.integers(0, 4, 2)] = [np.nan, np.inf]
-                # one thread: numba's compiled entry (serial_common); two: the table kernel's
+                # numba: one thread, its compiled entry (serial_common); two, the entry around
+                # its parallel build (parallel_common)
                 for n_threads in (1, 2):
                     expected, expected_totals = _kernel_way(kernel, backend, named, n_threads)
                     arguments = [named[argument] for argument in kernel.common_arguments[:-1]]
@@ -617,6 +618,39 @@ def test_every_common_entry_takes_the_tables_common_arguments(name, backend):
     assert list(inspect.signature(entry).parameters) == list(KERNELS[name].common_arguments)
     if backend == "cython":
         assert entry is getattr(_backend.resolve("cython"), f"{name}_common")
+
+
+@pytest.mark.numba
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_numbas_entries_of_several_threads_are_compiled_and_give_way_to_a_running_parallel_call():
+    """On several threads numba's common case runs one compiled entry around the parallel build
+    (``_numba_kernels.parallel_common``), padded and packed, not the table kernel from Python;
+    while another call runs a parallel build (the lock held), it runs on one thread: the same
+    bits."""
+    from ppo_fast import _numba_builds, _numba_kernels
+
+    float64 = np.dtype(np.float64)
+    for name in COMMON:
+        for packed in (False, True):
+            entry = _backend.common(name, "numba", 2, float64, not packed, packed)
+            assert entry is _numba_kernels.parallel_common(name, packed), (name, packed)
+    rng = np.random.default_rng(11)
+    for name in ("gae", "clipped_surrogate"):
+        kernel = KERNELS[name]
+        named = _examples.common_arguments(kernel, (9, 263), float64, rng, optional=True)
+        named["mask"] = rng.random((9, 263)) < 0.8
+        entry = _backend.common(name, "numba", 2, float64, True)
+        results = []
+        for held in (False, True):
+            outputs = {a.name: np.empty((9, 263)) for a in kernel.outputs}
+            arguments = [{**named, **outputs}[a] for a in kernel.common_arguments[:-1]]
+            if held:
+                with _numba_builds._parallel_lock:
+                    totals = entry(*arguments, 2)
+            else:
+                totals = entry(*arguments, 2)
+            results.append([*outputs.values(), *(totals or ())])
+        same_bits(results[1], results[0], name)
 
 
 @pytest.mark.skipif("cython" not in COMPILED, reason="the Cython backend is not built here")
