@@ -287,7 +287,10 @@ def _kl_cov_top_k_shared(
             capacity = max(capacity, min(max(np.int64(tokens), k), 2 * k))
         keys = np.empty((n_parts, capacity + 8))
         positions = np.empty((n_parts, capacity + 8), dtype=np.int64)
-        sizes = np.zeros(n_parts, dtype=np.int64)
+        # empty, not zeros: every range writes its size, and under parallel=True np.zeros is a
+        # parallel loop of its own, a third start of the threads (about 30 us where they sleep
+        # between calls: OMP_WAIT_POLICY=PASSIVE, as `ppo-fast bench` sets it)
+        sizes = np.empty(n_parts, dtype=np.int64)
         for p in prange(n_parts):
             size, threshold = _kl_cov_offer_rows(
                 logprobs, advantages, starts, spans, lengths, mask, has_mask,

@@ -397,7 +397,12 @@ def _gae_chunked(
     n_units = unit_rows.shape[0]
     # Per unit: its valid count, the index of its last valid position, the value at its first
     # and its local advantage (the count and the index are exact in float64).
-    summaries = np.zeros((n_units, 4))
+    # zeroed by a loop: under parallel=True np.zeros is a parallel loop, one more start of
+    # the threads (_numba_covariance says what that costs)
+    summaries = np.empty((n_units, 4))
+    for u in range(n_units):
+        for c in range(4):
+            summaries[u, c] = 0.0
     for s in prange(summarised.shape[0]):
         u = summarised[s]
         b = unit_rows[u]
