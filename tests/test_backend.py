@@ -258,6 +258,37 @@ def test_calls_from_several_python_threads_at_once(compiled_backend):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.numba_dtype("float32")  # its arrays' dtype
+@pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
+def test_numbas_parallel_builds_start_their_threads_only_at_their_prange_loops():
+    """Under parallel=True numba makes a parallel loop of an array expression too (np.zeros, a
+    whole-array assignment), each a start of the threads: 20-40 us where they sleep between
+    calls (OMP_WAIT_POLICY=PASSIVE). The builds compiled from a source of their own (KL-Cov's
+    selection, GAE's long rows) have a parallel loop for each prange of it, and no other."""
+    import inspect
+
+    from ppo_fast import _numba_covariance, _numba_gae, _numba_kernels
+
+    rewards, values, mask = big_batch()
+    long_row = np.ones((1, 1 << 18), np.float32)  # chunks: four threads' worth
+    try:
+        ppo_fast.set_num_threads(2)
+        ppo_fast.kl_cov_selection(rewards, values, mask=mask, backend="numba")
+        ppo_fast.gae(long_row, long_row, gamma=0.99, backend="numba")
+    finally:
+        ppo_fast.set_num_threads(None)
+    builds = [
+        (_numba_kernels.kl_cov_top_k.parallel, _numba_covariance._kl_cov_top_k_shared),
+        (_numba_kernels.gae.chunked.parallel, _numba_gae._gae_chunked),
+    ]
+    for build, source in builds:
+        assert build.overloads, source.__name__  # compiled by the calls above
+        loops = inspect.getsource(source).count("prange(")
+        for overload in build.overloads.values():
+            parfors = overload.metadata["parfor_diagnostics"].initial_parfors
+            assert len(parfors) == loops, (source.__name__, len(parfors), loops)
+
+
 @pytest.mark.slow  # installs, or runs fresh processes: the fast lane (-m "not slow") skips it
 def test_warmup_compiles_ahead_of_time():
     """After warmup, the public calls of the usual layouts compile nothing (numba's compile
