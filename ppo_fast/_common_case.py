@@ -14,6 +14,10 @@ re-exports them, and the stages call them from there.
   decreasing: the rows' (starts, spans), int64 arrays of their own, as ``_validate.rows`` makes
   them; else None.
 
+- ``common_outputs(outputs, like, inputs)``: preallocated outputs (``out=``, ``grad_out=``),
+  exact NumPy arrays of ``like``'s dtype and shape, C-contiguous, aligned and writeable, whose
+  bytes lie apart from every input's and each other's.
+
 Anything else goes the general way, which returns the same or raises.
 """
 
@@ -84,8 +88,43 @@ def python_common_packed(
     return cu[:-1], spans
 
 
+def python_common_outputs(
+    outputs: tuple[Any, ...], like: np.ndarray, inputs: tuple[Any, ...]
+) -> bool:
+    """Whether preallocated ``outputs`` (``out=``, ``grad_out=``) are the common case beside
+    ``inputs`` of the common case (``common_case``, ``like`` the first of them): NumPy arrays (not
+    subclasses) of ``like``'s dtype and shape, C-contiguous, aligned and writeable, whose bytes
+    lie apart from every input's and each other's: ``out_array`` accepts those as they are.
+    Anything else goes the general way, which accepts it or says why not. ``inputs`` are arrays
+    and Nones (the stages pass what passed their common case).
+
+    Every array here is C-contiguous, so overlapping bounds (``np.may_share_memory``, no search)
+    mean shared bytes. Two distinct arrays that each own their data (NumPy allocated it) cannot
+    share any: that test first, since bounds cost 0.2 us a pair (gae's two outputs beside three
+    inputs are seven pairs, 1.4 us of a 2.5 us call).
+    """
+    dtype, shape = like.dtype, like.shape
+    for k, out in enumerate(outputs):
+        if type(out) is not _NDARRAY or out.dtype is not dtype or out.shape != shape:
+            return False
+        out_flags = out.flags
+        if not out_flags.carray:
+            return False
+        owns = out_flags.owndata
+        for other in (*inputs, *outputs[:k]):
+            if other is None or (owns and other is not out and other.flags.owndata):
+                continue
+            if _may_share_memory(out, other):
+                return False
+    return True
+
+
+_may_share_memory = np.may_share_memory
+
+
 try:
-    from ._checks import common_case, common_packed
+    from ._checks import common_case, common_outputs, common_packed
 except ImportError:  # not built (setup.py warned): the same tests in Python
     common_case = python_common_case
+    common_outputs = python_common_outputs
     common_packed = python_common_packed

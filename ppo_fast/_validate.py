@@ -347,10 +347,12 @@ def fast_real(value: Any) -> Any:
 
 
 # The fast paths' tests of their common case (in C where ppo_fast._checks is built), re-exported:
-# the stages call them as _validate.common_case and _validate.common_packed.
+# the stages call them as _validate.common_case, common_packed and common_outputs.
 from ._common_case import common_case as common_case  # noqa: E402
+from ._common_case import common_outputs as common_outputs  # noqa: E402
 from ._common_case import common_packed as common_packed  # noqa: E402
 from ._common_case import python_common_case as python_common_case  # noqa: E402
+from ._common_case import python_common_outputs as python_common_outputs  # noqa: E402
 from ._common_case import python_common_packed as python_common_packed  # noqa: E402
 
 # Up to this many positions lengths take the fast paths as the bool mask of their valid
@@ -421,37 +423,6 @@ def _lengths_mask(arrays: tuple[Any, ...], lengths: Any) -> Any:
             _row_positions.clear()
         positions = _row_positions[width] = np.arange(width)
     return positions < lengths[:, None]
-
-
-def common_outputs(outputs: tuple[Any, ...], like: np.ndarray, inputs: tuple[Any, ...]) -> bool:
-    """Whether preallocated ``outputs`` (``out=``, ``grad_out=``) are the common case beside
-    ``inputs`` of the common case (``common_case``, ``like`` the first of them): NumPy arrays (not
-    subclasses) of ``like``'s dtype and shape, C-contiguous, aligned and writeable, whose bytes
-    lie apart from every input's and each other's: ``out_array`` accepts those as they are.
-    Anything else goes the general way, which accepts it or says why not.
-
-    Every array here is C-contiguous, so overlapping bounds (``np.may_share_memory``, no search)
-    mean shared bytes. Two distinct arrays that each own their data (NumPy allocated it) cannot
-    share any: that test first, since bounds cost 0.2 us a pair (gae's two outputs beside three
-    inputs are seven pairs, 1.4 us of a 2.5 us call).
-    """
-    dtype, shape = like.dtype, like.shape
-    for k, out in enumerate(outputs):
-        if type(out) is not _NDARRAY or out.dtype is not dtype or out.shape != shape:
-            return False
-        out_flags = out.flags
-        if not out_flags.carray:
-            return False
-        owns = out_flags.owndata
-        for other in (*inputs, *outputs[:k]):
-            if other is None or (owns and other is not out and other.flags.owndata):
-                continue
-            if _may_share_memory(out, other):
-                return False
-    return True
-
-
-_may_share_memory = np.may_share_memory
 
 
 def common_padded(arrays: tuple[Any, ...], mask: Any) -> Rows | None:

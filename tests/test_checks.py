@@ -252,3 +252,131 @@ def test_the_compiled_packed_test_is_in_use_and_keeps_nothing():
         _checks.common_packed((a, a), cu[::-1])
     assert (sys.getrefcount(a), sys.getrefcount(cu)) == counts
     assert np.array_equal(cu, [0, 4, 15])
+
+
+# ---- preallocated outputs beside the inputs (``common_outputs``) ----
+
+
+def output_cases() -> dict[str, tuple[tuple, np.ndarray, tuple]]:
+    """(outputs, like, inputs) of every kind that reaches ``common_outputs``, by name: outputs of
+    every variant, and outputs that share bytes with an input or with each other, or do not
+    though neither owns its data (views of one buffer, apart), in every position."""
+    a, b = np.zeros(SHAPE, np.float32), np.ones(SHAPE, np.float32)
+    mask = np.ones(SHAPE, bool)
+    base = np.zeros((4, *SHAPE), np.float32)  # one buffer: its planes are apart
+    wide = np.zeros((SHAPE[0], 3 * SHAPE[1]), np.float32)
+    flat = np.zeros(4 * a.size, np.float32)
+    mask_bytes = np.zeros(8 * a.size, np.uint8)  # a bool mask, then room for two float32 outputs
+    mask_view = mask_bytes[: a.size].view(bool).reshape(SHAPE)  # a mask that is a view
+    lengths = np.arange(2 * SHAPE[0])[::-2]  # a strided, reversed int64 view
+    inputs = (a, b, mask, None, None)
+    cases = {}
+    for name, value in variants(np.float32).items():
+        cases[f"{name} output"] = ((value,), a, inputs)
+        cases[f"{name} second output"] = ((np.empty_like(a), value), a, inputs)
+    for name, value in variants(np.float64).items():
+        cases[f"float64 {name} output"] = ((value,), a, inputs)
+    cases |= {
+        "two fresh outputs": ((np.empty_like(a), np.empty_like(a)), a, inputs),
+        "an input as output": ((a,), a, inputs),
+        "the second input as output": ((np.empty_like(a), b), a, inputs),
+        "one array twice": ((out := np.empty_like(a), out), a, inputs),
+        "planes of one buffer": ((base[0], base[1]), base[2], (base[2], base[3], None)),
+        "a plane beside its buffer's other planes": ((base[1],), a, (a, base[0], base[2])),
+        "overlapping reshaped views": (
+            (
+                flat[: a.size].reshape(SHAPE),
+                flat[a.size // 2 : a.size // 2 + a.size].reshape(SHAPE),
+            ),
+            a,
+            inputs,
+        ),
+        "apart reshaped views": (
+            (flat[: a.size].reshape(SHAPE), flat[a.size : 2 * a.size].reshape(SHAPE)),
+            a,
+            inputs,
+        ),
+        "an output over a view mask's bytes": (
+            (mask_bytes[: 4 * a.size].view(np.float32).reshape(SHAPE),),
+            a,
+            (a, b, mask_view, None),
+        ),
+        "an output apart from a view mask": (
+            (mask_bytes[4 * a.size :].view(np.float32).reshape(SHAPE),),
+            a,
+            (a, b, mask_view, None),
+        ),
+        "an output inside strided lengths' bounds": (
+            (wide[:, SHAPE[1] : 2 * SHAPE[1]].copy(),),
+            a,
+            (a, b, None, lengths, None),
+        ),
+        "a column block of a wide buffer beside another": (
+            (np.ascontiguousarray(wide[:, : SHAPE[1]]),),
+            a,
+            (a, wide[:, ::3], None),
+        ),
+        "an output inside a strided input's bounds": (
+            (flat[1 : 1 + a.size].reshape(SHAPE),),
+            a,
+            (a, flat[::4][: a.size].reshape(SHAPE), None),
+        ),
+        "an output inside a reversed input's bounds": (
+            (flat[3 * a.size - 5 : 4 * a.size - 5].reshape(SHAPE),),  # over its last items
+            a,
+            (a, flat[::-1][: a.size].reshape(SHAPE), None),
+        ),
+        "empty outputs and inputs": (
+            (np.zeros((0, 4), np.float32),),
+            np.zeros((0, 4), np.float32),
+            (np.zeros((0, 4), np.float32), None),
+        ),
+        "an empty view inside an input's buffer": (
+            (flat[:0].reshape(0, 4),),
+            flat[:0].reshape(0, 4),
+            (flat, None),
+        ),
+        "1-D packed outputs": (
+            (np.empty(15, np.float32),),
+            np.zeros(15, np.float32),
+            (np.zeros(15, np.float32), None),
+        ),
+        "a 1-D output beside a 2-D like": ((np.empty(15, np.float32),), a, inputs),
+    }
+    return cases
+
+
+def test_the_compiled_outputs_test_equals_the_python_one_and_is_in_use():
+    assert _validate.common_outputs is _checks.common_outputs
+    answers = {}
+    for name, (outputs, like, given) in output_cases().items():
+        expected = _validate.python_common_outputs(outputs, like, given)
+        assert _checks.common_outputs(outputs, like, given) == expected, name
+        answers[name] = expected
+    # both answers among the cases, as each case's name says
+    accepted = [
+        "plain output",
+        "two fresh outputs",
+        "planes of one buffer",
+        "apart reshaped views",
+        "a plane beside its buffer's other planes",
+        "an output apart from a view mask",
+        "empty outputs and inputs",
+        "1-D packed outputs",
+    ]
+    refused = [
+        "an input as output",
+        "the second input as output",
+        "one array twice",
+        "overlapping reshaped views",
+        "an output over a view mask's bytes",
+        "an output inside a strided input's bounds",
+        "an output inside a reversed input's bounds",
+        "read-only output",
+        "subclass output",
+        "float64 plain output",
+        "a 1-D output beside a 2-D like",
+        "Fortran order second output",
+    ]
+    assert all(answers[name] for name in accepted), [n for n in accepted if not answers[n]]
+    assert not any(answers[name] for name in refused), [n for n in refused if answers[n]]
