@@ -175,14 +175,15 @@ _packed_scales_caller = _compiled_caller(
 
 
 # A batch of at most this many rows keeps its layout, scales and row outputs in the common
-# entry's stack frame (``_serial_common_build``): 9 KiB at most.
+# entry's stack frame (``_common_entry_build``): 9 KiB at most.
 _STACK_ROWS = 128
 
 
-def _serial_common_build(serial, kernel: Kernel, packed: bool = False, parallel=None):
+def _common_entry_build(serial, kernel: Kernel, packed: bool = False, parallel=None):
     """numba's entry for the common case of ``kernel`` on one thread (``Kernel.common_arguments``,
-    n_threads 1): what ``_backend._common_from_kernel`` does around a serial call, compiled
-    into one function that calls the serial build by address (``_compiled_caller``), so that a
+    n_threads 1), or on several with ``parallel`` (below): what ``_backend._common_from_kernel``
+    does around a serial call, compiled into one function that calls the serial build by
+    address (``_compiled_caller``), so that a
     small call pays one dispatch of a few arguments instead of the table kernel's (gae at 8 x 128:
     2.8 us -> about 1 us; the Cython entries are C for the same reason). Same arrays, same serial
     code, same totals (``_pairwise_sum``, as ``_row_totals``): the same bits as the general way.
@@ -209,7 +210,7 @@ def _serial_common_build(serial, kernel: Kernel, packed: bool = False, parallel=
     dispatch of the parallel build that types its twenty-odd arguments (about 10 us of a 0.12 ms
     call at 256 x 1024, numba's two-thread losses 1.10-1.11x Cython's time)."""
     first = kernel.inputs[0].name
-    arguments = kernel.common_arguments  # n_threads last, which is 1 here
+    arguments = kernel.common_arguments  # n_threads last: 1, but for the parallel entry
     floats = [a.name for a in kernel.row_inputs if a.name != SCALES]  # gae's gammas, ...
     if kernel.aggregates:
         floats.insert(0, "scales")
@@ -388,25 +389,25 @@ class _Kernel:
             self.parallel = parallel(function)
 
     def serial_common(self):
-        """The one-thread entry of the common case (``_serial_common_build``), built once."""
+        """The one-thread entry of the common case (``_common_entry_build``), built once."""
         if self._serial_common is None:
-            self._serial_common = _serial_common_build(self.serial, self.kernel)
+            self._serial_common = _common_entry_build(self.serial, self.kernel)
         return self._serial_common
 
     def serial_packed(self):
-        """The one-thread entry of packed rows (``_serial_common_build``), built once."""
+        """The one-thread entry of packed rows (``_common_entry_build``), built once."""
         if self._serial_packed is None:
-            self._serial_packed = _serial_common_build(self.serial, self.kernel, packed=True)
+            self._serial_packed = _common_entry_build(self.serial, self.kernel, packed=True)
         return self._serial_packed
 
     def parallel_common(self, packed: bool = False):
-        """The entry of the common case on several threads (``_serial_common_build`` with the
+        """The entry of the common case on several threads (``_common_entry_build`` with the
         parallel build, behind ``_locked``), built once; None without a parallel build made
         from the table."""
         if not self.sets_threads:
             return None
         if packed not in self._parallel_commons:
-            build = _serial_common_build(self.serial, self.kernel, packed, self.parallel)
+            build = _common_entry_build(self.serial, self.kernel, packed, self.parallel)
             serial = self.serial_packed() if packed else self.serial_common()
             self._parallel_commons[packed] = _locked(build, serial, self.kernel.common_arguments)
         return self._parallel_commons[packed]
