@@ -622,11 +622,13 @@ def test_every_common_entry_takes_the_tables_common_arguments(name, backend):
 
 @pytest.mark.numba
 @pytest.mark.skipif("numba" not in COMPILED, reason="numba is not installed here")
-def test_numbas_entries_of_several_threads_are_compiled_and_give_way_to_a_running_parallel_call():
+def test_numbas_entries_of_several_threads_are_compiled_and_give_way_to_a_running_parallel_call(
+    monkeypatch,
+):
     """On several threads numba's common case runs one compiled entry around the parallel build
     (``_numba_kernels.parallel_common``), padded and packed, not the table kernel from Python;
-    while another call runs a parallel build (the lock held), it runs on one thread: the same
-    bits."""
+    while another call runs a parallel build (the lock held), it runs on one thread, without
+    calling its parallel entry: the same bits."""
     from ppo_fast import _numba_builds, _numba_kernels
 
     float64 = np.dtype(np.float64)
@@ -640,6 +642,13 @@ def test_numbas_entries_of_several_threads_are_compiled_and_give_way_to_a_runnin
         named = _examples.common_arguments(kernel, (9, 263), float64, rng, optional=True)
         named["mask"] = rng.random((9, 263)) < 0.8
         entry = _backend.common(name, "numba", 2, float64, True)
+        parallel, threads = entry.__globals__["parallel"], []  # _numba_builds._locked's source
+
+        def counted(*arguments, parallel=parallel, threads=threads):
+            threads.append(arguments[-1])
+            return parallel(*arguments)
+
+        monkeypatch.setitem(entry.__globals__, "parallel", counted)
         results = []
         for held in (False, True):
             outputs = {a.name: np.empty((9, 263)) for a in kernel.outputs}
@@ -651,6 +660,7 @@ def test_numbas_entries_of_several_threads_are_compiled_and_give_way_to_a_runnin
                 totals = entry(*arguments, 2)
             results.append([*outputs.values(), *(totals or ())])
         same_bits(results[1], results[0], name)
+        assert threads == [2], name  # the parallel entry ran once: not with the lock held
 
 
 @pytest.mark.skipif("cython" not in COMPILED, reason="the Cython backend is not built here")
