@@ -45,6 +45,7 @@ from ._numba_core import (
 from ._numba_covariance import _kl_cov_top_k_serial, _kl_cov_top_k_shared, kl_cov_top_k
 from ._numba_gae import _ERROR_BOUND, _GAE, _RUNNING_BOUND, _gae_chunked, gae
 from ._numba_lanes import (
+    _count_valid_lanes,
     _lane,
     _lane_total,
     _lanes_add,
@@ -59,7 +60,9 @@ from ._numba_lanes import (
     _lanes_splat,
     _lanes_store,
     _lanes_sub,
+    _lanes_where,
     _lanes_where_valid,
+    _valid_bytes,
     _with_lane,
 )
 from ._numba_losses import (
@@ -576,8 +579,8 @@ def _otb_groups(
 def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
     """Twin: src/rows_moments.h ppo_moments_row, its order: token t of a row to lane t % 8 of
     float64 lanes (explicit vectors: the order is written here, not left to LLVM's vectorizer),
-    added up in the fixed tree. The row's valid prefix only, prefetching _STREAM_AHEAD_BYTES
-    ahead and across the padding into the next row (the twin says why)."""
+    added up in the fixed tree; the count an integer. The row's valid prefix only, prefetching
+    _STREAM_AHEAD_BYTES ahead and across the padding into the next row (the twin says why)."""
     has_mask = mask.shape[0] > 0
     distance = np.uint64(_STREAM_AHEAD_BYTES // x.itemsize)
     for b in prange(starts.shape[0]):
@@ -586,35 +589,34 @@ def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
         length = min(np.uint64(max(lengths[b], 0)), span)
         end = start + length
         shifts = _lanes_splat(shift)
-        ones = _lanes_splat(1.0)
-        count = _lanes_splat(0.0)
-        total = count
-        total_sq = count
+        count = 0
+        total = _lanes_splat(0.0)
+        total_sq = total
         whole = start + length // _U8 * _U8
         for i in range(start, whole, _U8):
             if (i - start) % _PREFETCH_BLOCK == 0:
                 ahead = _ahead_by(i, start, span, length, distance)
                 _prefetch_ahead(x, x, x, x, False, mask, has_mask, ahead)  # one array: x
             centred = _lanes_sub(_lanes_load(x, i), shifts)
-            if has_mask:  # a masked lane adds +0.0: a sum that starts at +0.0 is unchanged
-                count = _lanes_add(count, _lanes_where_valid(mask, i, ones))
-                total = _lanes_add(total, _lanes_where_valid(mask, i, centred))
-                squares = _lanes_where_valid(mask, i, _lanes_mul(centred, centred))
-                total_sq = _lanes_add(total_sq, squares)
+            squares = _lanes_mul(centred, centred)
+            if has_mask:  # a masked lane keeps its sums (the twin's ppo_f64x8_add_where)
+                valid = _valid_bytes(mask, i)
+                count += _count_valid_lanes(valid)
+                total = _lanes_where(valid, _lanes_add(total, centred), total)
+                total_sq = _lanes_where(valid, _lanes_add(total_sq, squares), total_sq)
             else:
-                count = _lanes_add(count, ones)
+                count += 8
                 total = _lanes_add(total, centred)
-                total_sq = _lanes_add(total_sq, _lanes_mul(centred, centred))
-        tail_count = _lanes_splat(0.0)
-        tail_total = tail_count
-        tail_total_sq = tail_count
+                total_sq = _lanes_add(total_sq, squares)
+        tail_total = _lanes_splat(0.0)
+        tail_total_sq = tail_total
         for i in range(whole, end):  # the last positions, fewer than 8, lane by lane
             if not has_mask or mask[i] != 0:
                 centred_x = np.float64(x[i]) - shift
-                tail_count = _with_lane(tail_count, i - whole, 1.0)
+                count += 1
                 tail_total = _with_lane(tail_total, i - whole, centred_x)
                 tail_total_sq = _with_lane(tail_total_sq, i - whole, centred_x * centred_x)
-        counts[b] = _lane_total(_lanes_add(count, tail_count))
+        counts[b] = np.float64(count)
         sums[b] = _lane_total(_lanes_add(total, tail_total))
         sums_sq[b] = _lane_total(_lanes_add(total_sq, tail_total_sq))
 

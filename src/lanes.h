@@ -362,8 +362,13 @@ PPO_INLINE ppo_m64x8 ppo_m64x8_or(ppo_m64x8 a, ppo_m64x8 b) { return (ppo_m64x8)
 PPO_INLINE ppo_m64x8 ppo_m64x8_from_bytes(const uint8_t* p) { /* lane i: p[i] != 0 */
     int64_t bytes;
     memcpy(&bytes, p, 8);
+#if defined(__AVX512BW__) && defined(__AVX512VL__) /* one byte test, not a 512-bit widening */
+    __m128i narrow = _mm_cvtsi64_si128(bytes);
+    return (ppo_m64x8)_mm_test_epi8_mask(narrow, narrow);
+#else
     __m512i wide = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(bytes));
     return _mm512_test_epi64_mask(wide, wide);
+#endif
 }
 PPO_INLINE ppo_m64x8 ppo_m64x8_first(ptrdiff_t count) { /* lane i: i < count */
     return (ppo_m64x8)((1u << (count < 0 ? 0 : count < 8 ? count : 8)) - 1u);
@@ -1146,6 +1151,17 @@ PPO_INLINE double ppo_f64x8_lane0(ppo_f64x8 x) {
 /* float64 rows need no conversion. */
 PPO_INLINE ppo_f64x8 ppo_f64x8_to_f64(ppo_f64x8 x) { return x; }
 PPO_INLINE ppo_f64x8 ppo_f64x8_from_f64(ppo_f64x8 x) { return x; }
+
+/* a + b in the lanes of m, a in the others: a sum's step over the valid lanes only. The same bits
+ * as a + (m ? b : +0.0) wherever a is not -0.0, which a sum that starts at +0.0 never is (x + y
+ * is -0.0 only for two -0.0): one masked add with AVX-512, where the select and add were two. */
+PPO_INLINE ppo_f64x8 ppo_f64x8_add_where(ppo_m64x8 m, ppo_f64x8 a, ppo_f64x8 b) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    return _mm512_mask_add_pd(a, m, a, b);
+#else
+    return ppo_f64x8_select(m, ppo_f64x8_add(a, b), a);
+#endif
+}
 
 /* The lanes of a sum, added up in a fixed tree. */
 PPO_INLINE double ppo_f64x8_total(ppo_f64x8 x) {

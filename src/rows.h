@@ -164,6 +164,18 @@ PPO_INLINE void PPO_ROW(ppo_prefetch_ahead)(
     }
 }
 
+/* The streaming passes' (moments, whiten) prefetches for the 64 positions from `ahead`
+ * (ppo_ahead_by) of x, and their mask's line (NULL: none), at once before a group of 8 blocks,
+ * as numba's twins (_numba_core._prefetch_ahead, _PREFETCH_BLOCK positions): a test a block
+ * (ppo_prefetch_ahead) kept GCC's loop a block a trip, and the moments over float32 1024 x 4096
+ * (one thread, AMD EPYC with AVX-512) took 0.81 ms that way, 0.65 ms this way (numba's 0.64). */
+PPO_INLINE void PPO_ROW(ppo_prefetch_group)(
+    const ppo_real* x, const uint8_t* mask, ptrdiff_t ahead) {
+    for (ptrdiff_t line = 0; line < 64; line += 64 / (ptrdiff_t)sizeof(ppo_real))
+        ppo_prefetch(x, (ahead + line) * (ptrdiff_t)sizeof(ppo_real));
+    if (mask) ppo_prefetch(mask, ahead);
+}
+
 /* The backward rows' (GAE, the returns) prefetches: at each block of 8 positions i .. i+7 that
  * a row run backwards reaches (t: the block's end, from any fixed origin, going down by 8 a block),
  * the cache lines PPO_CHUNK positions below i of the arrays it reads (b may be NULL) and, for

@@ -4,17 +4,19 @@
  * that both backends, every build and any thread count give the same bits. Included by rows.h,
  * once per dtype. */
 
-/* The 8 tokens from position i into the sums: invalid lanes add 0 (a sum that starts at +0.0 is
- * unchanged by it), so that nothing stored at a masked position reaches a sum. */
+/* The 8 tokens from position i into the sums: invalid lanes leave them as they are (the bits of
+ * adding +0.0 there, ppo_f64x8_add_where says why), so that nothing stored at a masked position
+ * reaches a sum; the count is the valid lanes' integer count (the float64 lanes' integer sums
+ * had the same value in any order). A masked add and an integer count are two vector operations
+ * fewer a block than selects and a float64 count: masked moments 1.03 -> 0.82 ms on float32
+ * 1024 x 4096 (one thread, AMD EPYC with AVX-512), and 0.60 -> 0.50 ms without a mask. */
 PPO_INLINE void PPO_ROW(ppo_moments_block)(
-    ppo_m64x8 valid, const ppo_real* x, ptrdiff_t i, ppo_f64x8 shift, ppo_f64x8* count,
+    ppo_m64x8 valid, const ppo_real* x, ptrdiff_t i, ppo_f64x8 shift, ppo_c64x8* count,
     ppo_f64x8* total, ppo_f64x8* total_sq) {
-    ppo_f64x8 zero = ppo_f64x8_splat(0.0);
     ppo_f64x8 centred = ppo_f64x8_sub(PPO_V(to_f64)(PPO_V(load)(x + i)), shift);
-    *count = ppo_f64x8_add(*count, ppo_f64x8_select(valid, ppo_f64x8_splat(1.0), zero));
-    *total = ppo_f64x8_add(*total, ppo_f64x8_select(valid, centred, zero));
-    *total_sq =
-        ppo_f64x8_add(*total_sq, ppo_f64x8_select(valid, ppo_f64x8_mul(centred, centred), zero));
+    *count = ppo_c64x8_add(*count, valid);
+    *total = ppo_f64x8_add_where(valid, *total, centred);
+    *total_sq = ppo_f64x8_add_where(valid, *total_sq, ppo_f64x8_mul(centred, centred));
 }
 
 /* The row's valid prefix only (positions before its length), then its last positions (fewer
@@ -26,17 +28,27 @@ PPO_INLINE void PPO_ROW(ppo_moments_cases)(
     const uint8_t* mask, double shift, double* row_count, double* row_total,
     double* row_total_sq) {
     ppo_f64x8 shifts = ppo_f64x8_splat(shift);
-    ppo_f64x8 count = ppo_f64x8_splat(0.0), total = count, total_sq = count;
+    ppo_c64x8 count = ppo_c64x8_zero();
+    ppo_f64x8 total = ppo_f64x8_splat(0.0), total_sq = total;
     ptrdiff_t valid_end = ppo_valid_stop(start, span, length), i;
     const ptrdiff_t distance = PPO_STREAM_AHEAD_BYTES / (ptrdiff_t)sizeof(ppo_real);
-    for (i = start; i + 8 <= valid_end; i += 8) {
-        PPO_ROW(ppo_prefetch_ahead)(
-            x, NULL, NULL, NULL, has_mask ? mask : NULL, start, i,
-            ppo_ahead_by(i, valid_end, start + span, distance));
+    /* Groups of 8 blocks, then the last blocks (a group whose trip count is not a constant
+     * ran 1.2x this time: GCC kept its loop a block a trip). */
+    for (i = start; i + 64 <= valid_end; i += 64) {
+        PPO_ROW(ppo_prefetch_group)(
+            x, has_mask ? mask : NULL, ppo_ahead_by(i, valid_end, start + span, distance));
+        for (ptrdiff_t block = i; block < i + 64; block += 8)
+            PPO_ROW(ppo_moments_block)(
+                has_mask ? ppo_m64x8_from_bytes(mask + block) : ppo_m64x8_all(), x, block,
+                shifts, &count, &total, &total_sq);
+    }
+    if (i + 8 <= valid_end)
+        PPO_ROW(ppo_prefetch_group)(
+            x, has_mask ? mask : NULL, ppo_ahead_by(i, valid_end, start + span, distance));
+    for (; i + 8 <= valid_end; i += 8)
         PPO_ROW(ppo_moments_block)(
             has_mask ? ppo_m64x8_from_bytes(mask + i) : ppo_m64x8_all(), x, i, shifts, &count,
             &total, &total_sq);
-    }
     if (i < valid_end) {
         ptrdiff_t tail = valid_end - i;
         ppo_real tail_x[8] = {0};
@@ -47,7 +59,7 @@ PPO_INLINE void PPO_ROW(ppo_moments_cases)(
             ppo_valid_lanes(tail_mask, has_mask, 0, 0, tail), tail_x, 0, shifts, &count, &total,
             &total_sq);
     }
-    *row_count = ppo_f64x8_total(count);
+    *row_count = (double)ppo_c64x8_total(count);
     *row_total = ppo_f64x8_total(total);
     *row_total_sq = ppo_f64x8_total(total_sq);
 }
@@ -68,8 +80,9 @@ static void PPO_ROW(ppo_moments_row)(
  * -fno-trapping-math allows on every lane); each store is the twin's. */
 /* The valid prefix 8 tokens at a time in explicit lanes (gcc's own vectorization of the scalar
  * loop ran 1.6-1.8 times numba's time on rows in the cache), prefetching x 8 KiB ahead and across
- * the padding (as the moments'), then the padding's zeros. Each token's value is the twin's:
- * ((double)x - mean) * scale + offset, rounded to the dtype, 0 where masked. */
+ * the padding (as the moments', a group of 8 blocks at once), then the padding's zeros. Each
+ * token's value is the twin's: ((double)x - mean) * scale + offset, rounded to the dtype, 0 where
+ * masked. */
 static void PPO_ROW(ppo_whiten_row)(
     const ppo_real* x, ptrdiff_t start, ptrdiff_t span, ptrdiff_t length, const uint8_t* mask,
     int has_mask, double mean, double scale, double offset, ppo_real* whitened) {
@@ -78,10 +91,10 @@ static void PPO_ROW(ppo_whiten_row)(
     ppo_f64x8 means = ppo_f64x8_splat(mean), scales = ppo_f64x8_splat(scale);
     ppo_f64x8 offsets = ppo_f64x8_splat(offset);
     ppo_vec zero = PPO_V(splat)(0);
-    for (i = start; i + 8 <= valid_end; i += 8) {
-        PPO_ROW(ppo_prefetch_ahead)(
-            x, NULL, NULL, NULL, has_mask ? mask : NULL, start, i,
-            ppo_ahead_by(i, valid_end, start + span, distance));
+    for (i = start; i + 8 <= valid_end; i += 8) { /* groups of 8 blocks, as the moments' */
+        if ((i - start) % 64 == 0)
+            PPO_ROW(ppo_prefetch_group)(
+                x, has_mask ? mask : NULL, ppo_ahead_by(i, valid_end, start + span, distance));
         ppo_f64x8 centred = ppo_f64x8_sub(PPO_V(to_f64)(PPO_V(load)(x + i)), means);
         ppo_vec value = PPO_V(from_f64)(ppo_f64x8_add(ppo_f64x8_mul(centred, scales), offsets));
         if (has_mask) value = PPO_V(select)(PPO_M(from_bytes)(mask + i), value, zero);
