@@ -1,9 +1,9 @@
 """The stages' fast paths against the general way: the same bits, the same errors.
 
-``gae``, the KL rewards, ``clipped_surrogate``, ``value_loss``, ``whiten`` and the policy-loss
-family (``reinforce_loss`` ... ``dppo_loss``, any aggregation mode over the batch's own counts,
-without weights) recognise the common case (``_validate.common_case``: C-contiguous (B, T) NumPy
-arrays of one float dtype, no mask or a bool one, real hyperparameters (floats, ints, NumPy
+``gae``, the KL rewards, ``clipped_surrogate``, ``value_loss``, ``whiten``, ``masked_moments`` and
+the policy-loss family (``reinforce_loss`` ... ``dppo_loss``, any aggregation mode over the batch's
+own counts, without weights) recognise the common case (``_validate.common_case``: C-contiguous (B,
+T) NumPy arrays of one float dtype, no mask or a bool one, real hyperparameters (floats, ints, NumPy
 scalars), preallocated outputs apart from the inputs) and call the backend's common-case entries
 (``_backend.common``: the Cython kernels' own ``<kernel>_common``, which counts the valid positions,
 works out a loss's row scales and totals the row outputs in C; for numba and the oracle, one written
@@ -304,6 +304,50 @@ def assert_both_ways(call, kwargs, shape, dtype, what, after_fast_call=lambda: N
     same_bits(outs, general_outs, what)
     same_bits(outs, [a for a in filled[1] if isinstance(a, np.ndarray)], what)
     assert all(any(a is out for a in filled[1]) for out in outs), what
+
+
+# masked_moments' shifts: reals of each type the fast path reads as floats, a negative zero,
+# and what it leaves to the general way's errors (not finite, a string, a bool).
+SHIFTS = [0.0, -0.0, 1.5, 1, np.float32(0.25), np.int64(-3), np.inf, np.nan, "1", True]
+
+
+def moments_outcome(**kwargs):
+    """``outcome`` of ``masked_moments``: its Moments' four fields as a list, or the error."""
+    result = outcome(lambda **arguments: [ppo_fast.masked_moments(**arguments)], **kwargs)
+    if result[0] == "error":
+        return result
+    (moments,) = result[1]
+    return "ok", [moments.count, moments.sum, moments.sum_sq, moments.shift]
+
+
+def assert_moments_both_ways(kwargs, what):
+    """``masked_moments(**kwargs)`` the fast way and the general way: the same bits (floats
+    each) or the same error; whether it took the fast way."""
+    fast = moments_outcome(**kwargs)
+    general = general_way(moments_outcome, **kwargs)
+    assert fast[0] == general[0], what
+    if fast[0] == "error":
+        assert fast[1] == general[1], what
+    else:
+        same_bits(fast[1], general[1], what)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_masked_moments_fast_path_gives_the_general_ways_bits_or_errors(backend, dtype, fast_calls):
+    """``masked_moments`` over every layout of ``stage_layouts`` (bool masks with holes and odd
+    bytes, no valid position, masks of numbers, lengths) and every shift of SHIFTS: the fast
+    way, taken for each finite real shift, gives the general way's Moments bit for bit."""
+    rng = np.random.default_rng(13)
+    shapes = SHAPES if backend != "python" else SHAPES[1:]
+    finite = 0
+    for shape in shapes:
+        x = token_arrays(rng, shape, dtype)["a"]
+        for layout, shift in itertools.product(stage_layouts(rng, shape), SHIFTS):
+            kwargs = dict(x=x, **layout, shift=shift, backend=backend)
+            assert_moments_both_ways(kwargs, (shape, layout, shift))
+            finite += type(shift) is not str and type(shift) is not bool and np.isfinite(shift)
+    assert fast_calls == ["moments"] * finite
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
@@ -738,8 +782,8 @@ def test_the_cython_common_entries_refuse_what_they_cannot_read():
 def _fast_targets():
     """Hostile-input targets whose valid call is a common case: gae without a bootstrap, the
     clipped surrogate without weights (tests/hostile.py's own target takes them, which the fast
-    path leaves to the general way), the value loss (with num_tokens), whiten, KL-Cov's selection
-    and the policy family (the geometric mean with num_seqs)."""
+    path leaves to the general way), the value loss (with num_tokens), whiten, masked_moments,
+    KL-Cov's selection and the policy family (the geometric mean with num_seqs)."""
 
     def gae(rng):
         arrays = hostile._tokens(rng, "rewards", "values")
@@ -808,8 +852,12 @@ def _fast_targets():
             for loss, scalars in FAMILY_SCALARS
         ),
         # their valid calls are common cases: float64 (B, T) arrays, k3 and a clamp (and for
-        # shape_rewards float64 scores and a bool mask)
-        *(t for t in hostile._numpy_targets() if t.name in ("kl_penalty", "shape_rewards")),
+        # shape_rewards float64 scores and a bool mask); masked_moments' a bool mask and a shift
+        *(
+            t
+            for t in hostile._numpy_targets()
+            if t.name in ("kl_penalty", "shape_rewards", "masked_moments")
+        ),
         hostile.Target(
             "kl_cov_selection[common]",
             ppo_fast.kl_cov_selection,
@@ -874,8 +922,9 @@ def test_hostile_inputs_get_the_same_answer_or_error_both_ways(target, fast_call
             assert type(fast[1]) is type(general[1]), case.id(target)
             assert str(fast[1]) == str(general[1]), case.id(target)
     # the valid call, at least, went the fast way (a family loss's kernel: its name less _loss;
-    # KL-Cov's selection: its table kernel)
-    name = {"kl_cov_selection": "kl_cov_top_k"}.get(target.call.__name__, target.call.__name__)
+    # KL-Cov's selection: its table kernel; masked_moments: the moments' entry)
+    kernels = {"kl_cov_selection": "kl_cov_top_k", "masked_moments": "moments"}
+    name = kernels.get(target.call.__name__, target.call.__name__)
     assert name in fast_calls or name.removesuffix("_loss") in fast_calls
 
 

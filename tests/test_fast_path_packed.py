@@ -4,11 +4,11 @@ general way: the same bits, the same errors.
 A stage with a fast path takes packed rows the fast way where ``_validate.common_packed`` accepts
 them (exact 1-D arrays of one float dtype, an int64 or int32 C-contiguous cu_seqlens from 0 to N,
 never decreasing; no mask or lengths beside it) and its hyperparameters are its common case's:
-``gae``, ``shape_rewards``, ``whiten``, ``clipped_surrogate``, ``value_loss``, the policy family
-and ``kl_cov_selection``. It calls the backend's packed entry (``_backend.common(...,
-packed=True)``: the common-case entry with the rows' starts and spans in the mask's place, every
-position valid) or, for the KL rewards and KL-Cov's selection, the table kernel itself. Each call
-here runs both ways (the general way with both common-case tests turned off:
+``gae``, ``shape_rewards``, ``whiten``, ``masked_moments``, ``clipped_surrogate``, ``value_loss``,
+the policy family and ``kl_cov_selection``. It calls the backend's packed entry
+(``_backend.common(..., packed=True)``: the common-case entry with the rows' starts and spans in the
+mask's place, every position valid) or, for the KL rewards and KL-Cov's selection, the table kernel
+itself. Each call here runs both ways (the general way with both common-case tests turned off:
 ``test_fast_path.general_way``) and compares them; that the fast path was taken exactly where it
 should be is checked call by call."""
 
@@ -21,8 +21,10 @@ import pytest
 from conftest import ALL_BACKENDS, COMPILED
 from test_fast_path import (
     DTYPES,
+    SHIFTS,
     _kernel_way,
     assert_both_ways,
+    assert_moments_both_ways,
     general_way,
     outcome,
     same_bits,
@@ -112,6 +114,22 @@ def test_the_packed_fast_path_gives_the_general_ways_bits_or_errors(backend, dty
                 )
                 calls += 1
     assert calls > 500
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_masked_moments_packed_fast_path_gives_the_general_ways_bits(backend, dtype, fast_calls):
+    """``masked_moments`` on packed rows (int64 and int32 cu_seqlens) and every shift of
+    SHIFTS: the packed entry, called for each finite real shift, gives the general way's bits."""
+    rng = np.random.default_rng(22)
+    finite = 0
+    for lengths in LENGTHS + ([LONG] if backend in COMPILED else []):
+        arrays, cu = packed(rng, lengths, dtype)
+        for cu_seqlens, shift in itertools.product((cu, cu.astype(np.int32)), SHIFTS):
+            kwargs = dict(x=arrays["a"], cu_seqlens=cu_seqlens, shift=shift, backend=backend)
+            assert_moments_both_ways(kwargs, (lengths[:8], cu_seqlens.dtype, shift))
+            finite += type(shift) is not str and type(shift) is not bool and np.isfinite(shift)
+    assert fast_calls == ["moments"] * finite
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
