@@ -322,7 +322,7 @@ def moments_outcome(**kwargs):
 
 def assert_moments_both_ways(kwargs, what):
     """``masked_moments(**kwargs)`` the fast way and the general way: the same bits (floats
-    each) or the same error; whether it took the fast way."""
+    each) or the same error (the callers count the fast way's calls)."""
     fast = moments_outcome(**kwargs)
     general = general_way(moments_outcome, **kwargs)
     assert fast[0] == general[0], what
