@@ -17,6 +17,11 @@ re-exports them, and the stages call them from there.
 - ``common_outputs(outputs, like, inputs)``: preallocated outputs (``out=``, ``grad_out=``),
   exact NumPy arrays of ``like``'s dtype and shape, C-contiguous, aligned and writeable, whose
   bytes lie apart from every input's and each other's.
+- ``lengths_mask(arrays, lengths)``: beside padded arrays of the common case (no mask), lengths
+  that the fast paths take as the bool mask of the positions t < lengths[b]: an exact 1-D NumPy
+  array of int64 or int32 (native byte order; any strides, read-only allowed) of B entries in
+  [0, T], for at most LENGTHS_AS_MASK_POSITIONS positions: that mask, an array of its own; else
+  False.
 
 Anything else goes the general way, which returns the same or raises.
 """
@@ -121,10 +126,42 @@ def python_common_outputs(
 
 _may_share_memory = np.may_share_memory
 
+# Up to this many positions lengths take the fast paths as the bool mask of their valid
+# positions (the same bits); above, writing and reading B x T bytes costs more than the general
+# way's checks (8 x 128: gae 15.4 us the general way, 7.3 us as a mask in Python, 3.4 us in C).
+LENGTHS_AS_MASK_POSITIONS = 1 << 16
+_LENGTH_DTYPES = frozenset((np.dtype(np.int64), np.dtype(np.int32)))
+_row_positions: dict[int, np.ndarray] = {}  # np.arange(T) by T, bounded as _rows' caches
+
+
+def python_lengths_mask(arrays: tuple[Any, ...], lengths: Any) -> Any:
+    """``lengths_mask`` in Python (see the module's docstring)."""
+    if (
+        type(lengths) is not _NDARRAY
+        or lengths.dtype not in _LENGTH_DTYPES
+        or lengths.ndim != 1
+        or not python_common_case(arrays, None)
+    ):
+        return False
+    n_rows, width = arrays[0].shape
+    if lengths.shape[0] != n_rows or n_rows * width > LENGTHS_AS_MASK_POSITIONS:
+        return False
+    # one reduction for both bounds: a negative length is past T as an unsigned integer
+    unsigned = lengths.view(np.uint64 if lengths.itemsize == 8 else np.uint32)
+    if n_rows and unsigned.max() > width:
+        return False
+    positions = _row_positions.get(width)
+    if positions is None:
+        if len(_row_positions) >= 64:
+            _row_positions.clear()
+        positions = _row_positions[width] = np.arange(width)
+    return positions < lengths[:, None]
+
 
 try:
-    from ._checks import common_case, common_outputs, common_packed
+    from ._checks import common_case, common_outputs, common_packed, lengths_mask
 except ImportError:  # not built (setup.py warned): the same tests in Python
     common_case = python_common_case
     common_outputs = python_common_outputs
     common_packed = python_common_packed
+    lengths_mask = python_lengths_mask

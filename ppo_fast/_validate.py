@@ -347,20 +347,17 @@ def fast_real(value: Any) -> Any:
 
 
 # The fast paths' tests of their common case (in C where ppo_fast._checks is built), re-exported:
-# the stages call them as _validate.common_case, common_packed and common_outputs.
+# the stages call them as _validate.common_case, common_packed, common_outputs and (through
+# converted_mask) lengths_mask.
+from ._common_case import LENGTHS_AS_MASK_POSITIONS as LENGTHS_AS_MASK_POSITIONS  # noqa: E402
 from ._common_case import common_case as common_case  # noqa: E402
 from ._common_case import common_outputs as common_outputs  # noqa: E402
 from ._common_case import common_packed as common_packed  # noqa: E402
+from ._common_case import lengths_mask as lengths_mask  # noqa: E402
 from ._common_case import python_common_case as python_common_case  # noqa: E402
 from ._common_case import python_common_outputs as python_common_outputs  # noqa: E402
 from ._common_case import python_common_packed as python_common_packed  # noqa: E402
-
-# Up to this many positions lengths take the fast paths as the bool mask of their valid
-# positions (the same bits); above, writing and reading B x T bytes costs more than the general
-# way's checks (8 x 128: gae 15.4 us the general way, 7.3 us as a mask).
-LENGTHS_AS_MASK_POSITIONS = 1 << 16
-_LENGTH_DTYPES = frozenset((np.dtype(np.int64), np.dtype(np.int32)))
-_row_positions: dict[int, np.ndarray] = {}  # np.arange(T) by T, bounded as _rows' caches
+from ._common_case import python_lengths_mask as python_lengths_mask  # noqa: E402
 
 
 def common_layout(arrays: tuple[Any, ...], mask: Any, lengths: Any, cu_seqlens: Any) -> Any:
@@ -386,7 +383,7 @@ def converted_mask(arrays: tuple[Any, ...], mask: Any, lengths: Any = None) -> A
     length out of range included): the general way, with its errors. Before 0.8.21 such masks
     and lengths went the general way: 3-4x the time of a call at 8 x 128."""
     if lengths is not None:
-        return False if mask is not None else _lengths_mask(arrays, lengths)
+        return False if mask is not None else lengths_mask(arrays, lengths)
     if (
         type(mask) is not _NDARRAY
         or mask.dtype not in _LOOP_MASK_DTYPES
@@ -400,29 +397,6 @@ def converted_mask(arrays: tuple[Any, ...], mask: Any, lengths: Any = None) -> A
     if not _loops.convert_mask(mask.reshape(-1), valid.reshape(-1), n_threads):
         return False  # a value other than 0 and 1, or no numba
     return valid.view(_BOOL)
-
-
-def _lengths_mask(arrays: tuple[Any, ...], lengths: Any) -> Any:
-    if (
-        type(lengths) is not _NDARRAY
-        or lengths.dtype not in _LENGTH_DTYPES
-        or lengths.ndim != 1
-        or not common_case(arrays, None)
-    ):
-        return False
-    n_rows, width = arrays[0].shape
-    if lengths.shape[0] != n_rows or n_rows * width > LENGTHS_AS_MASK_POSITIONS:
-        return False
-    # one reduction for both bounds: a negative length is past T as an unsigned integer
-    unsigned = lengths.view(np.uint64 if lengths.itemsize == 8 else np.uint32)
-    if n_rows and unsigned.max() > width:
-        return False
-    positions = _row_positions.get(width)
-    if positions is None:
-        if len(_row_positions) >= 64:
-            _row_positions.clear()
-        positions = _row_positions[width] = np.arange(width)
-    return positions < lengths[:, None]
 
 
 def common_padded(arrays: tuple[Any, ...], mask: Any) -> Rows | None:

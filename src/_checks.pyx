@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The stages' common-case checks (``ppo_fast._validate.common_case``, ``common_packed`` and
-``common_outputs``) in C.
+"""The stages' common-case checks (``ppo_fast._validate.common_case``, ``common_packed``,
+``common_outputs`` and ``lengths_mask``) in C.
 
 The fast paths of the stages start by asking whether their token arrays and mask are the common
 case: exact NumPy arrays of one float dtype, 2-D, of one shape, C-contiguous, aligned and
@@ -10,7 +10,9 @@ they are reads of the array's fields: about 50 ns. ``_validate.python_common_cas
 test in Python, used where this module is not built; tests/test_checks.py holds the two equal on
 every kind of array that can reach them. ``common_packed`` does the same for packed rows (1-D
 arrays and cu_seqlens), and makes their starts and spans in the pass that checks cu_seqlens;
-``common_outputs`` tests preallocated outputs (``out=``, ``grad_out=``) beside such inputs.
+``common_outputs`` tests preallocated outputs (``out=``, ``grad_out=``) beside such inputs;
+``lengths_mask`` checks lengths and writes the bool mask of their valid positions in one pass
+(0.2 us at 8 x 128, where NumPy's reduction and comparison took 3.7 us).
 
 Built by setup.py beside the kernels, against NumPy's headers (NumPy 2's, which also run on NumPy
 1.x); it reads array fields only and calls nothing in NumPy's C API.
@@ -29,6 +31,10 @@ cdef object BOOL = np.dtype(np.bool_)
 cdef object INT32 = np.dtype(np.int32)
 cdef object INT64 = np.dtype(np.int64)
 cdef object EMPTY = np.empty
+# ppo_fast._common_case.LENGTHS_AS_MASK_POSITIONS (tests/test_checks.py holds them equal)
+LENGTHS_AS_MASK_POSITIONS = 1 << 16
+
+from libc.string cimport memcpy, memset
 
 
 cdef inline bint _is_carray(cnp.ndarray array):
@@ -200,3 +206,45 @@ def common_outputs(tuple outputs, object like, tuple inputs):
             if _overlap(out, other_array):
                 return False
     return True
+
+
+def lengths_mask(tuple arrays, object lengths):
+    """``_common_case.python_lengths_mask(arrays, lengths)``: the bool mask of the positions
+    t < lengths[b] beside padded ``arrays`` of the common case (no mask), an array of its own,
+    where ``lengths`` is an exact 1-D int64 or int32 ndarray (any strides, aligned or not) of one
+    entry a row, each in [0, T], for at most LENGTHS_AS_MASK_POSITIONS positions; else False."""
+    if not _tokens(arrays, 2) or type(lengths) is not NDARRAY:
+        return False
+    cdef cnp.ndarray given = <cnp.ndarray>lengths
+    cdef void *kind = <void *>cnp.PyArray_DESCR(given)
+    if (kind != <void *>INT64 and kind != <void *>INT32) or cnp.PyArray_NDIM(given) != 1:
+        return False
+    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(<cnp.ndarray>arrays[0])
+    cdef cnp.npy_intp n_rows = shape[0], width = shape[1]
+    if cnp.PyArray_DIMS(given)[0] != n_rows or n_rows * width > LENGTHS_AS_MASK_POSITIONS:
+        return False
+    cdef char *entry = <char *>cnp.PyArray_DATA(given)
+    cdef cnp.npy_intp stride = cnp.PyArray_STRIDES(given)[0], b
+    cdef bint is_wide = kind == <void *>INT64
+    cdef cnp.int64_t wide
+    cdef cnp.int32_t narrow
+    for b in range(n_rows):  # the bounds first: nothing is allocated for lengths refused
+        if is_wide:
+            memcpy(&wide, entry + b * stride, 8)
+        else:
+            memcpy(&narrow, entry + b * stride, 4)
+            wide = narrow
+        if wide < 0 or wide > width:
+            return False
+    cdef cnp.ndarray mask = EMPTY((n_rows, width), BOOL)
+    cdef char *row = <char *>cnp.PyArray_DATA(mask)
+    for b in range(n_rows):
+        if is_wide:
+            memcpy(&wide, entry + b * stride, 8)
+        else:
+            memcpy(&narrow, entry + b * stride, 4)
+            wide = narrow
+        memset(row, 1, <size_t>wide)
+        memset(row + wide, 0, <size_t>(width - wide))
+        row += width
+    return mask

@@ -6,7 +6,8 @@ The common case is exact NumPy arrays of one float dtype (float32 or float64, na
 2-D, of one shape, C-contiguous, aligned and writeable, with no mask or such a bool mask. A wrong
 answer either way is a defect: True sends an array the kernel cannot take straight to it, False
 only costs the general way's time, but the two must agree (the fast path's results are the general
-way's, tests/test_fast_path.py).
+way's, tests/test_fast_path.py). The packed rows' test, the preallocated outputs' and the lengths
+taken as a mask (``lengths_mask``) are held to their Python twins the same way.
 """
 
 from __future__ import annotations
@@ -380,3 +381,90 @@ def test_the_compiled_outputs_test_equals_the_python_one_and_is_in_use():
     ]
     assert all(answers[name] for name in accepted), [n for n in accepted if not answers[n]]
     assert not any(answers[name] for name in refused), [n for n in refused if answers[n]]
+
+
+# ---- lengths as the bool mask of their valid positions (``lengths_mask``) ----
+
+
+def lengths_variants() -> dict[str, object]:
+    """Lengths of every kind the fast paths can be given beside (3, 5) arrays, by name: in
+    [0, T] and past it either way, of each integer width and another dtype, of other shapes,
+    strided, reversed, unaligned, read-only, a subclass, a list."""
+    good = np.array([0, 5, 2])
+    raw = np.zeros(3 * 8 + 1, np.uint8)
+    misaligned = raw[1:].view(np.int64)
+    misaligned[:] = good
+    assert not misaligned.flags.aligned
+    cases = {
+        "int64": good,
+        "int32": good.astype(np.int32),
+        "zeros": np.zeros(3, np.int64),
+        "all T": np.full(3, 5, np.int32),
+        "past T": np.array([0, 6, 2]),
+        "negative": np.array([0, -1, 2], np.int32),
+        "int64 min": np.array([0, np.iinfo(np.int64).min, 2]),
+        "int32 min": np.array([0, np.iinfo(np.int32).min, 2], np.int32),
+        "huge": np.array([0, 2**40, 2]),
+        "int16": good.astype(np.int16),
+        "uint64": good.astype(np.uint64),
+        "uint32": good.astype(np.uint32),
+        "float64": good.astype(np.float64),
+        "bool": good.astype(bool),
+        "byte-swapped": good.astype(np.dtype(np.int64).newbyteorder()),
+        "one short": good[:2],
+        "one more": np.array([0, 5, 2, 1]),
+        "2-D": good[None, :],
+        "0-D": np.array(3),
+        "strided": np.array([0, 9, 5, 9, 2])[::2],
+        "reversed": good[::-1].copy()[::-1],
+        "reversed past T": np.array([2, 6, 0])[::-1],
+        "unaligned": misaligned,
+        "read-only": read_only(good.copy()),
+        "subclass": good.copy().view(Subclass),
+        "list": good.tolist(),
+        "None": None,
+    }
+    return cases
+
+
+def test_the_compiled_lengths_mask_equals_the_python_one_on_every_kind_of_input():
+    """Every kind of lengths beside every kind of token array (and beside a common one, then
+    beside a second token array of another kind): the same mask, or False, both ways."""
+    tokens = [*inputs(), ("empty rows", np.zeros((0, 5), np.float32))]
+    lengths = [*lengths_variants().items(), ("no rows", np.zeros(0, np.int64))]
+    plain = np.zeros(SHAPE, np.float32)
+    checked = 0
+    for (token_name, first), (name, given) in itertools.product(tokens, lengths):
+        for arrays in ((first,), (plain, first)):
+            expected = _validate.python_lengths_mask(arrays, given)
+            got = _checks.lengths_mask(arrays, given)
+            assert (got is False) == (expected is False), (token_name, name, len(arrays))
+            if got is not False:
+                assert type(got) is np.ndarray and got.dtype == np.bool_, (token_name, name)
+                assert got.flags.carray and got.flags.owndata, (token_name, name)
+                assert got.tobytes() == expected.tobytes(), (token_name, name)
+                checked += 1
+    assert checked >= 2 * 9  # the good lengths, beside float32 and float64 arrays
+    # the largest batch taken as a mask, and one position past it
+    positions = _checks.LENGTHS_AS_MASK_POSITIONS
+    assert positions == _validate.LENGTHS_AS_MASK_POSITIONS
+    for width, taken in ((positions // 4, True), (positions // 4 + 1, False)):
+        arrays = (np.zeros((4, width), np.float32),)
+        given = np.array([0, width, 1, width // 2])
+        expected = _validate.python_lengths_mask(arrays, given)
+        got = _checks.lengths_mask(arrays, given)
+        assert (got is not False) == (expected is not False) == taken
+        if taken:
+            assert got.tobytes() == expected.tobytes()
+
+
+def test_the_compiled_lengths_mask_is_in_use_and_keeps_nothing():
+    assert _validate.lengths_mask is _checks.lengths_mask
+    a = np.zeros(SHAPE, np.float32)
+    given = np.array([1, 5, 0])
+    counts = (sys.getrefcount(a), sys.getrefcount(given))
+    for _ in range(100):
+        _checks.lengths_mask((a, a), given)
+        _checks.lengths_mask((a,), given + 1)
+    assert (sys.getrefcount(a), sys.getrefcount(given)) == counts
+    assert np.array_equal(given, [1, 5, 0])

@@ -387,7 +387,10 @@ def test_a_failed_build_installs_without_cython_unless_cython_is_required(tmp_pa
         assert ppo_fast.__file__.startswith("{target}"), ppo_fast.__file__
         print(ppo_fast.available_backends())
         from ppo_fast import _validate
-        print(_validate.common_case is _validate.python_common_case)
+        print(
+            _validate.common_case is _validate.python_common_case
+            and _validate.lengths_mask is _validate.python_lengths_mask
+        )
         try:
             ppo_fast.gae(np.zeros((1, 2)), np.zeros((1, 2)), backend="cython")
         except ppo_fast.BackendUnavailableError as error:

@@ -61,10 +61,12 @@ def fast_calls(monkeypatch):
 
 
 def general_way(function, /, *args, **kwargs):
-    """``function(*args, **kwargs)`` with the common case turned off, padded and packed."""
+    """``function(*args, **kwargs)`` with the common case turned off: padded, packed, and
+    lengths taken as a mask."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_validate, "common_case", lambda arrays, mask: False)
         patch.setattr(_validate, "common_packed", lambda arrays, cu_seqlens: None)
+        patch.setattr(_validate, "lengths_mask", lambda arrays, lengths: False)
         return function(*args, **kwargs)
 
 
