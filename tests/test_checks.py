@@ -243,16 +243,28 @@ def test_the_compiled_packed_test_equals_the_python_one_on_every_kind_of_input(n
     assert checked > 0
 
 
-def test_the_compiled_packed_test_is_in_use_and_keeps_nothing():
-    assert _validate.common_packed is _checks.common_packed
-    a = np.zeros(N_TOKENS, np.float32)
-    cu = np.array([0, 4, 15])
-    counts = (sys.getrefcount(a), sys.getrefcount(cu))
+# The compiled tests that take a second array, each with its token array, an accepted second
+# array and a refused one made from it (reversed cu_seqlens; lengths past T).
+SECOND_ARRAYS = {
+    "common_packed": (lambda: np.zeros(N_TOKENS, np.float32), [0, 4, 15], lambda cu: cu[::-1]),
+    "lengths_mask": (lambda: np.zeros(SHAPE, np.float32), [1, 5, 0], lambda lengths: lengths + 1),
+}
+
+
+@pytest.mark.parametrize("name", list(SECOND_ARRAYS))
+def test_the_compiled_tests_of_cu_seqlens_and_lengths_are_in_use_and_keep_nothing(name):
+    """``_validate`` uses the compiled test, and its accepted and refused calls leave no
+    reference to their arrays behind and the arrays as they were."""
+    assert getattr(_validate, name) is getattr(_checks, name)
+    test = getattr(_checks, name)
+    tokens, values, refused = SECOND_ARRAYS[name]
+    a, given = tokens(), np.array(values)
+    counts = (sys.getrefcount(a), sys.getrefcount(given))
     for _ in range(100):
-        _checks.common_packed((a, a), cu)
-        _checks.common_packed((a, a), cu[::-1])
-    assert (sys.getrefcount(a), sys.getrefcount(cu)) == counts
-    assert np.array_equal(cu, [0, 4, 15])
+        test((a, a), given)
+        test((a, a), refused(given))
+    assert (sys.getrefcount(a), sys.getrefcount(given)) == counts
+    assert np.array_equal(given, values)
 
 
 # ---- preallocated outputs beside the inputs (``common_outputs``) ----
@@ -456,15 +468,3 @@ def test_the_compiled_lengths_mask_equals_the_python_one_on_every_kind_of_input(
         assert (got is not False) == (expected is not False) == taken
         if taken:
             assert got.tobytes() == expected.tobytes()
-
-
-def test_the_compiled_lengths_mask_is_in_use_and_keeps_nothing():
-    assert _validate.lengths_mask is _checks.lengths_mask
-    a = np.zeros(SHAPE, np.float32)
-    given = np.array([1, 5, 0])
-    counts = (sys.getrefcount(a), sys.getrefcount(given))
-    for _ in range(100):
-        _checks.lengths_mask((a, a), given)
-        _checks.lengths_mask((a,), given + 1)
-    assert (sys.getrefcount(a), sys.getrefcount(given)) == counts
-    assert np.array_equal(given, [1, 5, 0])
