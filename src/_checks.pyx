@@ -19,6 +19,7 @@ Built by setup.py beside the kernels, against NumPy's headers (NumPy 2's, which 
 """
 
 cimport numpy as cnp
+from libc.string cimport memcpy, memset
 
 import numpy as np
 
@@ -32,9 +33,8 @@ cdef object INT32 = np.dtype(np.int32)
 cdef object INT64 = np.dtype(np.int64)
 cdef object EMPTY = np.empty
 # ppo_fast._common_case.LENGTHS_AS_MASK_POSITIONS (tests/test_checks.py holds them equal)
-LENGTHS_AS_MASK_POSITIONS = 1 << 16
-
-from libc.string cimport memcpy, memset
+cdef cnp.npy_intp MASK_POSITIONS = 1 << 16
+LENGTHS_AS_MASK_POSITIONS = MASK_POSITIONS
 
 
 cdef inline bint _is_carray(cnp.ndarray array):
@@ -221,7 +221,7 @@ def lengths_mask(tuple arrays, object lengths):
         return False
     cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(<cnp.ndarray>arrays[0])
     cdef cnp.npy_intp n_rows = shape[0], width = shape[1]
-    if cnp.PyArray_DIMS(given)[0] != n_rows or n_rows * width > LENGTHS_AS_MASK_POSITIONS:
+    if cnp.PyArray_DIMS(given)[0] != n_rows or n_rows * width > MASK_POSITIONS:
         return False
     cdef char *entry = <char *>cnp.PyArray_DATA(given)
     cdef cnp.npy_intp stride = cnp.PyArray_STRIDES(given)[0], b
