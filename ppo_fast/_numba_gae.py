@@ -366,8 +366,9 @@ def gae(
     if n_chunks != 0:
         return n_chunks
     has_mask = mask.shape[0] > 0
-    for b in prange(n_rows):
+    for k in prange(n_rows):
         _prefer_wide_vectors()
+        b = n_rows - 1 - k  # the rows from the last (_spec.Kernel.backwards says why)
         gamma = gammas[b]
         _gae_span(
             rewards, values, np.uint64(starts[b]), np.uint64(0), np.uint64(spans[b]),
@@ -403,8 +404,10 @@ def _gae_chunked(
     for u in range(n_units):
         for c in range(4):
             summaries[u, c] = 0.0
-    for s in prange(summarised.shape[0]):
-        u = summarised[s]
+    # both parallel passes from the last unit, as gae's rows
+    n_summarised = summarised.shape[0]
+    for s in prange(n_summarised):
+        u = summarised[n_summarised - 1 - s]
         b = unit_rows[u]
         low = np.uint64(unit_chunks[u]) * _GAE_CHUNK
         high = min(low + _GAE_CHUNK, min(np.uint64(lengths[b]), np.uint64(spans[b])))
@@ -418,8 +421,9 @@ def _gae_chunked(
         summaries[u, 3] = local
     seeds = np.empty((n_units, 2))
     _gae_seeds(rewards, values, gammas, lams, bootstrap, unit_rows, summaries, seeds)
-    for u in prange(n_units):
+    for k in prange(n_units):
         _prefer_wide_vectors()
+        u = n_units - 1 - k
         b = unit_rows[u]
         chunk = unit_chunks[u]
         low = np.uint64(0) if chunk < 0 else np.uint64(chunk) * _GAE_CHUNK

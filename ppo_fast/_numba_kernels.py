@@ -334,7 +334,9 @@ def discounted_returns(rewards, starts, spans, lengths, mask, gammas, bootstrap,
     """Twin: src/rows_returns.h ppo_discounted_returns_row (see _returns_row)."""
     has_mask = mask.shape[0] > 0
     no_advantages = returns[:0]
-    for b in prange(starts.shape[0]):
+    n_rows = starts.shape[0]
+    for k in prange(n_rows):
+        b = n_rows - 1 - k  # the rows from the last (_spec.Kernel.backwards says why)
         _returns_row(
             rewards, np.uint64(starts[b]), np.uint64(spans[b]), np.uint64(lengths[b]), mask,
             has_mask, gammas[b], bootstrap[b], 0.0, no_advantages, returns,
@@ -344,7 +346,9 @@ def discounted_returns(rewards, starts, spans, lengths, mask, gammas, bootstrap,
 def remax(rewards, starts, spans, lengths, mask, gammas, bootstrap, baselines, advantages, returns):
     """Twin: src/rows_returns.h ppo_remax_row: discounted_returns' rows, and the advantages."""
     has_mask = mask.shape[0] > 0
-    for b in prange(starts.shape[0]):
+    n_rows = starts.shape[0]
+    for k in prange(n_rows):
+        b = n_rows - 1 - k  # the rows from the last, as discounted_returns
         _returns_row(
             rewards, np.uint64(starts[b]), np.uint64(spans[b]), np.uint64(lengths[b]), mask,
             has_mask, gammas[b], bootstrap[b], baselines[b], advantages, returns,

@@ -125,6 +125,13 @@ class Kernel:
     # and the groups run in turn; numba's parallel build is the group's work with a number of
     # ranges of rows (``_numba_builds._Kernel``'s ``shared``) built with parallel=True.
     splits_groups: bool = False
+    # A recursion that runs each row from its end (GAE, the returns): every backend takes its
+    # rows from the last to the first, so that a batch is one stream going down through memory.
+    # From the first row up, each row's end starts a new stream that the hardware prefetchers
+    # pick up only after its first misses: GAE over float32 1024 x 4096 from memory on one
+    # thread took 1.5x its time on rows in the cache, and 1.1x with the rows from the last
+    # (AMD EPYC). Which row runs when never changes a bit.
+    backwards: bool = False
 
     def parallel_units(self, n_rows: int, n_positions: int) -> int:
         """At most how many units a call can share among threads: its rows, and for a kernel
@@ -267,6 +274,7 @@ KERNELS: dict[str, Kernel] = {
             outputs=(Array("advantages"), Array("returns")),
             common=True,
             chunks=GAE_CHUNKS,
+            backwards=True,
         ),
         Kernel(
             "discounted_returns",
@@ -274,6 +282,7 @@ KERNELS: dict[str, Kernel] = {
             inputs=(Array("rewards"),),
             row_inputs=(_GAMMAS, _BOOTSTRAP),
             outputs=(Array("returns"),),
+            backwards=True,
         ),
         Kernel(
             "remax",
@@ -281,6 +290,7 @@ KERNELS: dict[str, Kernel] = {
             inputs=(Array("rewards"),),
             row_inputs=(_GAMMAS, _BOOTSTRAP, Array("baselines", FLOAT64)),
             outputs=(Array("advantages"), Array("returns")),
+            backwards=True,
         ),
         Kernel(
             "optimal_token_baseline",

@@ -389,11 +389,12 @@ static int PPO_ROW(ppo_gae_rows)(
     PPO_ROW(ppo_gae_span)(                                                                      \
         rewards, values, starts[b], 0, spans[b], lengths[b], mask, has_mask, gammas[b],         \
         gammas[b] * lams[b], bootstrap[b], 0.0, advantages, returns)
+        /* The rows from the last (_spec.Kernel.backwards says why), on each thread too. */
         if (n_threads > 1) {
 #pragma omp parallel for schedule(static) num_threads(n_threads)
-            for (b = 0; b < n_rows; b++) PPO_GAE_WHOLE_ROW(b);
+            for (b = 0; b < n_rows; b++) PPO_GAE_WHOLE_ROW(n_rows - 1 - b);
         } else {
-            for (b = 0; b < n_rows; b++) PPO_GAE_WHOLE_ROW(b);
+            for (b = n_rows - 1; b >= 0; b--) PPO_GAE_WHOLE_ROW(b);
         }
 #undef PPO_GAE_WHOLE_ROW
         return 0;
@@ -421,20 +422,23 @@ static int PPO_ROW(ppo_gae_rows)(
             if (c > 0) summarised[n_summarised++] = &units[u];
         }
     }
+    /* Both parallel passes from the last unit, as the rows above. */
     if (n_threads > 1) {
 #pragma omp parallel num_threads(n_threads)
         {
 #pragma omp for schedule(static)
-            for (s = 0; s < n_summarised; s++) PPO_ROW(ppo_gae_summarise)(&x, summarised[s]);
+            for (s = 0; s < n_summarised; s++)
+                PPO_ROW(ppo_gae_summarise)(&x, summarised[n_summarised - 1 - s]);
 #pragma omp single
             PPO_ROW(ppo_gae_combine)(&x, units, n_units);
 #pragma omp for schedule(static)
-            for (u = 0; u < n_units; u++) PPO_ROW(ppo_gae_unit_run)(&x, units, n_units, u);
+            for (u = 0; u < n_units; u++)
+                PPO_ROW(ppo_gae_unit_run)(&x, units, n_units, n_units - 1 - u);
         }
     } else {
-        for (s = 0; s < n_summarised; s++) PPO_ROW(ppo_gae_summarise)(&x, summarised[s]);
+        for (s = n_summarised - 1; s >= 0; s--) PPO_ROW(ppo_gae_summarise)(&x, summarised[s]);
         PPO_ROW(ppo_gae_combine)(&x, units, n_units);
-        for (u = 0; u < n_units; u++) PPO_ROW(ppo_gae_unit_run)(&x, units, n_units, u);
+        for (u = n_units - 1; u >= 0; u--) PPO_ROW(ppo_gae_unit_run)(&x, units, n_units, u);
     }
     free(units);
     free(summarised);
