@@ -43,6 +43,7 @@ from ._numba_lanes import (
     _lanes_sub,
     _td_errors,
     _with_lane,
+    _zeros_backwards,
 )
 from ._spec import KERNELS
 
@@ -100,12 +101,8 @@ def _gae_span(
     if has_mask:
         end = _mask_stop(mask, start, low, end)
     # The positions past the valid extent, and a mask's trailing words of 8 invalid bytes (a
-    # right-padded row's padding): zeros, by forward loops that LLVM makes memsets (the twin's
-    # comment says why)
-    for i in range(start + end, start + high):
-        advantages[i] = 0.0
-    for i in range(start + end, start + high):
-        returns[i] = 0.0
+    # right-padded row's padding): zeros, by blocks (the twin's comment says why)
+    _zeros_backwards(advantages, returns, start + end, start + high)
     c = gamma_lam
     c2 = c * c
     c3 = c2 * c

@@ -64,6 +64,7 @@ from ._numba_lanes import (
     _lanes_where_valid,
     _valid_bytes,
     _with_lane,
+    _zeros_backwards,
 )
 from ._numba_losses import (
     cispo,
@@ -262,10 +263,7 @@ def _returns_row(
     gamma^8 * inf would then be NaN where the recursion gives inf.
     """
     valid_end = min(length, span)
-    for i in range(start + valid_end, start + span):
-        returns[i] = 0.0
-        if advantages.shape[0] > 0:
-            advantages[i] = 0.0
+    _zeros_backwards(returns, advantages, start + valid_end, start + span)
     # (gamma^8, ..., gamma^1) in lanes 0..7, each the product of the one before and gamma
     power = gamma
     powers = _with_lane(_lanes_splat(power), 7, power)

@@ -11,7 +11,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic, models, register_model
 
-from ._numba_core import _AVX512, _jit
+from ._numba_core import _AVX512, _U1, _U8, _jit
 
 
 class _LanesType(types.Type):
@@ -664,6 +664,25 @@ def _count_valid_lanes(typingctx, valid):
         return builder.zext(count, ir.IntType(64))
 
     return types.int64(valid), codegen
+
+
+@_jit
+def _zeros_backwards(a, b, first, end):
+    """Twin: src/rows.h ppo_zeros_backwards (which says why). Zeros at positions first .. end-1
+    of a and of b (empty: none), from the last down, a block of 8 at a time."""
+    zeros = _lanes_splat(0.0)
+    has_b = b.shape[0] > 0
+    k = end  # first <= end, as unsigned as the callers' positions
+    while k - first >= _U8:
+        k -= _U8
+        _lanes_store(a, k, zeros)
+        if has_b:
+            _lanes_store(b, k, zeros)
+    while k > first:
+        k -= _U1
+        a[k] = 0.0
+        if has_b:
+            b[k] = 0.0
 
 
 @_jit

@@ -198,6 +198,25 @@ PPO_INLINE void PPO_ROW(ppo_prefetch_behind)(
     }
 }
 
+/* Zeros at positions first .. end-1 of a and of b (NULL: none), from the last down, a block of 8
+ * at a time: the padding of a row that runs backwards (GAE, the returns). Written in the direction
+ * of their rows' stream (_spec.Kernel.backwards): a forward memset of each row's padding, between
+ * two descending runs, cost float32 (1024, 4096) GAE with lengths in [T/2, T] 12% from memory, one
+ * thread, AMD EPYC (3.8-3.9 ms, 3.4-3.5 with this), and nothing in the cache. */
+PPO_INLINE void PPO_ROW(ppo_zeros_backwards)(
+    ppo_real* a, ppo_real* b, ptrdiff_t first, ptrdiff_t end) {
+    ppo_vec zeros = PPO_V(splat)(0);
+    ptrdiff_t k = end;
+    for (; k - first >= 8; k -= 8) {
+        PPO_V(store)(a + k - 8, zeros);
+        if (b) PPO_V(store)(b + k - 8, zeros);
+    }
+    for (; k > first; k--) {
+        a[k - 1] = 0;
+        if (b) b[k - 1] = 0;
+    }
+}
+
 /* The ratios exp(clip(logprobs - old_logprobs, -clamp, clamp)) of the 8 tokens from position i:
  * the policy losses' ratio, for the odd block of a chunk and a row's tail. */
 PPO_INLINE ppo_vec PPO_ROW(ppo_clipped_ratio)(

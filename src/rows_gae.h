@@ -159,11 +159,10 @@ PPO_INLINE void PPO_ROW(ppo_gae_span)(
     int j;
     if (end < low) end = low;
     /* The positions past the valid extent, and a mask's trailing words of 8 invalid bytes (a
-     * right-padded row's padding), are zeros, written forwards by memset: position by position
-     * backwards, through the loop below, they cost more than a valid position. */
+     * right-padded row's padding), are zeros, written by blocks (position by position, through
+     * the loop below, they cost more than a valid position). */
     if (has_mask) end = ppo_mask_stop(mask + start, low, end);
-    memset(advantages + start + end, 0, (size_t)(high - end) * sizeof(ppo_real));
-    memset(returns + start + end, 0, (size_t)(high - end) * sizeof(ppo_real));
+    PPO_ROW(ppo_zeros_backwards)(advantages, returns, start + end, start + high);
     ppo_gae_scan scan;
     ppo_gae_scan_init(&scan, gamma, gamma_lam);
     t = end;

@@ -113,10 +113,7 @@ PPO_INLINE void PPO_ROW(ppo_returns_cases)(
     const uint8_t* mask, double gamma, double running, double baseline, ppo_real* advantages,
     ppo_real* returns) {
     ptrdiff_t valid_end = ppo_valid_end(span, length), t, j;
-    for (t = start + valid_end; t < start + span; t++) {
-        returns[t] = 0;
-        if (advantages) advantages[t] = 0;
-    }
+    PPO_ROW(ppo_zeros_backwards)(returns, advantages, start + valid_end, start + span);
     double powers[9], lanes[8];
     powers[0] = 1.0;
     for (j = 1; j <= 8; j++) powers[j] = gamma * powers[j - 1];
