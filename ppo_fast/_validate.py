@@ -222,12 +222,16 @@ def out_array(
     shape: tuple[int, ...],
     dtype: np.dtype,
     inputs: dict[str, Any],
+    in_place: str | None = None,
 ) -> np.ndarray:
     """A preallocated output ``out`` for a result of ``shape`` and ``dtype``, checked.
 
     It must be a NumPy array of exactly that shape and dtype, C-contiguous and writeable, and share
     no memory with any of ``inputs`` (name -> the value given, or the array checked from it): the
-    kernels write every position of it, and inputs are never modified.
+    kernels write every position of it, and inputs are never modified. The one exception is the
+    input named ``in_place``, for a stage whose kernel reads each position of that input only to
+    write the same position of ``out`` (``whiten``): ``out`` may be that input's very elements
+    (the same array, or a view of all of it), which the caller then asked to overwrite.
     """
     fix = f"pass np.empty({shape}, dtype=np.{dtype})"
     if not isinstance(out, np.ndarray):
@@ -247,17 +251,39 @@ def out_array(
             and np.may_share_memory(out, value)
             and np.shares_memory(out, value)
         ):
+            if input_name == in_place:
+                if _same_elements(out, value):
+                    continue
+                raise ValueError(
+                    f"{name} overlaps {input_name} without being it: pass {input_name} itself "
+                    f"to write the result in place, or {fix}"
+                )
             raise ValueError(
                 f"{name} shares memory with {input_name}: the results would overwrite it; {fix}"
             )
     return out
 
 
+def _same_elements(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays are the same elements of the same memory, in the same order."""
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.strides == b.strides
+        and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    )
+
+
 def out_arrays(
-    results: tuple[str, ...], out: Any, like: np.ndarray, inputs: dict[str, Any]
+    results: tuple[str, ...],
+    out: Any,
+    like: np.ndarray,
+    inputs: dict[str, Any],
+    in_place: str | None = None,
 ) -> tuple[np.ndarray, ...]:
     """``out`` for several results shaped like ``like``: one array, or a tuple of them in the
-    order of ``results``, each checked by ``out_array`` (and sharing no memory with another).
+    order of ``results``, each checked by ``out_array`` (and sharing no memory with another;
+    ``in_place`` as there).
 
     Only the values the caller gave need checking: every array checked from one is that array,
     a view of it, or a fresh copy.
@@ -275,7 +301,7 @@ def out_arrays(
     inputs = dict(inputs)
     for index, value in enumerate(outs):
         name = "out" if len(results) == 1 else f"out[{index}] ({results[index]})"
-        array = out_array(name, value, like.shape, like.dtype, inputs)
+        array = out_array(name, value, like.shape, like.dtype, inputs, in_place)
         inputs[name] = array  # the next outputs must not share memory with this one either
         checked.append(array)
     return tuple(checked)

@@ -275,8 +275,11 @@ def whiten(
         Global ``Moments`` (all-reduced across ranks) to whiten by, instead of this batch's.
     out
         Optional preallocated result: a C-contiguous, writeable NumPy array of the result's shape
-        and dtype, sharing no memory with an input (so not ``x`` itself: whitening in place is
-        refused). It is written and returned.
+        and dtype, sharing no memory with an input, or ``x`` itself: ``out=x`` whitens in place,
+        replacing x's values by the result (the moments are taken first; then each position is
+        read just before it is written). It is written and returned. In place moves less memory
+        on large batches: the result's cache lines are those just read, where a separate array's
+        must be fetched before they are written.
     backend
         "numba", "cython", "python" (the oracle) or "auto"; default: ``set_backend``, else
         ``PPO_FAST_BACKEND``, else "auto".
@@ -294,7 +297,8 @@ def whiten(
         and moments is None
     ):
         layout = _validate.common_layout((x,), mask, lengths, cu_seqlens)
-        given = (x, mask, lengths, cu_seqlens)
+        # out=x whitens in place: out need then lie apart from the layout's arrays only
+        given = (mask, lengths, cu_seqlens) if out is x else (x, mask, lengths, cu_seqlens)
         if layout is not False and (out is None or _validate.common_outputs((out,), x, given)):
             return _whiten_common(x, layout, shift_mean, unbiased, eps, out, backend)
     (array,), rows = _validate.batch({"x": x}, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
@@ -304,6 +308,7 @@ def whiten(
             out,
             array,
             {"x": x, "mask": mask, "lengths": lengths, "cu_seqlens": cu_seqlens},
+            in_place="x",
         )
     epsilon = _validate.scalar("eps", eps, lo=0.0)
     if moments is None:

@@ -115,6 +115,10 @@ def test_bad_out_is_an_error_naming_it(stage):
     for case, bad, error, pattern in _bad_outs(expected, batch):
         if case == "input" and stage == "kl_penalty":
             bad = batch["b"]  # kl_penalty reads a and b
+        if case.endswith("input") and stage == "whiten":
+            # out=a (or all of it) whitens in place: tests/test_whiten.py; an overlap without
+            # being it is refused there too
+            continue
         value = (bad, np.empty_like(expected[1])) if pair else bad
         name = r"out\[0\] \(advantages\)" if pair else keyword
         with pytest.raises(error, match=f"{name}.*{pattern}|{pattern}.*{name}"):

@@ -85,6 +85,40 @@ def test_large_mean_does_not_cancel(backend):
     )
 
 
+@given(batch=ragged_batches(), unbiased=st.booleans(), shift_mean=st.booleans())
+def test_whiten_in_place_equals_the_separate_result(backend, batch, unbiased, shift_mean):
+    """out=x: the same bits as a separate result, through the fast path (x itself) and the
+    general way (a view of all of x, which the fast path does not take), the mask untouched."""
+    x = batch.tokens(-3, 5)
+    assume(batch.valid.sum() >= 2)
+    options = {"unbiased": unbiased, "shift_mean": shift_mean, "backend": backend}
+    expected = ppo_fast.whiten(x, **batch.layout_kwargs, **options)
+    layout_copies = {k: np.array(v, copy=True) for k, v in batch.layout_kwargs.items()}
+    for target in ("x", "view"):
+        in_place = x.copy()
+        out = in_place if target == "x" else in_place[...]
+        result = ppo_fast.whiten(in_place, **batch.layout_kwargs, **options, out=out)
+        assert result is out
+        assert in_place.tobytes() == expected.tobytes(), target
+    for name, value in batch.layout_kwargs.items():
+        np.testing.assert_array_equal(value, layout_copies[name])
+
+
+def test_whiten_out_overlapping_x_without_being_it_is_refused(backend):
+    buffer = np.arange(11.0)
+    x, shifted = buffer[1:].reshape(2, 5), buffer[:-1].reshape(2, 5)
+    with pytest.raises(ValueError, match="out overlaps x without being it: pass x itself"):
+        ppo_fast.whiten(x, out=shifted, backend=backend)
+    np.testing.assert_array_equal(buffer, np.arange(11.0))
+    mask = np.ones((2, 5))
+    with pytest.raises(ValueError, match="out shares memory with mask"):
+        ppo_fast.whiten(np.ones((2, 5)), mask=mask, out=mask, backend=backend)
+    read_only = np.arange(10.0).reshape(2, 5)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        ppo_fast.whiten(read_only, out=read_only, backend=backend)
+
+
 def moments_passes(monkeypatch) -> list[int]:
     """The rows of each moments kernel call from here on, through the fast path's entry or the
     table's (``_backend.common`` / ``_backend.run``)."""

@@ -275,8 +275,10 @@ def ours_gae_whiten(batch: Batch, backend: str):
     rewards, values, mask = batch.rewards, batch.values, batch.mask
 
     def run():
-        result = gae(rewards, values, gamma=GAMMA, lam=LAM, mask=mask, backend=backend)
-        return whiten(result.advantages, mask=mask, unbiased=True, backend=backend), result.returns
+        advantages, returns = gae(rewards, values, gamma=GAMMA, lam=LAM, mask=mask, backend=backend)
+        # in place, as verl's compat entry whitens: the advantages are this call's own array
+        whiten(advantages, mask=mask, unbiased=True, out=advantages, backend=backend)
+        return advantages, returns
 
     return run
 

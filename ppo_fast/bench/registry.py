@@ -352,7 +352,7 @@ KERNELS: dict[str, Kernel] = {
                 *_ours(
                     adapters.ours_gae_whiten,
                     adapters.pair,
-                    "gae(...) then whiten(advantages, mask=mask, unbiased=True)",
+                    "gae(...) then whiten(advantages, mask=mask, unbiased=True, out=advantages)",
                 ),
                 Implementation(
                     "verl",

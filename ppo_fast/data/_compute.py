@@ -397,6 +397,8 @@ def second_pass_batch(
                 eps=options.whiten_eps,
                 unbiased=options.unbiased,
                 shift_mean=options.shift_mean,
+                # in place where the advantages are an array of their own (not the returns)
+                out=None if advantages is returns else advantages,
                 backend=options.backend,
             )
     outputs = {
