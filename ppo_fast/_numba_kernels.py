@@ -624,34 +624,43 @@ def moments(x, starts, spans, lengths, mask, shift, counts, sums, sums_sq):
 
 
 def whiten(x, starts, spans, lengths, mask, mean, scale, offset, whitened):
-    """Twin: src/rows_moments.h ppo_whiten_row: the valid prefix 8 tokens at a time in float64
-    lanes, ((double)x - mean) * scale + offset rounded to the dtype at the store, 0 where masked,
-    prefetching x 8 KiB ahead and across the padding (as the moments'); the last positions one
-    by one; then the padding's zeros."""
+    """Twin: src/rows_moments.h ppo_whiten_row (which says why each row, and the rows, run from
+    their ends): the padding's zeros, the last positions past a multiple of 8 one by one, then
+    the valid prefix down to the row's start 8 tokens at a time in float64 lanes, ((double)x -
+    mean) * scale + offset rounded to the dtype at the store, 0 where masked, prefetching as the
+    backward rows do (ppo_prefetch_behind)."""
     has_mask = mask.shape[0] > 0
-    distance = np.uint64(_STREAM_AHEAD_BYTES // x.itemsize)
-    for b in prange(starts.shape[0]):
+    line = _blocks_per_line(x)
+    n_rows = starts.shape[0]
+    for k in prange(n_rows):
+        b = n_rows - 1 - k  # the rows from the last (_spec.Kernel.backwards says why)
         start = np.uint64(starts[b])
         span = np.uint64(spans[b])
         length = min(np.uint64(max(lengths[b], 0)), span)
         means = _lanes_splat(mean)
         scales = _lanes_splat(scale)
         offsets = _lanes_splat(offset)
-        whole = start + length // _U8 * _U8
-        for i in range(start, whole, _U8):
-            if (i - start) % _PREFETCH_BLOCK == 0:
-                ahead = _ahead_by(i, start, span, length, distance)
-                _prefetch_ahead(x, x, x, x, False, mask, has_mask, ahead)  # one array: x
+        _zeros_backwards(whitened, whitened[:0], start + length, start + span)
+        whole = length // _U8 * _U8
+        for j in range(length - whole):
+            i = start + length - _U1 - j
+            value = (np.float64(x[i]) - mean) * scale + offset
+            whitened[i] = _select(not has_mask or mask[i] != 0, value, 0.0)
+        t = whole
+        while t >= _U8:
+            t -= _U8
+            i = start + t
+            if (i >> _U3) & line == 0:  # src/rows.h ppo_prefetch_behind, the twin's
+                behind = i - _PREFETCH_DISTANCE  # below 0: wraps to the same address
+                _prefetch(x, behind)
+                _prefetch_for_write(whitened, behind)
+                if has_mask and (i >> _U3) & np.uint64(7) == 0:
+                    _prefetch(mask, behind)
             centred = _lanes_sub(_lanes_load(x, i), means)
             value = _lanes_add(_lanes_mul(centred, scales), offsets)
             if has_mask:  # a masked position gets +0.0
                 value = _lanes_where_valid(mask, i, value)
             _lanes_store(whitened, i, value)
-        for i in range(whole, start + length):
-            value = (np.float64(x[i]) - mean) * scale + offset
-            whitened[i] = _select(not has_mask or mask[i] != 0, value, 0.0)
-        for i in range(start + length, start + span):
-            whitened[i] = 0.0
 
 
 # The backend interface: one callable per kernel of the table, with the table's arguments.

@@ -125,12 +125,14 @@ class Kernel:
     # and the groups run in turn; numba's parallel build is the group's work with a number of
     # ranges of rows (``_numba_builds._Kernel``'s ``shared``) built with parallel=True.
     splits_groups: bool = False
-    # A recursion that runs each row from its end (GAE, the returns): every backend takes its
-    # rows from the last to the first, so that a batch is one stream going down through memory.
-    # From the first row up, each row's end starts a new stream that the hardware prefetchers
-    # pick up only after its first misses: GAE over float32 1024 x 4096 from memory on one
-    # thread took 1.5x its time on rows in the cache, and 1.1x with the rows from the last
-    # (AMD EPYC). Which row runs when never changes a bit.
+    # A kernel that runs each row from its end (the recursions, GAE and the returns; whitening,
+    # which follows the moments' pass up through the batch and so starts on what that pass read
+    # last, still in the cache: src/rows_moments.h): every backend takes its rows from the last
+    # to the first, so that a batch is one stream going down through memory. From the first row
+    # up, each row's end starts a new stream that the hardware prefetchers pick up only after
+    # its first misses: GAE over float32 1024 x 4096 from memory on one thread took 1.5x its
+    # time on rows in the cache, and 1.1x with the rows from the last (AMD EPYC). Which row runs
+    # when never changes a bit.
     backwards: bool = False
 
     def parallel_units(self, n_rows: int, n_positions: int) -> int:
@@ -332,6 +334,7 @@ KERNELS: dict[str, Kernel] = {
             ),
             outputs=(Array("whitened"),),
             common=True,
+            backwards=True,
         ),
         Kernel(
             "clipped_surrogate",

@@ -176,7 +176,7 @@ PPO_INLINE void PPO_ROW(ppo_prefetch_group)(
     if (mask) ppo_prefetch(mask, ahead);
 }
 
-/* The backward rows' (GAE, the returns) prefetches: at each block of 8 positions i .. i+7 that
+/* The backward rows' (GAE, the returns, whitening) prefetches: at each block of 8 positions i .. i+7 that
  * a row run backwards reaches (t: the block's end, from any fixed origin, going down by 8 a block),
  * the cache lines PPO_CHUNK positions below i of the arrays it reads (b may be NULL) and, for
  * writing, of those it writes (NULL: none), a line's worth of blocks apart, and of the mask (NULL:
