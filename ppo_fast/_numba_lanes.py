@@ -451,6 +451,20 @@ def _lanes_f64(typingctx, lanes):
 
 
 @intrinsic
+def _lanes_f64_where(typingctx, valid, lanes):
+    """The lanes in float64 where valid, +0.0 elsewhere (twin: PPO_V(to_f64_where)): a valid
+    lane's term of a float64 sum, an invalid one's nothing, whatever is stored there."""
+    if valid != _VALID or not isinstance(lanes, _LanesType):
+        return None
+
+    def codegen(context, builder, sig, args):
+        wide = args[1] if sig.args[1].dtype == types.float64 else builder.fpext(args[1], _F64X8)
+        return builder.select(args[0], wide, ir.Constant(_F64X8, [0.0] * 8))
+
+    return _LANES(valid, lanes), codegen
+
+
+@intrinsic
 def _lanes_rounded(typingctx, lanes, like):
     """float64 lanes rounded to the dtype of the lanes ``like`` (twin: PPO_V(from_f64)), as a
     scalar store rounds."""

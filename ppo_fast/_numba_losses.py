@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._numba_core import (
+    _AVX512,
     _PREFETCH_BLOCK,
     _U8,
     _ahead,
@@ -36,6 +37,7 @@ from ._numba_lanes import (
     _lanes_clip,
     _lanes_eq,
     _lanes_f64,
+    _lanes_f64_where,
     _lanes_gt,
     _lanes_lt,
     _lanes_mul,
@@ -56,7 +58,15 @@ from ._numba_lanes import (
     _valid_first,
     _valid_put,
 )
-from ._numba_math import exp_constants, exp_with, log_poly
+from ._numba_math import (
+    EXP_FIXUP_CLAMPED,
+    EXP_FIXUP_UNCLAMPED,
+    clipped_exps,
+    exp_bounds,
+    exp_constants,
+    exp_with,
+    log_poly,
+)
 from ._numba_memory import _stack_array
 
 _CHUNK = 256  # tokens per chunk of the loss kernels: their scratch rows stay in L1
@@ -72,14 +82,31 @@ def _chunk_ratios(
     """Twin: src/rows.h ppo_chunk_ratios. A chunk's ratios exp(clip(logprobs - old_logprobs,
     -clamp, clamp)) at positions first .. first + n - 1 into ratios[0 .. n): the losses' exp
     pre-pass, _PREFETCH_BLOCK positions at a time, each block prefetching ahead the inputs the
-    chunk's main pass reads (_ahead, _prefetch_ahead: past the row's valid_end, the next row's)."""
+    chunk's main pass reads (_ahead, _prefetch_ahead: past the row's valid_end, the next row's).
+    Where numba compiles for AVX-512 (and the clamp is >= 0, as the public functions check), a
+    64-byte register of exps at a time (_numba_math.clipped_exps, the same bits), the block's
+    last positions one by one."""
     constants = exp_constants(clamp)
+    # AVX-512: a register of exps at a time (clipped_exps), its bounds and table made here
+    registers = _AVX512 and clamp >= clamp - clamp
+    low, high = exp_bounds(clamp, constants)
+    table = EXP_FIXUP_CLAMPED if clamp < np.inf else EXP_FIXUP_UNCLAMPED
+    width = np.uint64(64 // ratios.itemsize)
     for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
         _prefetch_ahead(
             logprobs, old_logprobs, advantages, weights, has_weights, mask, has_mask,
             _ahead(first + j0, start, span, valid_end),
         )  # fmt: skip
-        for j in range(j0, min(j0 + _PREFETCH_BLOCK, n)):
+        end = min(j0 + _PREFETCH_BLOCK, n)
+        scalar_from = j0
+        if registers:
+            while scalar_from + width <= end:
+                clipped_exps(
+                    logprobs, old_logprobs, first + scalar_from, low, high, table, ratios,
+                    scalar_from,
+                )  # fmt: skip
+                scalar_from += width
+        for j in range(scalar_from, end):
             i = first + j
             ratios[j] = exp_with(min(max(logprobs[i] - old_logprobs[i], -clamp), clamp), constants)
 
@@ -132,18 +159,17 @@ def _policy_gradient(
 ):  # fmt: skip
     """Twin: src/rows.h ppo_policy_gradient (its comment says why each case is so): stores the
     gradient -weight * slope * scale of the 8 tokens from position i where valid (0 elsewhere)
-    and returns the float64 loss lanes plus -weight * objective (the objective already 0 where
-    not valid); the weight in float64, the products in float64 rounded to the dtype at the
+    and returns the float64 loss lanes plus -weight * objective where valid (_lanes_f64_where:
+    0 elsewhere); the weight in float64, the products in float64 rounded to the dtype at the
     store."""
     if not has_weights:
         gradient = _lanes_mul(_lanes_negative(slope), token_scale)
         _lanes_put(grad, i, _lanes_where(valid, gradient, zero))
-        return _lanes_sub(loss, _lanes_f64(objective))
-    weight = _lanes_where(valid, _lanes_of(weights, i), zero)
-    negative_weight = _lanes_negative(_lanes_f64(weight))
+        return _lanes_sub(loss, _lanes_f64_where(valid, objective))
+    negative_weight = _lanes_negative(_lanes_f64_where(valid, _lanes_of(weights, i)))
     gradient = _lanes_mul(_lanes_mul(negative_weight, _lanes_f64(slope)), scale)
     _lanes_put(grad, i, _lanes_where(valid, _lanes_rounded(gradient, zero), zero))
-    return _lanes_add(loss, _lanes_mul(negative_weight, _lanes_f64(objective)))
+    return _lanes_add(loss, _lanes_mul(negative_weight, _lanes_f64_where(valid, objective)))
 
 
 @_jit
@@ -275,14 +301,12 @@ def _policy_rows_build(kind):
             )
             objective = _lanes_mul(gate, advantage)
         loss = _policy_gradient(
-            has_weights, weights, i, valid, slope, _lanes_where(valid, objective, zero), zero,
-            token_scale, scale, grad, loss,
-        )  # fmt: skip
+            has_weights, weights, i, valid, slope, objective, zero, token_scale, scale, grad, loss
+        )
         if kind == _KL_COV:
-            kl = _lanes_add(kl, _lanes_f64(_lanes_where(valid, distance, zero)))
+            kl = _lanes_add(kl, _lanes_f64_where(valid, distance))
         else:
-            log_ratio = _lanes_where(valid, log_ratio, zero)
-            kl = _lanes_add(kl, _lanes_negative(_lanes_f64(log_ratio)))
+            kl = _lanes_sub(kl, _lanes_f64_where(valid, log_ratio))
         return loss, kl, first_count, second_count
 
     @_without_refcounts

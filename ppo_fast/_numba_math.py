@@ -249,3 +249,128 @@ def _log_poly_overload(x):
     if x == types.float64:
         return lambda x: _log64(x)
     return None
+
+
+# -- AVX-512's exp of the losses' clipped log-ratios, a register at a time ----------------------
+# Twin: src/lanes.h ppo_exp32_bounded_ps16 and ppo_exp64_bounded_pd8. Where numba compiles for
+# AVX-512, the losses' ratio pre-pass (_numba_losses._chunk_ratios) runs a 64-byte register of
+# exps at a time in three fewer kinds of steps than exp_with's vectorized form, with the same
+# bits: the clip to [-clamp, clamp] and exp's saturation in one pair of max and min (their bounds
+# met: the clamp is >= 0), 2^n p(r) in one vscalefps (p times an exact power of 2, one rounding,
+# as p * power), and what a non-finite argument gives (NaN, inf, 0) in one vfixupimmps, by the
+# class of the raw log-ratio: NaN is the clipped argument's NaN, bit for bit, and +-inf reach
+# exp only without a clamp. The table's nibbles, by class: QNaN, SNaN, 0, 1, -inf, +inf,
+# negative, positive; 0 keeps exp's value, 1 takes the argument, 8 is +0.
+EXP_FIXUP_UNCLAMPED = 0x00180011
+EXP_FIXUP_CLAMPED = 0x00000011  # only NaN: a finite clamp leaves no infinite argument
+
+
+def _exp_register(context, builder, raw, low, high, table, item_type):
+    """exp(min(high, max(low, raw))) on one register (<16 x float> or <8 x double>), fixed up by
+    ``table`` (a vfixupimm table, splat) at raw's non-finite lanes."""
+    vector_type = raw.type
+    lanes = vector_type.count
+    bits = 32 if item_type == types.float32 else 64
+    table_spec = EXP32 if bits == 32 else EXP64
+
+    def splat(value):
+        return ir.Constant(vector_type, [float(np.dtype(f"f{bits // 8}").type(value))] * lanes)
+
+    def declare(name, argument_types):
+        try:
+            return builder.module.get_global(name)
+        except KeyError:
+            return ir.Function(builder.module, ir.FunctionType(vector_type, argument_types), name)
+
+    suffix = f"v{lanes}f{bits}"
+    fma_function = declare(f"llvm.fma.{suffix}", [vector_type] * 3)
+
+    def fma_(a, b, c):
+        return builder.call(fma_function, [a, b, c])
+
+    x = builder.select(builder.fcmp_ordered(">", low, raw), low, raw)
+    x = builder.select(builder.fcmp_ordered("<", high, x), high, x)
+    shift = splat(table_spec.shift)
+    shifted = fma_(x, splat(table_spec.log2e), shift)
+    n = builder.fsub(shifted, shift)
+    negative_n = builder.fneg(n)
+    r = fma_(negative_n, splat(table_spec.ln2_high), x)
+    r = fma_(negative_n, splat(table_spec.ln2_low), r)
+    polynomial = table_spec.polynomial
+    p = splat(polynomial[0])
+    for coefficient in polynomial[1:]:
+        p = fma_(p, r, splat(coefficient))
+    if bits == 32:
+        p = builder.fadd(fma_(builder.fmul(p, r), r, r), splat(1.0))
+    mask_type = ir.IntType(lanes)
+    i32 = ir.IntType(32)
+    kind = "ps" if bits == 32 else "pd"
+    scalef = declare(
+        f"llvm.x86.avx512.mask.scalef.{kind}.512",
+        [vector_type, vector_type, vector_type, mask_type, i32],
+    )
+    y = builder.call(scalef, [p, n, vector_type(None), mask_type(-1), i32(4)])
+    integer_vector = ir.VectorType(ir.IntType(bits), lanes)
+    fixup = declare(
+        f"llvm.x86.avx512.mask.fixupimm.{kind}.512",
+        [vector_type, vector_type, integer_vector, i32, mask_type, i32],
+    )
+    return builder.call(fixup, [y, raw, table, i32(0), mask_type(-1), i32(4)])
+
+
+@intrinsic
+def clipped_exps(typingctx, logprobs, old_logprobs, i, low, high, table, out, j):
+    """out[j .. j + w) = exp(clip(logprobs[i + k] - old_logprobs[i + k], -clamp, clamp)) for
+    k < w, w = 64 bytes of the dtype (16 float32, 8 float64): one AVX-512 register
+    (_exp_register; only where numba compiles for AVX-512). ``low`` and ``high``: the clip's
+    bounds met with exp's saturation (max(-clamp, low), min(clamp, high) in the dtype), ``table``
+    EXP_FIXUP_CLAMPED where the clamp is finite, else EXP_FIXUP_UNCLAMPED."""
+    if not isinstance(logprobs, types.Array) or logprobs.dtype not in (
+        types.float32,
+        types.float64,
+    ):
+        return None
+    dtype = logprobs.dtype
+
+    def codegen(context, builder, sig, args):
+        logprobs_, old_, i_, low_, high_, table_, out_, j_ = args
+        item = context.get_value_type(dtype)
+        lanes = 64 // (dtype.bitwidth // 8)
+        vector_type = ir.VectorType(item, lanes)
+        align = dtype.bitwidth // 8
+
+        def pointer(array_type, array, index):
+            data = context.make_array(array_type)(context, builder, array).data
+            return builder.bitcast(builder.gep(data, [index]), vector_type.as_pointer())
+
+        def splat(value, value_type):
+            vector = builder.insert_element(
+                ir.Constant(value_type, ir.Undefined), value, ir.Constant(ir.IntType(32), 0)
+            )
+            zeros = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+            return builder.shuffle_vector(vector, ir.Constant(value_type, ir.Undefined), zeros)
+
+        raw = builder.fsub(
+            builder.load(pointer(sig.args[0], logprobs_, i_), align=align),
+            builder.load(pointer(sig.args[1], old_, i_), align=align),
+        )
+        integer = ir.IntType(dtype.bitwidth)
+        table_value = context.cast(builder, table_, sig.args[5], types.int64)
+        if dtype.bitwidth == 32:
+            table_value = builder.trunc(table_value, integer)
+        result = _exp_register(
+            context, builder, raw, splat(low_, vector_type), splat(high_, vector_type),
+            splat(table_value, ir.VectorType(integer, lanes)), dtype,
+        )  # fmt: skip
+        builder.store(result, pointer(sig.args[6], out_, j_), align=align)
+        return context.get_dummy_value()
+
+    return types.none(logprobs, old_logprobs, i, low, high, table, out, j), codegen
+
+
+@_jit
+def exp_bounds(clamp, constants):
+    """clipped_exps' bounds for a clamp >= 0: max(-clamp, exp's low) and min(clamp, exp's high)
+    (exp_constants' first two), with the twins' max and min."""
+    low, high = constants[0], constants[1]
+    return _select(-clamp > low, -clamp, low), _select(clamp < high, clamp, high)

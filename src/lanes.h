@@ -351,6 +351,14 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_abs(ppo_f64x8 x) { /* clears the sign bit, as fab
 }
 
 PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64(ppo_f32x8 x) { return _mm512_cvtps_pd(x); }
+/* float64 of x where m, +0 elsewhere: one zero-masked conversion (see PPO_TO_F64_WHERE) */
+#define PPO_TO_F64_WHERE 1
+PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64_where(ppo_m32x8 m, ppo_f32x8 x) {
+    return _mm512_maskz_cvtps_pd(m, x);
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_to_f64_where(ppo_m64x8 m, ppo_f64x8 x) {
+    return _mm512_maskz_mov_pd(m, x);
+}
 PPO_INLINE ppo_f32x8 ppo_f32x8_from_f64(ppo_f64x8 x) { return _mm512_cvtpd_ps(x); }
 
 PPO_INLINE ppo_m64x8 ppo_m64x8_all(void) { return (ppo_m64x8)0xFF; }
@@ -396,30 +404,35 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_down4(ppo_f64x8 x) { /* lanes 4 to 7: 0 */
 }
 PPO_INLINE double ppo_f64x8_lane0(ppo_f64x8 x) { return _mm512_cvtsd_f64(x); }
 
-PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 argument) {
-    ppo_f64x8 x = argument;
+/* The AVX-512 exps (float64 here, float32 below) are exp.h's steps with three done in one
+ * instruction each, the same bits (every float32 argument and 1.07e9 float64 ones checked
+ * against the former steps: CHANGELOG 0.8.39): the saturation min(high, max(low, x)) with the
+ * bounds given, so that the losses' clip to [-clamp, clamp] and the saturation are one pair
+ * (ppo_clipped_exp16); 2^n p(r) as vscalefpd (p times an exact power of 2, rounded once, as
+ * p * power is), not from the exponent's bits; and exp's value at a non-finite argument (NaN,
+ * inf and -inf give NaN, inf and 0) as vfixupimmpd of the argument's class, by `table`
+ * (PPO_EXP_FIXUP_*). The NaN an exp gives is the argument's own, so -n may be fnmadd's. The
+ * clipped surrogate's exp pre-pass alone, float32 (32, 2048) rows in the cache, one thread, AMD
+ * EPYC: 0.44 ns a token before; the whole kernel there 0.91 -> 0.85 ns by the fixup alone. */
+#define PPO_EXP_FIXUP_UNCLAMPED 0x00180011 /* by class: QNaN, SNaN -> x; -inf -> +0; +inf -> x */
+#define PPO_EXP_FIXUP_CLAMPED 0x00000011   /* QNaN, SNaN -> x: a finite clamp leaves no inf */
+PPO_INLINE __m512d ppo_exp64_bounded_pd8(__m512d x, __m512d low, __m512d high, __m512i table) {
     const __m512d shift = _mm512_set1_pd(PPO_EXP64_SHIFT);
-    const __m512d low = _mm512_set1_pd(PPO_EXP64_LOW), high = _mm512_set1_pd(PPO_EXP64_HIGH);
-    x = _mm512_min_pd(high, _mm512_max_pd(low, x));
-    __m512d shifted = _mm512_fmadd_pd(x, _mm512_set1_pd(PPO_EXP64_LOG2E), shift);
+    __m512d bounded = _mm512_min_pd(high, _mm512_max_pd(low, x));
+    __m512d shifted = _mm512_fmadd_pd(bounded, _mm512_set1_pd(PPO_EXP64_LOG2E), shift);
     __m512d n = _mm512_sub_pd(shifted, shift);
-    /* fma(-n, ., x) with -n a sign flip, not fnmadd: a NaN keeps the twin's sign */
-    __m512d negative_n = _mm512_xor_pd(n, _mm512_set1_pd(-0.0));
-    __m512d r = _mm512_fmadd_pd(negative_n, _mm512_set1_pd(PPO_EXP64_LN2_HIGH), x);
-    r = _mm512_fmadd_pd(negative_n, _mm512_set1_pd(PPO_EXP64_LN2_LOW), r);
+    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(PPO_EXP64_LN2_HIGH), bounded);
+    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(PPO_EXP64_LN2_LOW), r);
     __m512d p = _mm512_set1_pd(ppo_exp64_polynomial[0]);
     for (int k = 1; k < 13; k++) {
         p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(ppo_exp64_polynomial[k]));
     }
-    __m512i n_bits = _mm512_sub_epi64(_mm512_castpd_si512(shifted), _mm512_castpd_si512(shift));
-    __m512i power = _mm512_slli_epi64(_mm512_add_epi64(n_bits, _mm512_set1_epi64(1023)), 52);
-    __m512d y = _mm512_mul_pd(p, _mm512_castsi512_pd(power));
-    /* exp's value where the argument is not finite, as ppo_exact_where_nonfinite_pd */
-    __mmask8 is_low = _mm512_cmp_pd_mask(argument, _mm512_set1_pd(-INFINITY), _CMP_EQ_OQ);
-    y = _mm512_mask_blend_pd(is_low, y, _mm512_setzero_pd());
-    __mmask8 is_high = _mm512_cmp_pd_mask(argument, _mm512_set1_pd(INFINITY), _CMP_EQ_OQ);
-    y = _mm512_mask_blend_pd(is_high, y, argument);
-    return _mm512_mask_blend_pd(_mm512_cmp_pd_mask(argument, argument, _CMP_UNORD_Q), y, argument);
+    return _mm512_fixupimm_pd(_mm512_scalef_pd(p, n), x, table, 0);
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_exp(ppo_f64x8 argument) {
+    return ppo_exp64_bounded_pd8(argument, _mm512_set1_pd(PPO_EXP64_LOW),
+                                 _mm512_set1_pd(PPO_EXP64_HIGH),
+                                 _mm512_set1_epi64(PPO_EXP_FIXUP_UNCLAMPED));
 }
 
 /* The twin of ppo_log64 (log.h), as ppo_log64_pd above on eight lanes; k converts exactly. */
@@ -461,28 +474,22 @@ PPO_INLINE ppo_f64x8 ppo_f64x8_log(ppo_f64x8 x) {
  * ppo_f32x8_exp above, so the bits are its. */
 #define PPO_F32X8_PAIRS 1
 
-PPO_INLINE __m512 ppo_exp32_ps16(__m512 argument) {
-    __m512 x = argument;
+PPO_INLINE __m512 ppo_exp32_bounded_ps16(__m512 x, __m512 low, __m512 high, __m512i table) {
     const __m512 shift = _mm512_set1_ps(PPO_EXP32_SHIFT);
-    const __m512 low = _mm512_set1_ps(PPO_EXP32_LOW), high = _mm512_set1_ps(PPO_EXP32_HIGH);
-    x = _mm512_min_ps(high, _mm512_max_ps(low, x));
-    __m512 shifted = _mm512_fmadd_ps(x, _mm512_set1_ps(PPO_EXP32_LOG2E), shift);
+    __m512 bounded = _mm512_min_ps(high, _mm512_max_ps(low, x));
+    __m512 shifted = _mm512_fmadd_ps(bounded, _mm512_set1_ps(PPO_EXP32_LOG2E), shift);
     __m512 n = _mm512_sub_ps(shifted, shift);
-    __m512 negative_n = _mm512_xor_ps(n, _mm512_set1_ps(-0.0f));
-    __m512 r = _mm512_fmadd_ps(negative_n, _mm512_set1_ps(PPO_EXP32_LN2_HIGH), x);
-    r = _mm512_fmadd_ps(negative_n, _mm512_set1_ps(PPO_EXP32_LN2_LOW), r);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(PPO_EXP32_LN2_HIGH), bounded);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(PPO_EXP32_LN2_LOW), r);
     __m512 p = _mm512_set1_ps(ppo_exp32_polynomial[0]);
     for (int k = 1; k < 6; k++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ppo_exp32_polynomial[k]));
     p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    __m512i n_bits = _mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_castps_si512(shift));
-    __m512i power = _mm512_slli_epi32(_mm512_add_epi32(n_bits, _mm512_set1_epi32(127)), 23);
-    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(power));
-    /* exp's value where the argument is not finite, as ppo_exact_where_nonfinite_ps */
-    __mmask16 is_low = _mm512_cmp_ps_mask(argument, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
-    y = _mm512_mask_blend_ps(is_low, y, _mm512_setzero_ps());
-    __mmask16 is_high = _mm512_cmp_ps_mask(argument, _mm512_set1_ps(INFINITY), _CMP_EQ_OQ);
-    y = _mm512_mask_blend_ps(is_high, y, argument);
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(argument, argument, _CMP_UNORD_Q), y, argument);
+    return _mm512_fixupimm_ps(_mm512_scalef_ps(p, n), x, table, 0);
+}
+PPO_INLINE __m512 ppo_exp32_ps16(__m512 argument) {
+    return ppo_exp32_bounded_ps16(argument, _mm512_set1_ps(PPO_EXP32_LOW),
+                                  _mm512_set1_ps(PPO_EXP32_HIGH),
+                                  _mm512_set1_epi32(PPO_EXP_FIXUP_UNCLAMPED));
 }
 
 PPO_INLINE __m512 ppo_ps16_join(ppo_f32x8 a, ppo_f32x8 b) {
@@ -492,6 +499,62 @@ PPO_INLINE void ppo_f32x8_exp_pair(ppo_f32x8 a, ppo_f32x8 b, ppo_f32x8* exp_a, p
     __m512 both = ppo_exp32_ps16(ppo_ps16_join(a, b));
     *exp_a = _mm512_castps512_ps256(both);
     *exp_b = _mm512_extractf32x8_ps(both, 1);
+}
+
+/* The losses' ratios exp(clip(a - b, -clamp, clamp)) of 16 tokens (ppo_clipped_exp16), for a
+ * clamp >= 0 (inf: none): the clip and exp's saturation in one pair of bounds, and the fixup by
+ * the class of a - b (NaN there is NaN clipped, bit for bit; +-inf reach exp only without a
+ * clamp). A clamp < 0 or NaN, which the public functions refuse, takes exp.h's steps as they
+ * are. */
+#define PPO_CLIPPED_EXP16 1
+typedef struct {
+    __m512 low32, high32;
+    __m512d low64, high64;
+    __m512i table32, table64;
+    ppo_f32x8 negative_clamp32, clamp32;
+    ppo_f64x8 negative_clamp64, clamp64;
+    int general;
+} ppo_clipped_exp;
+PPO_INLINE ppo_clipped_exp ppo_clipped_exp_of(double clamp) {
+    ppo_clipped_exp e;
+    float clamp32 = (float)clamp;
+    e.low32 = _mm512_set1_ps(-clamp32 > PPO_EXP32_LOW ? -clamp32 : PPO_EXP32_LOW);
+    e.high32 = _mm512_set1_ps(clamp32 < PPO_EXP32_HIGH ? clamp32 : PPO_EXP32_HIGH);
+    e.low64 = _mm512_set1_pd(-clamp > PPO_EXP64_LOW ? -clamp : PPO_EXP64_LOW);
+    e.high64 = _mm512_set1_pd(clamp < PPO_EXP64_HIGH ? clamp : PPO_EXP64_HIGH);
+    e.table32 = _mm512_set1_epi32(clamp < INFINITY ? PPO_EXP_FIXUP_CLAMPED : PPO_EXP_FIXUP_UNCLAMPED);
+    e.table64 = _mm512_set1_epi64(clamp < INFINITY ? PPO_EXP_FIXUP_CLAMPED : PPO_EXP_FIXUP_UNCLAMPED);
+    e.negative_clamp32 = _mm256_set1_ps(-clamp32);
+    e.clamp32 = _mm256_set1_ps(clamp32);
+    e.negative_clamp64 = _mm512_set1_pd(-clamp);
+    e.clamp64 = _mm512_set1_pd(clamp);
+    e.general = !(clamp >= 0);
+    return e;
+}
+PPO_INLINE void ppo_f32x8_clipped_exp16(
+    const float* a, const float* b, const ppo_clipped_exp* e, float* out) {
+    if (e->general) {
+        for (int k = 0; k < 16; k += 8) {
+            ppo_f32x8 x = _mm256_sub_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k));
+            x = _mm256_min_ps(e->clamp32, _mm256_max_ps(e->negative_clamp32, x));
+            _mm256_storeu_ps(out + k, ppo_f32x8_exp(x));
+        }
+        return;
+    }
+    __m512 raw = _mm512_sub_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
+    _mm512_storeu_ps(out, ppo_exp32_bounded_ps16(raw, e->low32, e->high32, e->table32));
+}
+PPO_INLINE void ppo_f64x8_clipped_exp16(
+    const double* a, const double* b, const ppo_clipped_exp* e, double* out) {
+    for (int k = 0; k < 16; k += 8) {
+        __m512d raw = _mm512_sub_pd(_mm512_loadu_pd(a + k), _mm512_loadu_pd(b + k));
+        if (e->general) {
+            raw = _mm512_min_pd(e->clamp64, _mm512_max_pd(e->negative_clamp64, raw));
+            _mm512_storeu_pd(out + k, ppo_f64x8_exp(raw));
+        } else {
+            _mm512_storeu_pd(out + k, ppo_exp64_bounded_pd8(raw, e->low64, e->high64, e->table64));
+        }
+    }
 }
 
 #else
@@ -1119,6 +1182,59 @@ PPO_INLINE void ppo_f64x8_exp_pair(ppo_f64x8 a, ppo_f64x8 b, ppo_f64x8* exp_a, p
     *exp_a = ppo_f64x8_exp(a);
     *exp_b = ppo_f64x8_exp(b);
 }
+
+/* x in float64 where m, +0 elsewhere: a valid lane's term of a float64 sum, an invalid one's
+ * nothing (whatever is stored there: NaN, inf), as the twins' `else 0.0`. Where no instruction
+ * does both, a select then the conversion. */
+#ifndef PPO_TO_F64_WHERE
+PPO_INLINE ppo_f64x8 ppo_f32x8_to_f64_where(ppo_m32x8 m, ppo_f32x8 x) {
+    return ppo_f32x8_to_f64(ppo_f32x8_select(m, x, ppo_f32x8_splat(0.0f)));
+}
+PPO_INLINE ppo_f64x8 ppo_f64x8_to_f64_where(ppo_m64x8 m, ppo_f64x8 x) {
+    return ppo_f64x8_select(m, x, ppo_f64x8_splat(0.0));
+}
+#endif
+
+/* The losses' ratios exp(clip(a - b, -clamp, clamp)) of 16 tokens into out (see
+ * PPO_CLIPPED_EXP16): where no instruction folds the steps, the clip and then exp. */
+#ifndef PPO_CLIPPED_EXP16
+typedef struct {
+    ppo_f32x8 negative_clamp32, clamp32;
+    ppo_f64x8 negative_clamp64, clamp64;
+} ppo_clipped_exp;
+PPO_INLINE ppo_clipped_exp ppo_clipped_exp_of(double clamp) {
+    ppo_clipped_exp e;
+    e.negative_clamp32 = ppo_f32x8_splat(-(float)clamp);
+    e.clamp32 = ppo_f32x8_splat((float)clamp);
+    e.negative_clamp64 = ppo_f64x8_splat(-clamp);
+    e.clamp64 = ppo_f64x8_splat(clamp);
+    return e;
+}
+PPO_INLINE void ppo_f32x8_clipped_exp16(
+    const float* a, const float* b, const ppo_clipped_exp* e, float* out) {
+    ppo_f32x8 first = ppo_f32x8_sub(ppo_f32x8_load(a), ppo_f32x8_load(b));
+    ppo_f32x8 second = ppo_f32x8_sub(ppo_f32x8_load(a + 8), ppo_f32x8_load(b + 8));
+    ppo_f32x8 first_exp, second_exp;
+    ppo_f32x8_exp_pair(
+        ppo_f32x8_min(e->clamp32, ppo_f32x8_max(e->negative_clamp32, first)),
+        ppo_f32x8_min(e->clamp32, ppo_f32x8_max(e->negative_clamp32, second)), &first_exp,
+        &second_exp);
+    ppo_f32x8_store(out, first_exp);
+    ppo_f32x8_store(out + 8, second_exp);
+}
+PPO_INLINE void ppo_f64x8_clipped_exp16(
+    const double* a, const double* b, const ppo_clipped_exp* e, double* out) {
+    ppo_f64x8 first = ppo_f64x8_sub(ppo_f64x8_load(a), ppo_f64x8_load(b));
+    ppo_f64x8 second = ppo_f64x8_sub(ppo_f64x8_load(a + 8), ppo_f64x8_load(b + 8));
+    ppo_f64x8 first_exp, second_exp;
+    ppo_f64x8_exp_pair(
+        ppo_f64x8_min(e->clamp64, ppo_f64x8_max(e->negative_clamp64, first)),
+        ppo_f64x8_min(e->clamp64, ppo_f64x8_max(e->negative_clamp64, second)), &first_exp,
+        &second_exp);
+    ppo_f64x8_store(out, first_exp);
+    ppo_f64x8_store(out + 8, second_exp);
+}
+#endif
 
 /* Lanes moved down (lane j takes lane j + k; GAE's scan, rows_gae.h), through memory where
  * the block above has no shuffle for it. */

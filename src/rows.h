@@ -124,7 +124,8 @@ PPO_INLINE ppo_vec PPO_ROW(ppo_clip)(ppo_vec x, ppo_vec low, ppo_vec high) {
 
 /* The policy losses' last step for the 8 tokens from position i: stores the gradient
  * -weight * slope * scale at grad + i where valid (0 elsewhere) and returns the loss sum plus
- * -weight * objective (the objective already 0 where not valid). As the twins: the weight in
+ * -weight * objective where valid (to_f64_where: 0 elsewhere, whatever the objective is there,
+ * in the conversion to float64). As the twins: the weight in
  * float64 (numba's is, either way: its 1 is an integer), the products in float64 rounded to the
  * dtype at the store; a NaN or inf weight still says so. Without weights the weight is 1, and
  * (-slope) * scale in float64 rounded to the dtype is (-slope) * scale in the dtype, bit for bit
@@ -139,13 +140,14 @@ PPO_INLINE ppo_f64x8 PPO_ROW(ppo_policy_gradient)(
     if (!has_weights) {
         ppo_vec gradient = PPO_V(mul)(PPO_V(negative)(slope), token_scale);
         PPO_V(store)(grad + i, PPO_V(select)(valid, gradient, zero));
-        return ppo_f64x8_sub(loss, PPO_V(to_f64)(objective));
+        return ppo_f64x8_sub(loss, PPO_V(to_f64_where)(valid, objective));
     }
-    ppo_vec weight = PPO_V(select)(valid, PPO_V(load)(weights + i), zero);
-    ppo_f64x8 negative_weight = ppo_f64x8_negative(PPO_V(to_f64)(weight));
+    ppo_f64x8 negative_weight =
+        ppo_f64x8_negative(PPO_V(to_f64_where)(valid, PPO_V(load)(weights + i)));
     ppo_f64x8 gradient = ppo_f64x8_mul(ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(slope)), scale);
     PPO_V(store)(grad + i, PPO_V(select)(valid, PPO_V(from_f64)(gradient), zero));
-    return ppo_f64x8_add(loss, ppo_f64x8_mul(negative_weight, PPO_V(to_f64)(objective)));
+    return ppo_f64x8_add(
+        loss, ppo_f64x8_mul(negative_weight, PPO_V(to_f64_where)(valid, objective)));
 }
 
 /* Prefetches the cache lines of position `ahead` (ppo_ahead) of up to four token arrays and the
@@ -226,25 +228,9 @@ PPO_INLINE ppo_vec PPO_ROW(ppo_clipped_ratio)(
     return PPO_V(exp)(PPO_ROW(ppo_clip)(log_ratio, negative_clamp, clamp));
 }
 
-/* The ratios exp(clip(logprobs - old_logprobs, -clamp, clamp)) of the 16 tokens from position i,
- * two blocks of 8 at once (lanes.h's _pair operations: on AVX-512 one register holds both blocks
- * of float32), stored at ratios[at .. at + 16): the losses' ratio pre-pass, each block's bits
- * those of its own exp. */
-PPO_INLINE void PPO_ROW(ppo_clipped_ratios_pair)(
-    const ppo_real* logprobs, const ppo_real* old_logprobs, ptrdiff_t i, ppo_vec negative_clamp,
-    ppo_vec clamp, ppo_real* ratios, ptrdiff_t at) {
-    ppo_vec first = PPO_V(sub)(PPO_V(load)(logprobs + i), PPO_V(load)(old_logprobs + i));
-    ppo_vec second = PPO_V(sub)(PPO_V(load)(logprobs + i + 8), PPO_V(load)(old_logprobs + i + 8));
-    ppo_vec first_ratio, second_ratio;
-    PPO_V(exp_pair)(
-        PPO_ROW(ppo_clip)(first, negative_clamp, clamp),
-        PPO_ROW(ppo_clip)(second, negative_clamp, clamp), &first_ratio, &second_ratio);
-    PPO_V(store)(ratios + at, first_ratio);
-    PPO_V(store)(ratios + at + 8, second_ratio);
-}
-
 /* A chunk's ratios exp(clip(logprobs - old_logprobs, -clamp, clamp)) at its whole blocks (positions
- * first .. whole_end) into ratios[0 ..): two blocks a step, then the odd one, prefetching
+ * first .. whole_end) into ratios[0 ..): two blocks a step (lanes.h's clipped_exp16, its clamp
+ * prepared in clipped_exp), then the odd one, prefetching
  * PPO_CHUNK tokens of work ahead of each block (ppo_ahead: the row's computed positions end at
  * valid_end, the next row starts at next_row) in the inputs the chunk's main pass reads (NULL:
  * absent).
@@ -252,8 +238,8 @@ PPO_INLINE void PPO_ROW(ppo_clipped_ratios_pair)(
 PPO_INLINE void PPO_ROW(ppo_chunk_ratios)(
     const ppo_real* logprobs, const ppo_real* old_logprobs, const ppo_real* advantages,
     const ppo_real* weights, const uint8_t* mask, ptrdiff_t first, ptrdiff_t whole_end,
-    ptrdiff_t valid_end, ptrdiff_t next_row, ppo_vec negative_clamp, ppo_vec clamp,
-    ppo_real* ratios) {
+    ptrdiff_t valid_end, ptrdiff_t next_row, const ppo_clipped_exp* clipped_exp,
+    ppo_vec negative_clamp, ppo_vec clamp, ppo_real* ratios) {
     ptrdiff_t i;
     for (i = first; i + 16 <= whole_end; i += 16) {
         for (ptrdiff_t block = i; block < i + 16; block += 8) {
@@ -261,8 +247,7 @@ PPO_INLINE void PPO_ROW(ppo_chunk_ratios)(
                 logprobs, old_logprobs, advantages, weights, mask, first, block,
                 ppo_ahead(block, valid_end, next_row));
         }
-        PPO_ROW(ppo_clipped_ratios_pair)(
-            logprobs, old_logprobs, i, negative_clamp, clamp, ratios, i - first);
+        PPO_V(clipped_exp16)(logprobs + i, old_logprobs + i, clipped_exp, ratios + (i - first));
     }
     for (; i < whole_end; i += 8) {
         PPO_ROW(ppo_prefetch_ahead)(

@@ -6,6 +6,7 @@
 typedef struct {
     ppo_vec low, high, dual, clamp, negative_clamp, zero, token_scale;
     ppo_f64x8 scale;
+    ppo_clipped_exp clipped_exp;
 } PPO_ROW(ppo_policy_params);
 
 typedef struct {
@@ -38,10 +39,9 @@ PPO_INLINE void PPO_ROW(ppo_policy_block)(
      * flat branch: times the weight, so that a NaN or inf weight still says so */
     ppo_vec slope = PPO_V(select)(sloped, unclipped, p->zero);
     sums->loss = PPO_ROW(ppo_policy_gradient)(
-        has_weights, weights, i, valid, slope, PPO_V(select)(valid, objective, p->zero), p->zero,
-        p->token_scale, p->scale, grad, sums->loss);
-    log_ratio = PPO_V(select)(valid, log_ratio, p->zero);
-    sums->kl = ppo_f64x8_add(sums->kl, ppo_f64x8_negative(PPO_V(to_f64)(log_ratio)));
+        has_weights, weights, i, valid, slope, objective, p->zero, p->token_scale, p->scale, grad,
+        sums->loss);
+    sums->kl = ppo_f64x8_sub(sums->kl, PPO_V(to_f64_where)(valid, log_ratio));
     sums->clipped = PPO_C(add)(sums->clipped, PPO_M(and)(valid, is_clipped));
     sums->dual = PPO_C(add)(sums->dual, PPO_M(and)(valid, is_dual));
 }
@@ -72,8 +72,8 @@ PPO_INLINE void PPO_ROW(ppo_clipped_surrogate_cases)(
         PPO_ROW(ppo_policy_sums) sums = {loss, kl, PPO_C(zero)(), PPO_C(zero)()};
         PPO_ROW(ppo_chunk_ratios)(
             logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
-            has_mask ? mask : NULL, first, whole_end, valid_end, start + span, p->negative_clamp,
-            p->clamp, ratios);
+            has_mask ? mask : NULL, first, whole_end, valid_end, start + span, &p->clipped_exp,
+            p->negative_clamp, p->clamp, ratios);
         for (i = first; i < whole_end; i += 8) {
             PPO_ROW(ppo_policy_block)(
                 has_mask, has_weights, logprobs, old_logprobs, advantages, weights, mask, i,
@@ -115,6 +115,7 @@ static void PPO_ROW(ppo_clipped_surrogate_row)(
     p.dual = PPO_V(splat)(dual_clip);
     p.clamp = PPO_V(splat)(log_ratio_clamp);
     p.negative_clamp = PPO_V(splat)(-log_ratio_clamp);
+    p.clipped_exp = ppo_clipped_exp_of(log_ratio_clamp);
     p.zero = PPO_V(splat)(scale - scale); /* as the twin: 0 in the dtype */
     p.scale = ppo_f64x8_splat((double)scale);
     p.token_scale = PPO_V(splat)(scale);

@@ -23,6 +23,7 @@ typedef struct {
     ppo_vec negative_tau_pos, negative_tau_neg;   /* sapo: -tau and 4 / tau by the advantage's */
     ppo_vec gate_pos, gate_neg;                   /* sign, tau_pos where it is > 0 */
     ppo_f64x8 scale;
+    ppo_clipped_exp clipped_exp;                  /* cispo and sapo: the ratios' */
     int penalised;
 } PPO_ROW(ppo_family_params);
 
@@ -104,10 +105,9 @@ PPO_INLINE void PPO_ROW(ppo_family_block)(
         objective = PPO_V(mul)(gate, advantage);
     }
     sums->loss = PPO_ROW(ppo_policy_gradient)(
-        has_weights, weights, i, valid, slope, PPO_V(select)(valid, objective, p->zero), p->zero,
-        p->token_scale, p->scale, grad, sums->loss);
-    log_ratio = PPO_V(select)(valid, log_ratio, p->zero);
-    sums->kl = ppo_f64x8_add(sums->kl, ppo_f64x8_negative(PPO_V(to_f64)(log_ratio)));
+        has_weights, weights, i, valid, slope, objective, p->zero, p->token_scale, p->scale, grad,
+        sums->loss);
+    sums->kl = ppo_f64x8_sub(sums->kl, PPO_V(to_f64_where)(valid, log_ratio));
 }
 
 /* The row's valid prefix, a chunk at a time: the chunk's exps first (prefetching the next chunk's
@@ -134,7 +134,7 @@ PPO_INLINE void PPO_ROW(ppo_family_cases)(
             PPO_ROW(ppo_chunk_ratios)(
                 logprobs, old_logprobs, advantages, has_weights ? weights : NULL,
                 has_mask ? mask : NULL, first, whole_end, valid_end, start + span,
-                p->negative_clamp, p->clamp, ratios);
+                &p->clipped_exp, p->negative_clamp, p->clamp, ratios);
         }
         /* the sigmoids' exps in a pass of their own: each a short chain, as the ratios' */
         for (i = first; kind == PPO_SAPO && i + 16 <= whole_end; i += 16) {
@@ -245,6 +245,7 @@ static void PPO_ROW(ppo_cispo_row)(
     p.high = PPO_V(splat)(ratio_high);
     p.clamp = PPO_V(splat)(log_ratio_clamp);
     p.negative_clamp = PPO_V(splat)(-log_ratio_clamp);
+    p.clipped_exp = ppo_clipped_exp_of(log_ratio_clamp);
     PPO_FAMILY_CASES(PPO_CISPO);
     *row_clipped_out = row_clipped;
     *row_lower_out = row_lower;
@@ -263,6 +264,7 @@ static void PPO_ROW(ppo_sapo_row)(
     PPO_ROW(ppo_family_init)(&p, scale);
     p.clamp = PPO_V(splat)(log_ratio_clamp);
     p.negative_clamp = PPO_V(splat)(-log_ratio_clamp);
+    p.clipped_exp = ppo_clipped_exp_of(log_ratio_clamp);
     p.negative_tau_pos = PPO_V(splat)(-tau_pos);
     p.negative_tau_neg = PPO_V(splat)(-tau_neg);
     p.gate_pos = PPO_V(splat)(four / tau_pos); /* 4 / tau in the dtype, divided once */

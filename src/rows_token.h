@@ -116,12 +116,11 @@ PPO_INLINE void PPO_ROW(ppo_dppo_block)(
     ppo_vec keep = PPO_V(select)(inside, p->one, p->zero);
     /* the twin's min(ratio, cap): cap < ratio ? cap : ratio */
     ppo_vec slope = PPO_V(mul)(advantage, PPO_V(min)(p->cap, ratio));
-    ppo_vec objective = PPO_V(select)(valid, PPO_V(mul)(PPO_V(mul)(slope, logprob), keep), p->zero);
+    ppo_vec objective = PPO_V(mul)(PPO_V(mul)(slope, logprob), keep);
     sums->loss = PPO_ROW(ppo_policy_gradient)(
         has_weights, weights, i, valid, PPO_V(mul)(slope, keep), objective, p->zero,
         p->token_scale, p->scale, grad, sums->loss);
-    log_ratio = PPO_V(select)(valid, log_ratio, p->zero);
-    sums->kl = ppo_f64x8_add(sums->kl, ppo_f64x8_negative(PPO_V(to_f64)(log_ratio)));
+    sums->kl = ppo_f64x8_sub(sums->kl, PPO_V(to_f64_where)(valid, log_ratio));
     sums->outside = PPO_C(add)(sums->outside, PPO_M(and_not)(valid, inside));
     ppo_mask capped = PPO_M(and)(PPO_M(and)(valid, inside), PPO_V(gt)(ratio, p->cap));
     sums->capped = PPO_C(add)(sums->capped, capped);
@@ -292,10 +291,9 @@ PPO_INLINE void PPO_ROW(ppo_kl_cov_block)(
         PPO_V(select)(penalised, PPO_V(sub)(base, PPO_V(mul)(p->coef, distance)), base);
     ppo_vec slope = PPO_V(select)(penalised, PPO_V(sub)(base, PPO_V(mul)(p->coef, sign)), base);
     sums->loss = PPO_ROW(ppo_policy_gradient)(
-        has_weights, weights, i, valid, slope, PPO_V(select)(valid, objective, p->zero), p->zero,
-        p->token_scale, p->scale, grad, sums->loss);
-    distance = PPO_V(select)(valid, distance, p->zero);
-    sums->distance = ppo_f64x8_add(sums->distance, PPO_V(to_f64)(distance));
+        has_weights, weights, i, valid, slope, objective, p->zero, p->token_scale, p->scale, grad,
+        sums->loss);
+    sums->distance = ppo_f64x8_add(sums->distance, PPO_V(to_f64_where)(valid, distance));
     sums->penalised = PPO_C(add)(sums->penalised, PPO_M(and)(valid, penalised));
 }
 
