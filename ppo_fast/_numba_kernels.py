@@ -17,6 +17,7 @@ from numba import prange
 
 from ._numba_builds import _Kernel, _Specialised
 from ._numba_core import (
+    _AVX512,
     _CACHE,
     _PREFETCH_BLOCK,
     _PREFETCH_DISTANCE,
@@ -74,12 +75,13 @@ from ._numba_losses import (
     reinforce,
     sapo,
 )
-from ._numba_math import _exp64, _exp64_with, exp_constants
+from ._numba_math import _exp64, _exp64_with, exp_constants, k3_lanes_at, k3_rewards_lanes
 from ._numba_sequence_losses import geo_mean, gspo
 from ._numba_value_loss import value_loss
 from ._rows import EMPTY_MASK as _EMPTY_MASK
 from ._spec import ESTIMATORS, KERNELS
 
+_U16 = np.uint64(16)
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
 
 
@@ -152,9 +154,26 @@ def _kl_penalty_rows(code):
                 # subtraction and a product a position, took 27% of the row's time (float32
                 # (1024, 4096): 2.2 -> 1.6 ms); the C twin skips it by a branch per block of 8
                 # (this flag there measured no faster).
+                # Where numba compiles for AVX-512, eight positions a step in one register
+                # (_numba_math.k3_lanes, with its correction where a block needs it: the twin's
+                # form), the row's last ones as above.
                 reach = _NO_BITS
                 constants = exp_constants(0.0)
-                for i in range(start, end):
+                scalar_from = start
+                if _AVX512:
+                    clamps, negative_clamps = _lanes_splat(clamp), _lanes_splat(-clamp)
+                    while scalar_from + _U16 <= end:  # two blocks a step, as the twin
+                        second = scalar_from + _U8
+                        k3 = k3_lanes_at(
+                            logprobs, ref_logprobs, scalar_from, clamps, negative_clamps
+                        )
+                        k3_second = k3_lanes_at(
+                            logprobs, ref_logprobs, second, clamps, negative_clamps
+                        )
+                        _lanes_store(kl, scalar_from, k3)
+                        _lanes_store(kl, second, k3_second)
+                        scalar_from += _U16
+                for i in range(scalar_from, end):
                     log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
                     kl[i] = _k3_within(log_ratio, clamp, constants)
                     reach = max(reach, _k3_reach(log_ratio))
@@ -170,6 +189,7 @@ def _kl_penalty_rows(code):
 def _shape_rewards_rows(code):
     """Twin: src/rows_kl.h ppo_shape_rewards_row, built for the estimator `code` (see
     _kl_penalty_rows)."""
+    registers = code == K3 and _AVX512  # a constant of the kernel: its other forms skip them
 
     def shape_rewards(
         logprobs,
@@ -209,24 +229,36 @@ def _shape_rewards_rows(code):
             # _PREFETCH_DISTANCE positions of work ahead, across the padding into the next row,
             # as the twin (ppo_prefetch_ahead): without them, float32 (1024, 4096) rows from
             # memory took 1.13x the twin's time (5.16 against 4.58 ms, one thread).
+            # k3 where numba compiles for AVX-512: eight positions a step in one register
+            # (_numba_math.k3_rewards_lanes, the twin's form), each block's last ones as above.
             reach = _NO_BITS
             constants = exp_constants(0.0)
+            clamps = (_lanes_splat(clamp), _lanes_splat(-clamp))
             for block in range(start, end, _PREFETCH_BLOCK):
                 ahead = _ahead_by(block, start, span, end - start, _PREFETCH_DISTANCE)
                 for k in range(np.uint64(0), _PREFETCH_BLOCK, _positions_per_line(logprobs)):
                     _prefetch(logprobs, ahead + k)
                     _prefetch(ref_logprobs, ahead + k)
                 block_end = min(block + _PREFETCH_BLOCK, end)
+                registers_end = block
+                if registers:
+                    while registers_end + _U8 <= block_end:
+                        rewards8 = k3_rewards_lanes(
+                            logprobs, ref_logprobs, registers_end, mask, has_mask, last, score,
+                            kl_coef, clamps,
+                        )  # fmt: skip
+                        _lanes_store(rewards, registers_end, rewards8)
+                        registers_end += _U8
                 if has_mask:
                     _prefetch(mask, ahead)
-                    for i in range(block, block_end):
+                    for i in range(registers_end, block_end):
                         log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
                         reward = -kl_coef * _kl_within(log_ratio, code, clamp, constants)
                         reward += _select(i == last, score, 0.0)
                         rewards[i] = _select(mask[i] != 0, reward, 0.0)
                         reach = max(reach, _k3_reach(log_ratio))
                 else:
-                    for i in range(block, block_end):
+                    for i in range(registers_end, block_end):
                         log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
                         reward = -kl_coef * _kl_within(log_ratio, code, clamp, constants)
                         rewards[i] = reward + _select(i == last, score, 0.0)

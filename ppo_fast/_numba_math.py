@@ -10,6 +10,22 @@ from numba.core import types
 from numba.extending import intrinsic, overload
 
 from ._numba_core import _AVX512, _as_float_bits, _as_int_bits, _jit, _select, fma
+from ._numba_lanes import (
+    _F64X8,
+    _LANES,
+    _lanes_add,
+    _lanes_any_at_least,
+    _lanes_clip,
+    _lanes_gt,
+    _lanes_load,
+    _lanes_mul,
+    _lanes_negative,
+    _lanes_splat,
+    _lanes_sub,
+    _lanes_where,
+    _lanes_where_valid,
+    _with_lane,
+)
 from ._spec import EXP32, EXP64, LOG32, LOG64
 
 # exp by range reduction and a polynomial, with the constants of the kernel table (_spec.EXP64 and
@@ -374,3 +390,64 @@ def exp_bounds(clamp, constants):
     (exp_constants' first two), with the twins' max and min."""
     low, high = constants[0], constants[1]
     return _select(-clamp > low, -clamp, low), _select(clamp < high, clamp, high)
+
+
+@intrinsic
+def exp64_lanes(typingctx, lanes):
+    """exp of eight float64 lanes in one AVX-512 register (_exp_register, exp's own saturation
+    and every non-finite class fixed up: _exp64's bits; only where numba compiles for AVX-512)."""
+    if lanes != _LANES:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _exp_register(
+            context, builder, args[0], ir.Constant(_F64X8, [float(_E64_LOW)] * 8),
+            ir.Constant(_F64X8, [float(_E64_HIGH)] * 8),
+            ir.Constant(ir.VectorType(ir.IntType(64), 8), [EXP_FIXUP_UNCLAMPED] * 8),
+            types.float64,
+        )  # fmt: skip
+
+    return _LANES(_LANES), codegen
+
+
+_E = 2.718281828459045  # math.e, as kl_value's correction past 708
+
+
+@_jit
+def k3_lanes(log_ratio, clamps, negative_clamps):
+    """kl_value's k3 of eight float64 log-ratios, clipped to [-clamp, clamp] (twin: src/rows_kl.h
+    ppo_kl_values with PPO_K3): exp(-log_ratio) by exp64_lanes, e * exp(-log_ratio - 1) past 708
+    in a block that has such a lane (elsewhere the correction subtracts 0 and multiplies by 1,
+    which changes no bit). The bits of _numba_kernels.kl_value, lane by lane."""
+    one = _lanes_splat(1.0)
+    x = _lanes_negative(log_ratio)
+    if _lanes_any_at_least(x, 708.0):
+        beyond = _lanes_gt(x, _lanes_splat(708.0))
+        shifted = _lanes_sub(x, _lanes_where(beyond, one, _lanes_splat(0.0)))
+        exp_neg = _lanes_mul(exp64_lanes(shifted), _lanes_where(beyond, _lanes_splat(_E), one))
+    else:
+        exp_neg = exp64_lanes(x)
+    value = _lanes_add(_lanes_sub(exp_neg, one), log_ratio)
+    return _lanes_clip(value, negative_clamps, clamps)
+
+
+@_jit
+def k3_lanes_at(logprobs, ref_logprobs, i, clamps, negative_clamps):
+    """k3_lanes of positions i .. i + 7 of the two arrays (their log-ratios in float64)."""
+    log_ratio = _lanes_sub(_lanes_load(logprobs, i), _lanes_load(ref_logprobs, i))
+    return k3_lanes(log_ratio, clamps, negative_clamps)
+
+
+@_jit
+def k3_rewards_lanes(logprobs, ref_logprobs, i, mask, has_mask, last, score, kl_coef, clamps):
+    """The shaped rewards -kl_coef * k3 + (score at position ``last``, 0 elsewhere) of positions
+    i .. i + 7, 0 where the mask is 0 (_numba_kernels._shape_rewards_rows' k3 form, lane by
+    lane; clamps: (clamp lanes, -clamp lanes))."""
+    reward = _lanes_mul(
+        _lanes_splat(-kl_coef), k3_lanes_at(logprobs, ref_logprobs, i, clamps[0], clamps[1])
+    )
+    addend = _lanes_splat(0.0)
+    if i <= last < i + 8:
+        addend = _with_lane(addend, last - i, score)
+    reward = _lanes_add(reward, addend)
+    return _lanes_where_valid(mask, i, reward) if has_mask else reward
