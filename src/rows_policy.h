@@ -46,7 +46,7 @@ PPO_INLINE ppo_vec PPO_ROW(ppo_sapo_sigmoid)(
     return PPO_V(div)(p->one, PPO_V(add)(p->one, e));
 }
 /* The sigmoids of the 16 tokens from position i (ratios from `at`), two blocks at once, as the
- * ratios (rows.h ppo_clipped_ratios_pair). */
+ * ratios (lanes.h ppo_f32x8_clipped_exp16). */
 PPO_INLINE void PPO_ROW(ppo_sapo_sigmoids_pair)(
     const ppo_real* advantages, ptrdiff_t i, const ppo_real* ratios, ptrdiff_t at,
     const PPO_ROW(ppo_family_params) * p, ppo_real* sigmoids) {

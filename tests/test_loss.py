@@ -586,6 +586,89 @@ def test_polynomial_exp_is_exact_to_the_dtypes_rounding():
         assert np.isnan(out[2]) and out[3] == np.inf and out[4] == 0.0
 
 
+def _exp_arguments(dtype, rng):
+    """Arguments of every class for exp, as bits where it matters: NaNs with payloads and
+    either sign (a signalling one too), +-inf, +-0, subnormals, the saturation's edges, huge
+    values, any bits at all, and the usual range."""
+    unsigned = np.uint32 if dtype == np.float32 else np.uint64
+    bits = [0x7FC00001, 0xFFC12345, 0x7F800001] if dtype == np.float32 else [
+        0x7FF8000000000001, 0xFFF8000000012345, 0x7FF0000000000001
+    ]  # fmt: skip
+    special = np.concatenate([
+        np.array(bits, unsigned).view(dtype),
+        np.array([np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 5e-324, -5e-324, 87.29, 87.31,
+                  88.29, 88.31, -87.29, -87.31, 708.0, 709.0, 709.1, -708.1, 1e30, -1e30], dtype),
+    ])  # fmt: skip
+    width = 32 if dtype == np.float32 else 64
+    any_bits = rng.integers(0, 2**width, 40_000, dtype=np.uint64).astype(unsigned).view(dtype)
+    usual = (rng.normal(size=40_000) * rng.choice([0.1, 3.0, 60.0, 1000.0], 40_000)).astype(dtype)
+    x = np.concatenate([special, any_bits, usual])
+    return np.concatenate([x, np.zeros(-x.size % 16, dtype)])
+
+
+def test_the_avx512_register_exps_give_the_polynomial_exps_bits():
+    """Where numba compiles for AVX-512, the losses' ratios (clipped_exps: the clip and exp's
+    saturation as one pair of bounds, vscalef, vfixupimm) and k3's float64 exp (exp64_lanes)
+    give exp_poly's bits lane by lane, NaN payloads included, for every class of argument and
+    clamps from 0 to none (the C twins are held to numba's bits by the kernel tests)."""
+    numba = pytest.importorskip("numba")
+    from ppo_fast import _numba_core
+    from ppo_fast._numba_lanes import _lanes_load, _lanes_store
+    from ppo_fast._numba_math import (
+        EXP_FIXUP_CLAMPED,
+        EXP_FIXUP_UNCLAMPED,
+        clipped_exps,
+        exp64_lanes,
+        exp_bounds,
+        exp_constants,
+        exp_poly,
+    )
+
+    if not _numba_core._AVX512:
+        pytest.skip("numba compiles without AVX-512 here: the register exps are not built")
+
+    @numba.njit
+    def registers(logprobs, old, clamp, out):
+        low, high = exp_bounds(clamp, exp_constants(clamp))
+        table = EXP_FIXUP_CLAMPED if clamp < np.inf else EXP_FIXUP_UNCLAMPED
+        for i in range(0, out.shape[0], 64 // out.itemsize):
+            clipped_exps(logprobs, old, i, low, high, table, out, i)
+
+    @numba.njit
+    def one_by_one(logprobs, old, clamp, out):
+        for i in range(out.shape[0]):
+            out[i] = exp_poly(min(max(logprobs[i] - old[i], -clamp), clamp))
+
+    @numba.njit
+    def float64_lanes(x, out):
+        for i in range(0, x.shape[0], 8):
+            _lanes_store(out, i, exp64_lanes(_lanes_load(x, i)))
+
+    @numba.njit
+    def exps(x, out):
+        for i in range(x.shape[0]):
+            out[i] = exp_poly(x[i])
+
+    rng = np.random.default_rng(39)
+    for dtype in (np.float32, np.float64):
+        unsigned = np.uint32 if dtype == np.float32 else np.uint64
+        x = _exp_arguments(dtype, rng)
+        for old in (np.zeros_like(x), rng.normal(size=x.size).astype(dtype)):
+            for clamp in (0.0, 0.1, 20.0, 100.0, 1e30, np.inf):
+                clamp = dtype(clamp)
+                got, expected = np.empty_like(x), np.empty_like(x)
+                registers(x, old, clamp, got)
+                one_by_one(x, old, clamp, expected)
+                differ = got.view(unsigned) != expected.view(unsigned)
+                assert not differ.any(), (dtype, clamp, x[differ][:5], old[differ][:5])
+        if dtype == np.float64:
+            got, expected = np.empty_like(x), np.empty_like(x)
+            float64_lanes(x, got)
+            exps(x, expected)  # a signalling NaN stays so, in both
+            differ = got.view(unsigned) != expected.view(unsigned)
+            assert not differ.any(), x[differ][:5]
+
+
 def test_a_bool_mask_whose_bytes_are_not_0_or_1_is_its_truth(backend):
     """numpy and torch let a bool array hold bytes other than 0 and 1 (a uint8 view): every
     nonzero byte is valid, and counts say so (they once summed the bytes)."""
