@@ -522,8 +522,10 @@ PPO_INLINE ppo_clipped_exp ppo_clipped_exp_of(double clamp) {
     e.high32 = _mm512_set1_ps(clamp32 < PPO_EXP32_HIGH ? clamp32 : PPO_EXP32_HIGH);
     e.low64 = _mm512_set1_pd(-clamp > PPO_EXP64_LOW ? -clamp : PPO_EXP64_LOW);
     e.high64 = _mm512_set1_pd(clamp < PPO_EXP64_HIGH ? clamp : PPO_EXP64_HIGH);
-    e.table32 = _mm512_set1_epi32(clamp < INFINITY ? PPO_EXP_FIXUP_CLAMPED : PPO_EXP_FIXUP_UNCLAMPED);
-    e.table64 = _mm512_set1_epi64(clamp < INFINITY ? PPO_EXP_FIXUP_CLAMPED : PPO_EXP_FIXUP_UNCLAMPED);
+    e.table32 =
+        _mm512_set1_epi32(clamp < INFINITY ? PPO_EXP_FIXUP_CLAMPED : PPO_EXP_FIXUP_UNCLAMPED);
+    e.table64 =
+        _mm512_set1_epi64(clamp < INFINITY ? PPO_EXP_FIXUP_CLAMPED : PPO_EXP_FIXUP_UNCLAMPED);
     e.negative_clamp32 = _mm256_set1_ps(-clamp32);
     e.clamp32 = _mm256_set1_ps(clamp32);
     e.negative_clamp64 = _mm512_set1_pd(-clamp);
@@ -1210,30 +1212,25 @@ PPO_INLINE ppo_clipped_exp ppo_clipped_exp_of(double clamp) {
     e.clamp64 = ppo_f64x8_splat(clamp);
     return e;
 }
-PPO_INLINE void ppo_f32x8_clipped_exp16(
-    const float* a, const float* b, const ppo_clipped_exp* e, float* out) {
-    ppo_f32x8 first = ppo_f32x8_sub(ppo_f32x8_load(a), ppo_f32x8_load(b));
-    ppo_f32x8 second = ppo_f32x8_sub(ppo_f32x8_load(a + 8), ppo_f32x8_load(b + 8));
-    ppo_f32x8 first_exp, second_exp;
-    ppo_f32x8_exp_pair(
-        ppo_f32x8_min(e->clamp32, ppo_f32x8_max(e->negative_clamp32, first)),
-        ppo_f32x8_min(e->clamp32, ppo_f32x8_max(e->negative_clamp32, second)), &first_exp,
-        &second_exp);
-    ppo_f32x8_store(out, first_exp);
-    ppo_f32x8_store(out + 8, second_exp);
-}
-PPO_INLINE void ppo_f64x8_clipped_exp16(
-    const double* a, const double* b, const ppo_clipped_exp* e, double* out) {
-    ppo_f64x8 first = ppo_f64x8_sub(ppo_f64x8_load(a), ppo_f64x8_load(b));
-    ppo_f64x8 second = ppo_f64x8_sub(ppo_f64x8_load(a + 8), ppo_f64x8_load(b + 8));
-    ppo_f64x8 first_exp, second_exp;
-    ppo_f64x8_exp_pair(
-        ppo_f64x8_min(e->clamp64, ppo_f64x8_max(e->negative_clamp64, first)),
-        ppo_f64x8_min(e->clamp64, ppo_f64x8_max(e->negative_clamp64, second)), &first_exp,
-        &second_exp);
-    ppo_f64x8_store(out, first_exp);
-    ppo_f64x8_store(out + 8, second_exp);
-}
+/* One definition for both dtypes: the lanes type, its item and the clamps' width. */
+#define PPO_CLIPPED_EXP16_OF(lanes, real, bits)                                              \
+    PPO_INLINE void ppo_##lanes##_clipped_exp16(                                             \
+        const real* a, const real* b, const ppo_clipped_exp* e, real* out) {                 \
+        ppo_##lanes low = e->negative_clamp##bits, high = e->clamp##bits;                    \
+        ppo_##lanes first = ppo_##lanes##_sub(ppo_##lanes##_load(a), ppo_##lanes##_load(b)); \
+        ppo_##lanes second =                                                                 \
+            ppo_##lanes##_sub(ppo_##lanes##_load(a + 8), ppo_##lanes##_load(b + 8));         \
+        ppo_##lanes first_exp, second_exp;                                                   \
+        ppo_##lanes##_exp_pair(                                                              \
+            ppo_##lanes##_min(high, ppo_##lanes##_max(low, first)),                          \
+            ppo_##lanes##_min(high, ppo_##lanes##_max(low, second)), &first_exp,             \
+            &second_exp);                                                                    \
+        ppo_##lanes##_store(out, first_exp);                                                 \
+        ppo_##lanes##_store(out + 8, second_exp);                                            \
+    }
+PPO_CLIPPED_EXP16_OF(f32x8, float, 32)
+PPO_CLIPPED_EXP16_OF(f64x8, double, 64)
+#undef PPO_CLIPPED_EXP16_OF
 #endif
 
 /* Lanes moved down (lane j takes lane j + k; GAE's scan, rows_gae.h), through memory where
