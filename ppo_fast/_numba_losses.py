@@ -88,7 +88,7 @@ def _chunk_ratios(
     last positions one by one."""
     constants = exp_constants(clamp)
     # AVX-512: a register of exps at a time (clipped_exps), its bounds and table made here
-    registers = _AVX512 and clamp >= clamp - clamp
+    registers = _AVX512 and clamp >= 0.0  # inf (no clamp) included, NaN and < 0 not
     low, high = exp_bounds(clamp, constants)
     table = EXP_FIXUP_CLAMPED if clamp < np.inf else EXP_FIXUP_UNCLAMPED
     width = np.uint64(64 // ratios.itemsize)

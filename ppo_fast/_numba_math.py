@@ -281,7 +281,7 @@ EXP_FIXUP_UNCLAMPED = 0x00180011
 EXP_FIXUP_CLAMPED = 0x00000011  # only NaN: a finite clamp leaves no infinite argument
 
 
-def _exp_register(context, builder, raw, low, high, table, item_type):
+def _exp_register(builder, raw, low, high, table, item_type):
     """exp(min(high, max(low, raw))) on one register (<16 x float> or <8 x double>), fixed up by
     ``table`` (a vfixupimm table, splat) at raw's non-finite lanes."""
     vector_type = raw.type
@@ -375,7 +375,7 @@ def clipped_exps(typingctx, logprobs, old_logprobs, i, low, high, table, out, j)
         if dtype.bitwidth == 32:
             table_value = builder.trunc(table_value, integer)
         result = _exp_register(
-            context, builder, raw, splat(low_, vector_type), splat(high_, vector_type),
+            builder, raw, splat(low_, vector_type), splat(high_, vector_type),
             splat(table_value, ir.VectorType(integer, lanes)), dtype,
         )  # fmt: skip
         builder.store(result, pointer(sig.args[6], out_, j_), align=align)
@@ -401,7 +401,7 @@ def exp64_lanes(typingctx, lanes):
 
     def codegen(context, builder, sig, args):
         return _exp_register(
-            context, builder, args[0], ir.Constant(_F64X8, [float(_E64_LOW)] * 8),
+            builder, args[0], ir.Constant(_F64X8, [float(_E64_LOW)] * 8),
             ir.Constant(_F64X8, [float(_E64_HIGH)] * 8),
             ir.Constant(ir.VectorType(ir.IntType(64), 8), [EXP_FIXUP_UNCLAMPED] * 8),
             types.float64,
