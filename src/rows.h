@@ -125,9 +125,9 @@ PPO_INLINE ppo_vec PPO_ROW(ppo_clip)(ppo_vec x, ppo_vec low, ppo_vec high) {
 /* The policy losses' last step for the 8 tokens from position i: stores the gradient
  * -weight * slope * scale at grad + i where valid (0 elsewhere) and returns the loss sum plus
  * -weight * objective where valid (to_f64_where: 0 elsewhere, whatever the objective is there,
- * in the conversion to float64). As the twins: the weight in
- * float64 (numba's is, either way: its 1 is an integer), the products in float64 rounded to the
- * dtype at the store; a NaN or inf weight still says so. Without weights the weight is 1, and
+ * in the conversion to float64). As the twins: the weight in float64 (numba's is, either way:
+ * its 1 is an integer), the products in float64 rounded to the dtype at the store; a NaN or
+ * inf weight still says so. Without weights the weight is 1, and
  * (-slope) * scale in float64 rounded to the dtype is (-slope) * scale in the dtype, bit for bit
  * (two float32 multiply exactly in float64, so the one rounding is the float32 product's), and
  * loss + -objective is loss - objective: the same bits, NaN signs included, as the general
@@ -230,10 +230,9 @@ PPO_INLINE ppo_vec PPO_ROW(ppo_clipped_ratio)(
 
 /* A chunk's ratios exp(clip(logprobs - old_logprobs, -clamp, clamp)) at its whole blocks (positions
  * first .. whole_end) into ratios[0 ..): two blocks a step (lanes.h's clipped_exp16, its clamp
- * prepared in clipped_exp), then the odd one, prefetching
- * PPO_CHUNK tokens of work ahead of each block (ppo_ahead: the row's computed positions end at
- * valid_end, the next row starts at next_row) in the inputs the chunk's main pass reads (NULL:
- * absent).
+ * prepared in clipped_exp), then the odd one, prefetching PPO_CHUNK tokens of work ahead of each
+ * block (ppo_ahead: the row's computed positions end at valid_end, the next row starts at
+ * next_row) in the inputs the chunk's main pass reads (NULL: absent).
  * The pre-pass of the policy losses (rows_loss.h, rows_policy.h). */
 PPO_INLINE void PPO_ROW(ppo_chunk_ratios)(
     const ppo_real* logprobs, const ppo_real* old_logprobs, const ppo_real* advantages,
