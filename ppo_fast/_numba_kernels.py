@@ -75,13 +75,19 @@ from ._numba_losses import (
     reinforce,
     sapo,
 )
-from ._numba_math import _exp64, _exp64_with, exp_constants, k3_lanes_at, k3_rewards_lanes
+from ._numba_math import (
+    _exp64,
+    _exp64_with,
+    exp_constants,
+    exp_registers,
+    k3_blocks,
+    k3_rewards_lanes,
+)
 from ._numba_sequence_losses import geo_mean, gspo
 from ._numba_value_loss import value_loss
 from ._rows import EMPTY_MASK as _EMPTY_MASK
 from ._spec import ESTIMATORS, KERNELS
 
-_U16 = np.uint64(16)
 K1, K2, K3, ABS = (ESTIMATORS.index(name) for name in ("k1", "k2", "k3", "abs"))
 
 
@@ -154,25 +160,13 @@ def _kl_penalty_rows(code):
                 # subtraction and a product a position, took 27% of the row's time (float32
                 # (1024, 4096): 2.2 -> 1.6 ms); the C twin skips it by a branch per block of 8
                 # (this flag there measured no faster).
-                # Where numba compiles for AVX-512, eight positions a step in one register
-                # (_numba_math.k3_lanes, with its correction where a block needs it: the twin's
-                # form), the row's last ones as above.
+                # Where numba compiles for AVX-512, the twin's blocks (_numba_math.k3_blocks),
+                # the row's last positions as above.
                 reach = _NO_BITS
                 constants = exp_constants(0.0)
                 scalar_from = start
                 if _AVX512:
-                    clamps, negative_clamps = _lanes_splat(clamp), _lanes_splat(-clamp)
-                    while scalar_from + _U16 <= end:  # two blocks a step, as the twin
-                        second = scalar_from + _U8
-                        k3 = k3_lanes_at(
-                            logprobs, ref_logprobs, scalar_from, clamps, negative_clamps
-                        )
-                        k3_second = k3_lanes_at(
-                            logprobs, ref_logprobs, second, clamps, negative_clamps
-                        )
-                        _lanes_store(kl, scalar_from, k3)
-                        _lanes_store(kl, second, k3_second)
-                        scalar_from += _U16
+                    scalar_from = k3_blocks(logprobs, ref_logprobs, start, end, clamp, kl)
                 for i in range(scalar_from, end):
                     log_ratio = np.float64(logprobs[i]) - np.float64(ref_logprobs[i])
                     kl[i] = _k3_within(log_ratio, clamp, constants)
@@ -234,6 +228,7 @@ def _shape_rewards_rows(code):
             reach = _NO_BITS
             constants = exp_constants(0.0)
             clamps = (_lanes_splat(clamp), _lanes_splat(-clamp))
+            k3_registers = exp_registers(0.0)  # unused (and so not made) without `registers`
             for block in range(start, end, _PREFETCH_BLOCK):
                 ahead = _ahead_by(block, start, span, end - start, _PREFETCH_DISTANCE)
                 for k in range(np.uint64(0), _PREFETCH_BLOCK, _positions_per_line(logprobs)):
@@ -245,7 +240,7 @@ def _shape_rewards_rows(code):
                     while registers_end + _U8 <= block_end:
                         rewards8 = k3_rewards_lanes(
                             logprobs, ref_logprobs, registers_end, mask, has_mask, last, score,
-                            kl_coef, clamps,
+                            kl_coef, clamps, k3_registers,
                         )  # fmt: skip
                         _lanes_store(rewards, registers_end, rewards8)
                         registers_end += _U8

@@ -64,6 +64,7 @@ from ._numba_math import (
     clipped_exps,
     exp_bounds,
     exp_constants,
+    exp_registers,
     exp_with,
     log_poly,
 )
@@ -91,6 +92,7 @@ def _chunk_ratios(
     registers = _AVX512 and clamp >= 0.0  # inf (no clamp) included, NaN and < 0 not
     low, high = exp_bounds(clamp, constants)
     table = EXP_FIXUP_CLAMPED if clamp < np.inf else EXP_FIXUP_UNCLAMPED
+    exp_register_constants = exp_registers(ratios)  # unused (and so not made) without AVX-512
     width = np.uint64(64 // ratios.itemsize)
     for j0 in range(np.uint64(0), n, _PREFETCH_BLOCK):
         _prefetch_ahead(
@@ -103,7 +105,7 @@ def _chunk_ratios(
             while scalar_from + width <= end:
                 clipped_exps(
                     logprobs, old_logprobs, first + scalar_from, low, high, table, ratios,
-                    scalar_from,
+                    scalar_from, exp_register_constants,
                 )  # fmt: skip
                 scalar_from += width
         for j in range(scalar_from, end):

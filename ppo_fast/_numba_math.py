@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic, overload
+from numba.core import cgutils, types
+from numba.extending import intrinsic, models, overload, register_model
 
-from ._numba_core import _AVX512, _as_float_bits, _as_int_bits, _jit, _select, fma
+from ._numba_core import _AVX512, _U8, _as_float_bits, _as_int_bits, _jit, _select, fma
 from ._numba_lanes import (
-    _F64X8,
     _LANES,
     _lanes_add,
     _lanes_any_at_least,
@@ -21,6 +20,7 @@ from ._numba_lanes import (
     _lanes_mul,
     _lanes_negative,
     _lanes_splat,
+    _lanes_store,
     _lanes_sub,
     _lanes_where,
     _lanes_where_valid,
@@ -281,16 +281,73 @@ EXP_FIXUP_UNCLAMPED = 0x00180011
 EXP_FIXUP_CLAMPED = 0x00000011  # only NaN: a finite clamp leaves no infinite argument
 
 
-def _exp_register(builder, raw, low, high, table, item_type):
+class _RegisterType(types.Type):
+    """One 64-byte register of a float dtype (<16 x float>, <8 x double>): exp_registers'."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        super().__init__(name=f"Register({dtype} x {64 // (dtype.bitwidth // 8)})")
+
+
+def _register_vector(dtype):
+    item = ir.FloatType() if dtype == types.float32 else ir.DoubleType()
+    return ir.VectorType(item, 64 // (dtype.bitwidth // 8))
+
+
+@register_model(_RegisterType)
+class _RegisterModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _register_vector(fe_type.dtype))
+
+
+_REGISTER_CONSTANTS = {types.float32: _E32_CONSTANTS, types.float64: _E64_CONSTANTS}
+_REGISTERS_OF = {
+    dtype: types.UniTuple(_RegisterType(dtype), len(constants))
+    for dtype, constants in _REGISTER_CONSTANTS.items()
+}
+
+
+@intrinsic
+def exp_registers(typingctx, like):
+    """The exp's constants (exp_constants' numbers) for the dtype of ``like`` (an array or a
+    float), each in a 64-byte register behind an empty asm that LLVM cannot see through: made
+    before a loop of register exps (_exp_register), they stay in registers through it. Made as
+    constants in the loop, numba's code model (64-bit addresses) took a movabs and a load for
+    each in every trip: 25 of k3's 75 instructions a block, with the loop's pointers then
+    reloaded from the stack for want of general registers."""
+    dtype = like.dtype if isinstance(like, types.Array) else like
+    if dtype not in _REGISTER_CONSTANTS:
+        return None
+    constants = _REGISTER_CONSTANTS[dtype]
+
+    def codegen(context, builder, sig, args):
+        vector_type = _register_vector(dtype)
+        values = [
+            ir.Constant(vector_type, [float(value)] * vector_type.count) for value in constants
+        ]
+        if _AVX512:  # elsewhere no register holds them, and the register exps are not run
+            asm_type = ir.FunctionType(vector_type, [vector_type])
+            values = [builder.asm(asm_type, "", "=v,0", [value], False) for value in values]
+        return context.make_tuple(builder, sig.return_type, values)
+
+    return _REGISTERS_OF[dtype](like), codegen
+
+
+def _exp_register(builder, raw, low, high, table, item_type, registers):
     """exp(min(high, max(low, raw))) on one register (<16 x float> or <8 x double>), fixed up by
-    ``table`` (a vfixupimm table, splat) at raw's non-finite lanes."""
+    ``table`` (a vfixupimm table, splat) at raw's non-finite lanes; its other constants from
+    ``registers`` (exp_registers' values)."""
     vector_type = raw.type
     lanes = vector_type.count
     bits = 32 if item_type == types.float32 else 64
     table_spec = EXP32 if bits == 32 else EXP64
+    item = np.dtype(f"f{bits // 8}").type
+    given = {
+        float(item(c)): r for c, r in zip(_REGISTER_CONSTANTS[item_type], registers, strict=True)
+    }
 
     def splat(value):
-        return ir.Constant(vector_type, [float(np.dtype(f"f{bits // 8}").type(value))] * lanes)
+        return given[float(item(value))]
 
     def declare(name, argument_types):
         try:
@@ -335,21 +392,24 @@ def _exp_register(builder, raw, low, high, table, item_type):
 
 
 @intrinsic
-def clipped_exps(typingctx, logprobs, old_logprobs, i, low, high, table, out, j):
+def clipped_exps(typingctx, logprobs, old_logprobs, i, low, high, table, out, j, registers):
     """out[j .. j + w) = exp(clip(logprobs[i + k] - old_logprobs[i + k], -clamp, clamp)) for
     k < w, w = 64 bytes of the dtype (16 float32, 8 float64): one AVX-512 register
     (_exp_register; only where numba compiles for AVX-512). ``low`` and ``high``: the clip's
     bounds met with exp's saturation (max(-clamp, low), min(clamp, high) in the dtype), ``table``
-    EXP_FIXUP_CLAMPED where the clamp is finite, else EXP_FIXUP_UNCLAMPED."""
+    EXP_FIXUP_CLAMPED where the clamp is finite, else EXP_FIXUP_UNCLAMPED; ``registers``:
+    exp_registers of the dtype."""
     if not isinstance(logprobs, types.Array) or logprobs.dtype not in (
         types.float32,
         types.float64,
     ):
         return None
     dtype = logprobs.dtype
+    if registers != _REGISTERS_OF[dtype]:
+        return None
 
     def codegen(context, builder, sig, args):
-        logprobs_, old_, i_, low_, high_, table_, out_, j_ = args
+        logprobs_, old_, i_, low_, high_, table_, out_, j_, registers_ = args
         item = context.get_value_type(dtype)
         lanes = 64 // (dtype.bitwidth // 8)
         vector_type = ir.VectorType(item, lanes)
@@ -377,11 +437,12 @@ def clipped_exps(typingctx, logprobs, old_logprobs, i, low, high, table, out, j)
         result = _exp_register(
             builder, raw, splat(low_, vector_type), splat(high_, vector_type),
             splat(table_value, ir.VectorType(integer, lanes)), dtype,
+            cgutils.unpack_tuple(builder, registers_),
         )  # fmt: skip
         builder.store(result, pointer(sig.args[6], out_, j_), align=align)
         return context.get_dummy_value()
 
-    return types.none(logprobs, old_logprobs, i, low, high, table, out, j), codegen
+    return types.none(logprobs, old_logprobs, i, low, high, table, out, j, registers), codegen
 
 
 @_jit
@@ -393,28 +454,30 @@ def exp_bounds(clamp, constants):
 
 
 @intrinsic
-def exp64_lanes(typingctx, lanes):
+def exp64_lanes(typingctx, lanes, registers):
     """exp of eight float64 lanes in one AVX-512 register (_exp_register, exp's own saturation
-    and every non-finite class fixed up: _exp64's bits; only where numba compiles for AVX-512)."""
-    if lanes != _LANES:
+    and every non-finite class fixed up: _exp64's bits; only where numba compiles for AVX-512),
+    its constants from ``registers`` (exp_registers of a float64)."""
+    if lanes != _LANES or registers != _REGISTERS_OF[types.float64]:
         return None
 
     def codegen(context, builder, sig, args):
+        values = cgutils.unpack_tuple(builder, args[1])
         return _exp_register(
-            builder, args[0], ir.Constant(_F64X8, [float(_E64_LOW)] * 8),
-            ir.Constant(_F64X8, [float(_E64_HIGH)] * 8),
+            builder, args[0], values[0], values[1],
             ir.Constant(ir.VectorType(ir.IntType(64), 8), [EXP_FIXUP_UNCLAMPED] * 8),
-            types.float64,
+            types.float64, values,
         )  # fmt: skip
 
-    return _LANES(_LANES), codegen
+    return _LANES(_LANES, registers), codegen
 
 
 _E = 2.718281828459045  # math.e, as kl_value's correction past 708
+_U16 = np.uint64(16)
 
 
 @_jit
-def k3_lanes(log_ratio, clamps, negative_clamps):
+def k3_lanes(log_ratio, clamps, negative_clamps, registers):
     """kl_value's k3 of eight float64 log-ratios, clipped to [-clamp, clamp] (twin: src/rows_kl.h
     ppo_kl_values with PPO_K3): exp(-log_ratio) by exp64_lanes, e * exp(-log_ratio - 1) past 708
     in a block that has such a lane (elsewhere the correction subtracts 0 and multiplies by 1,
@@ -424,30 +487,53 @@ def k3_lanes(log_ratio, clamps, negative_clamps):
     if _lanes_any_at_least(x, 708.0):
         beyond = _lanes_gt(x, _lanes_splat(708.0))
         shifted = _lanes_sub(x, _lanes_where(beyond, one, _lanes_splat(0.0)))
-        exp_neg = _lanes_mul(exp64_lanes(shifted), _lanes_where(beyond, _lanes_splat(_E), one))
+        exp_neg = _lanes_mul(
+            exp64_lanes(shifted, registers), _lanes_where(beyond, _lanes_splat(_E), one)
+        )
     else:
-        exp_neg = exp64_lanes(x)
+        exp_neg = exp64_lanes(x, registers)
     value = _lanes_add(_lanes_sub(exp_neg, one), log_ratio)
     return _lanes_clip(value, negative_clamps, clamps)
 
 
 @_jit
-def k3_lanes_at(logprobs, ref_logprobs, i, clamps, negative_clamps):
+def k3_lanes_at(logprobs, ref_logprobs, i, clamps, negative_clamps, registers):
     """k3_lanes of positions i .. i + 7 of the two arrays (their log-ratios in float64)."""
     log_ratio = _lanes_sub(_lanes_load(logprobs, i), _lanes_load(ref_logprobs, i))
-    return k3_lanes(log_ratio, clamps, negative_clamps)
+    return k3_lanes(log_ratio, clamps, negative_clamps, registers)
 
 
 @_jit
-def k3_rewards_lanes(logprobs, ref_logprobs, i, mask, has_mask, last, score, kl_coef, clamps):
+def k3_blocks(logprobs, ref_logprobs, start, end, clamp, kl):
+    """kl_penalty's k3 (k3_lanes, clipped to [-clamp, clamp]) from position start of a row into
+    kl, 16 positions a step, two registers whose exp chains interleave (the twin's steps: k3 is
+    bound by their latency); returns where the step stopped (fewer than 16 positions before
+    end: the caller's)."""
+    clamps, negative_clamps = _lanes_splat(clamp), _lanes_splat(-clamp)
+    registers = exp_registers(0.0)
+    i = start
+    while i + _U16 <= end:
+        first = k3_lanes_at(logprobs, ref_logprobs, i, clamps, negative_clamps, registers)
+        second = k3_lanes_at(logprobs, ref_logprobs, i + _U8, clamps, negative_clamps, registers)
+        _lanes_store(kl, i, first)
+        _lanes_store(kl, i + _U8, second)
+        i += _U16
+    return i
+
+
+@_jit
+def k3_rewards_lanes(
+    logprobs, ref_logprobs, i, mask, has_mask, last, score, kl_coef, clamps, registers
+):
     """The shaped rewards -kl_coef * k3 + (score at position ``last``, 0 elsewhere) of positions
     i .. i + 7, 0 where the mask is 0 (_numba_kernels._shape_rewards_rows' k3 form, lane by
     lane; clamps: (clamp lanes, -clamp lanes))."""
     reward = _lanes_mul(
-        _lanes_splat(-kl_coef), k3_lanes_at(logprobs, ref_logprobs, i, clamps[0], clamps[1])
+        _lanes_splat(-kl_coef),
+        k3_lanes_at(logprobs, ref_logprobs, i, clamps[0], clamps[1], registers),
     )
     addend = _lanes_splat(0.0)
-    if i <= last < i + 8:
+    if i <= last < i + _U8:
         addend = _with_lane(addend, last - i, score)
     reward = _lanes_add(reward, addend)
     return _lanes_where_valid(mask, i, reward) if has_mask else reward

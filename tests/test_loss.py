@@ -622,6 +622,7 @@ def test_the_avx512_register_exps_give_the_polynomial_exps_bits():
         exp_bounds,
         exp_constants,
         exp_poly,
+        exp_registers,
     )
 
     if not _numba_core._AVX512:
@@ -631,8 +632,9 @@ def test_the_avx512_register_exps_give_the_polynomial_exps_bits():
     def registers(logprobs, old, clamp, out):
         low, high = exp_bounds(clamp, exp_constants(clamp))
         table = EXP_FIXUP_CLAMPED if clamp < np.inf else EXP_FIXUP_UNCLAMPED
+        constants = exp_registers(out)
         for i in range(0, out.shape[0], 64 // out.itemsize):
-            clipped_exps(logprobs, old, i, low, high, table, out, i)
+            clipped_exps(logprobs, old, i, low, high, table, out, i, constants)
 
     @numba.njit
     def one_by_one(logprobs, old, clamp, out):
@@ -641,8 +643,9 @@ def test_the_avx512_register_exps_give_the_polynomial_exps_bits():
 
     @numba.njit
     def float64_lanes(x, out):
+        registers = exp_registers(0.0)
         for i in range(0, x.shape[0], 8):
-            _lanes_store(out, i, exp64_lanes(_lanes_load(x, i)))
+            _lanes_store(out, i, exp64_lanes(_lanes_load(x, i), registers))
 
     @numba.njit
     def exps(x, out):
