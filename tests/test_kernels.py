@@ -445,6 +445,8 @@ def _assert_same_bits_wherever_the_arrays_lie(case, kernels, expected, backend):
 
 
 _AVX2_PATH = """
+import sys
+
 import numpy as np
 import ppo_fast
 from ppo_fast import _numba_core
@@ -453,7 +455,7 @@ from ppo_fast.policy import cispo_loss, dppo_loss, gspo_loss, kl_cov_loss, sapo_
 
 assert not _numba_core._AVX512 and _numba_core._LOSS_UNSWITCH_THRESHOLD == 800
 rng = np.random.default_rng(7)
-for dtype in (np.float32, np.float64):  # float64: every loss's lanes and exp in float64 too
+for dtype in (np.dtype(sys.argv[1]).type,):  # float64: every loss's lanes and exp in float64 too
     B, T = 5, 300
     lengths = rng.integers(0, T + 1, B)
     mask = (np.arange(T) < lengths[:, None]) & (rng.random((B, T)) < 0.9)
@@ -492,15 +494,19 @@ print("ok")
 @pytest.mark.skipif(
     "numba" not in COMPILED or "cython" not in COMPILED, reason="numba and Cython both needed"
 )
-def test_numba_kernels_built_for_avx2_equal_the_cython_twins():
+# One process a dtype: each compiles for about 50 s, two tests that two workers can share (one
+# process for both dtypes was the suite's longest test, 100 s, and left its worker last).
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_numba_kernels_built_for_avx2_equal_the_cython_twins(dtype):
     """Where numba compiles for a CPU without AVX-512 its loss kernels take other forms
     (``_numba_core._AVX512``: exp's constants made opaque, a mask's bytes compared as 32-bit
     lanes, a larger unswitch threshold for the policy losses): compiled so in a fresh process
     (NUMBA_CPU_FEATURES without AVX-512, as on an AMD EPYC), on any x86-64 CPU with AVX2 and FMA,
     every masked loss with NaN and inf inputs gives the Cython build's bits, float32 and
-    float64, and so do k3's KL and shaped rewards and the optimal token baseline (exp's constants
-    made so) and GSPO's log of weights. Where numba compiles so in this process already (a CPU
-    without AVX-512), the whole suite checks these forms against the oracle and Cython."""
+    float64 (a process each), and so do k3's KL and shaped rewards and the optimal token baseline
+    (exp's constants made so) and GSPO's log of weights. Where numba compiles so in this process
+    already (a CPU without AVX-512), the whole suite checks these forms against the oracle and
+    Cython."""
     from llvmlite import binding as llvm
 
     from ppo_fast import _numba_core
@@ -513,6 +519,10 @@ def test_numba_kernels_built_for_avx2_equal_the_cython_twins():
     features = ",".join(f"+{name}" for name in ("sse4.2", "avx", "avx2", "fma", "f16c", "bmi2"))
     env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CPU_FEATURES=features)
     out = subprocess.run(
-        [sys.executable, "-c", _AVX2_PATH], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-c", _AVX2_PATH, dtype],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
