@@ -327,7 +327,12 @@ def exp_registers(typingctx, like):
         ]
         if _AVX512:  # elsewhere no register holds them, and the register exps are not run
             asm_type = ir.FunctionType(vector_type, [vector_type])
-            values = [builder.asm(asm_type, "", "=v,0", [value], False) for value in values]
+            made = {}  # equal constants in one register (float64's last two coefficients, 1)
+            for value in constants:
+                if value not in made:
+                    constant = ir.Constant(vector_type, [float(value)] * vector_type.count)
+                    made[value] = builder.asm(asm_type, "", "=v,0", [constant], False)
+            values = [made[value] for value in constants]
         return context.make_tuple(builder, sig.return_type, values)
 
     return _REGISTERS_OF[dtype](like), codegen
@@ -336,18 +341,12 @@ def exp_registers(typingctx, like):
 def _exp_register(builder, raw, low, high, table, item_type, registers):
     """exp(min(high, max(low, raw))) on one register (<16 x float> or <8 x double>), fixed up by
     ``table`` (a vfixupimm table, splat) at raw's non-finite lanes; its other constants from
-    ``registers`` (exp_registers' values)."""
+    ``registers`` (exp_registers' values, in _E32_CONSTANTS' or _E64_CONSTANTS' order)."""
     vector_type = raw.type
     lanes = vector_type.count
     bits = 32 if item_type == types.float32 else 64
-    table_spec = EXP32 if bits == 32 else EXP64
-    item = np.dtype(f"f{bits // 8}").type
-    given = {
-        float(item(c)): r for c, r in zip(_REGISTER_CONSTANTS[item_type], registers, strict=True)
-    }
-
-    def splat(value):
-        return given[float(item(value))]
+    # the bounds are the caller's (low, high); float32's polynomial ends with the 1 added last
+    _, _, shift, log2e, ln2_high, ln2_low, *polynomial = registers
 
     def declare(name, argument_types):
         try:
@@ -363,18 +362,18 @@ def _exp_register(builder, raw, low, high, table, item_type, registers):
 
     x = builder.select(builder.fcmp_ordered(">", low, raw), low, raw)
     x = builder.select(builder.fcmp_ordered("<", high, x), high, x)
-    shift = splat(table_spec.shift)
-    shifted = fma_(x, splat(table_spec.log2e), shift)
+    shifted = fma_(x, log2e, shift)
     n = builder.fsub(shifted, shift)
     negative_n = builder.fneg(n)
-    r = fma_(negative_n, splat(table_spec.ln2_high), x)
-    r = fma_(negative_n, splat(table_spec.ln2_low), r)
-    polynomial = table_spec.polynomial
-    p = splat(polynomial[0])
-    for coefficient in polynomial[1:]:
-        p = fma_(p, r, splat(coefficient))
+    r = fma_(negative_n, ln2_high, x)
+    r = fma_(negative_n, ln2_low, r)
     if bits == 32:
-        p = builder.fadd(fma_(builder.fmul(p, r), r, r), splat(1.0))
+        *polynomial, one = polynomial
+    p = polynomial[0]
+    for coefficient in polynomial[1:]:
+        p = fma_(p, r, coefficient)
+    if bits == 32:
+        p = builder.fadd(fma_(builder.fmul(p, r), r, r), one)
     mask_type = ir.IntType(lanes)
     i32 = ir.IntType(32)
     kind = "ps" if bits == 32 else "pd"
