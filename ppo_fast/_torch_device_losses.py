@@ -89,7 +89,7 @@ def _value_in_torch(clip, normalisers, layout, values, old_values, returns):
     arrays = {"values": values, "old_values": old_values, "returns": returns}
     value, old, target = _pt._torch_tokens(arrays, device)
     rows = _pt._torch_rows(tuple(values.shape), device, layout)
-    scales, valid = _pt._torch_row_scales(rows=rows, **normalisers)
+    scales, valid = _pt._torch_row_scales(rows=rows, **normalisers, dtype=value.dtype)
     token_scales = scales[:, None] if rows.row_of is None else scales[rows.row_of]
     error = value - target
     unclipped = error * error

@@ -53,7 +53,7 @@ def _gspo_in_torch(scalars, form, normalisers, layout, logprobs, old_logprobs, a
         arrays["weights"] = weights
     tokens = _torch_tokens(arrays, device)
     rows = _torch_rows(tuple(logprobs.shape), device, layout)
-    scales, valid = _torch_row_scales(rows=rows, **normalisers)
+    scales, valid = _torch_row_scales(rows=rows, **normalisers, dtype=tokens[0].dtype)
     logp, old, adv = tokens[:3]
     keep = rows.valid
     log_ratio = logp - old
@@ -106,7 +106,7 @@ def _geo_mean_in_torch(scalars, normalisers, layout, logprobs, old_logprobs, adv
         arrays["weights"] = weights
     tokens = _torch_tokens(arrays, device)
     rows = _torch_rows(tuple(logprobs.shape), device, layout)
-    scales, valid = _torch_row_scales(rows=rows, **normalisers)
+    scales, valid = _torch_row_scales(rows=rows, **normalisers, dtype=tokens[0].dtype)
     logp, old, adv = tokens[:3]
     keep = rows.valid
     low, high = scalars["log_ratio_low"], scalars["log_ratio_high"]

@@ -657,6 +657,25 @@ def scalar(
     return _check_number(name, number, lo, hi, open_lo, allow_inf, allow_nan)
 
 
+def normaliser(name: str, value: Any, dtype: Any) -> float:
+    """A loss's normaliser (``num_tokens``, ``num_seqs`` or ``loss_scale``): a real > 0 whose
+    reciprocal, the scale of the loss's rows, is finite in the loss's ``dtype`` (float32 or
+    float64). An infinite scale is no loss: the kernels' gradient at masked positions, their 0 in
+    the dtype made as scale - scale, would be NaN where the oracle writes 0."""
+    number = scalar(name, value, lo=0.0, open_lo=True)
+    dtype = np.dtype(dtype)
+    largest = _LARGEST_SCALE[dtype]
+    if 1.0 / number > largest:
+        raise ValueError(
+            f"{name} must be at least {1.0 / largest:.4g} for {dtype} inputs, got {value!r}: the "
+            f"loss's scale, 1/{name}, overflows {dtype} (pass the count or length it stands for)"
+        )
+    return number
+
+
+_LARGEST_SCALE = {dtype: float(np.finfo(dtype).max) for dtype in FLOAT_DTYPES}
+
+
 def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in options:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")

@@ -118,8 +118,10 @@ def _row_scales(
     num_tokens: float | None,
     num_seqs: float | None,
     loss_scale: float | None,
+    dtype: np.dtype,
 ) -> tuple[np.ndarray, float]:
-    """Each row's aggregation weight (float64), and the number of valid tokens of the batch."""
+    """Each row's aggregation weight (float64), and the number of valid tokens of the batch;
+    ``dtype`` is the loss's, in which each weight must be finite (``_validate.normaliser``)."""
     _check_agg(agg, num_tokens, num_seqs, loss_scale)
     if agg == "token-mean" or agg == "seq-mean-token-sum-norm":
         # Only the batch's count: no count per row. Counted as the kernels test validity,
@@ -129,7 +131,7 @@ def _row_scales(
             total = (
                 valid
                 if num_tokens is None
-                else _validate.scalar("num_tokens", num_tokens, lo=0.0, open_lo=True)
+                else _validate.normaliser("num_tokens", num_tokens, dtype)
             )
             return np.full(rows.n_rows, 1.0 / total if total else 0.0), valid
         if loss_scale is None:
@@ -141,14 +143,14 @@ def _row_scales(
             if rows.shape[1] == 0:  # no positions at all: the loss is 0
                 return np.zeros(rows.n_rows), valid
             loss_scale = rows.shape[1]
-        scale = _validate.scalar("loss_scale", loss_scale, lo=0.0, open_lo=True)
+        scale = _validate.normaliser("loss_scale", loss_scale, dtype)
         return np.full(rows.n_rows, 1.0 / scale), valid
     counts = rows.valid_counts
     valid = float(counts.sum())
     seqs = (
         float(np.count_nonzero(counts))
         if num_seqs is None
-        else _validate.scalar("num_seqs", num_seqs, lo=0.0, open_lo=True)
+        else _validate.normaliser("num_seqs", num_seqs, dtype)
     )
     if not seqs:
         return np.zeros(rows.n_rows), valid
@@ -271,7 +273,7 @@ def clipped_surrogate(
     logp, old, adv = checked[:3]
     token_weights = checked[3].ravel() if weights is not None else _NO_WEIGHTS[logp.dtype]
     bounds = _surrogate_scalars(clip_low, clip_high, dual_clip, log_ratio_clamp)
-    scales, valid = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
+    scales, valid = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale, logp.dtype)
 
     token = logp.dtype.type  # the per-token arithmetic runs in the input dtype
     if grad_out is None:
@@ -318,6 +320,10 @@ _AGG_CODES = {name: code for code, name in enumerate(AGGREGATIONS)}
 _AGG_NORMALISER = (0, 1, 1, 2)
 # _common_agg's answer for each mode with no normaliser given: the batch's own counts.
 _AGG_OWN_COUNTS = {name: (code, 0.0) for name, code in _AGG_CODES.items()}
+# The common case's smallest normaliser: its reciprocal, the rows' scale, 2**127 at most, is finite
+# in float32 too; a smaller one goes the general way, which refuses it where the scale overflows
+# the loss's dtype (_validate.normaliser).
+_COMMON_SMALLEST = 2.0**-127
 
 
 def _common_agg(
@@ -330,9 +336,9 @@ def _common_agg(
     """(the code of ``agg``, its normaliser) when a loss is asked for the common case's layout
     and normalisers: padded rows (a mask, lengths or none) or packed ones (``cu_seqlens``:
     ``_common_arrays`` decides), any aggregation mode, and at most the normaliser that applies to
-    it, a plain float or int in (0, 2**53] (the normaliser 0.0 when none is given: the batch's own
-    count; packed rows have no T, so seq-mean-token-sum-norm needs its loss_scale there); None
-    otherwise (the general way, which also names a bad mode or normaliser)."""
+    it, a plain float or int in [2**-127, 2**53] (the normaliser 0.0 when none is given: the
+    batch's own count; packed rows have no T, so seq-mean-token-sum-norm needs its loss_scale
+    there); None otherwise (the general way, which also names a bad mode or normaliser)."""
     if type(agg) is not str:
         return None
     if cu_seqlens is not None and agg == "seq-mean-token-sum-norm" and loss_scale is None:
@@ -350,7 +356,7 @@ def _common_agg(
     value = normalisers[applies]
     if value is None:
         return code, 0.0
-    if (type(value) is float or type(value) is int) and 0.0 < value <= 9007199254740992.0:
+    if (type(value) is float or type(value) is int) and _COMMON_SMALLEST <= value <= 2.0**53:
         return code, float(value)
     return None
 
@@ -519,7 +525,7 @@ def value_loss(
         cu_seqlens=cu_seqlens,
     )
     bound = math.inf if clip is None else _validate.scalar("clip", clip, lo=0.0, allow_inf=True)
-    scales, valid = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale)
+    scales, valid = _row_scales(agg, rows, num_tokens, num_seqs, loss_scale, new.dtype)
     if grad_out is None:
         grad = _result_arrays.empty(new.shape, new.dtype)
     else:

@@ -180,7 +180,7 @@ def _run(
         extra["selected"] = flags.view(np.uint8).ravel()
     logp = checked[0]
     weights = checked[3].ravel() if "weights" in given else _NO_WEIGHTS[logp.dtype]
-    scales, valid = _row_scales(rows=rows, **normalisers)
+    scales, valid = _row_scales(rows=rows, **normalisers, dtype=logp.dtype)
     if grad_out is None:
         grad = _result_arrays.empty(logp.shape, logp.dtype)
     else:

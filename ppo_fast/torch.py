@@ -639,10 +639,13 @@ def _torch_row_scales(
     num_tokens: Any,
     num_seqs: Any,
     loss_scale: Any,
+    dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``ppo_fast.loss._row_scales`` on the device: each row's aggregation weight (float64, (B,))
-    and the number of valid tokens (a float64 0-d tensor), with its defaults and its errors."""
+    and the number of valid tokens (a float64 0-d tensor), with its defaults and its errors
+    (``dtype``: the loss's compute dtype)."""
     _check_agg(agg, num_tokens, num_seqs, loss_scale)
+    dtype = np.dtype(str(dtype).removeprefix("torch."))  # float32 or float64, as NumPy names it
     counts = rows.counts
     device = counts.device
     valid = counts.sum().double()
@@ -650,7 +653,7 @@ def _torch_row_scales(
     if agg == "token-mean":
         if num_tokens is None:
             return zeros + torch.where(valid > 0, 1.0 / valid, 0.0), valid
-        total = _validate.scalar("num_tokens", num_tokens, lo=0.0, open_lo=True)
+        total = _validate.normaliser("num_tokens", num_tokens, dtype)
         return zeros + 1.0 / total, valid
     if agg == "seq-mean-token-sum-norm":
         if loss_scale is None:
@@ -662,13 +665,13 @@ def _torch_row_scales(
             if rows.width == 0:  # no positions at all: the loss is 0
                 return zeros, valid
             loss_scale = rows.width
-        scale = _validate.scalar("loss_scale", loss_scale, lo=0.0, open_lo=True)
+        scale = _validate.normaliser("loss_scale", loss_scale, dtype)
         return zeros + 1.0 / scale, valid
     if num_seqs is None:
         seqs = (counts > 0).sum().double()
     else:
         seqs = torch.tensor(
-            _validate.scalar("num_seqs", num_seqs, lo=0.0, open_lo=True),
+            _validate.normaliser("num_seqs", num_seqs, dtype),
             dtype=torch.float64,
             device=device,
         )
@@ -691,7 +694,7 @@ def _in_torch(formula, scalars, normalisers, layout, logprobs, old_logprobs, adv
         arrays["weights"] = weights
     tokens = _torch_tokens(arrays, device)
     rows = _torch_rows(tuple(logprobs.shape), device, layout)
-    scales, valid = _torch_row_scales(rows=rows, **normalisers)
+    scales, valid = _torch_row_scales(rows=rows, **normalisers, dtype=tokens[0].dtype)
     logp, old, adv = tokens[:3]
     objective, slope, log_ratio, clipped, lower = formula(logp, old, adv, **scalars)
     token_scales = scales[:, None] if rows.row_of is None else scales[rows.row_of]

@@ -293,6 +293,8 @@ HOSTILE_NUMBERS: tuple[tuple[str, Any], ...] = (
     ("None", None),
     ("huge-int", 10**400),
     ("1e300", 1e300),
+    # the smallest float64 above 0: its reciprocal overflows (a loss's normaliser, a divisor)
+    ("5e-324", 5e-324),
     ("negative", -1.0),
     ("zero", 0),
     ("array", np.array([0.5, 0.5])),

@@ -588,7 +588,7 @@ def _kernel_way(kernel, backend, named, n_threads, spans=None):
         normalisers = [None, None, None]  # num_tokens, num_seqs, loss_scale
         if named["normaliser"]:
             normalisers[(0, 1, 1, 2)[named["agg"]]] = named["normaliser"]
-        scales, valid = _row_scales(AGGREGATIONS[named["agg"]], rows, *normalisers)
+        scales, valid = _row_scales(AGGREGATIONS[named["agg"]], rows, *normalisers, first.dtype)
     arguments = {a.name: named[a.name].reshape(-1) for a in kernel.inputs}
     for a in kernel.inputs:  # flags as the table kernel takes them: bytes
         if a.dtype == FLAGS:

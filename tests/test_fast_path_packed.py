@@ -277,7 +277,7 @@ def test_every_packed_entry_equals_its_table_kernel_and_numpys_sums(name, dtype,
                 if normaliser:
                     normalisers[(0, 1, 1, 2)[agg]] = normaliser
                 if agg != 3 or normaliser:
-                    scales, valid = _row_scales(AGGREGATIONS[agg], rows, *normalisers)
+                    scales, valid = _row_scales(AGGREGATIONS[agg], rows, *normalisers, dtype)
                     expected = _backend.packed_scales(agg, normaliser, spans, n)
                     same_bits((valid, scales), expected, f"{name} packed_scales {agg}")
             for array in kernel.inputs:  # non-finite values

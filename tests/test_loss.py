@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
 
 import numpy as np
@@ -704,6 +706,53 @@ def test_a_per_token_value_that_overflows_its_dtype_is_inf_on_every_backend(back
     result = ppo_fast.value_loss(values, zeros, zeros, backend=backend)
     assert result.loss == math.inf
     assert result.grad[0, 0] == dtype(value) * dtype(0.5)  # the gradient (v - R) / n is finite
+
+
+NORMALISERS = [
+    ("token-mean", "num_tokens"),
+    ("seq-mean-token-mean", "num_seqs"),
+    ("seq-mean-token-sum", "num_seqs"),
+    ("seq-mean-token-sum-norm", "loss_scale"),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_a_normaliser_whose_reciprocal_overflows_the_dtype_is_refused(backend, dtype):
+    """A normaliser's reciprocal is the rows' scale: where it overflows the loss's dtype, every
+    loss refuses it, naming it (the compiled kernels once wrote NaN at the masked positions, their
+    0 being scale - scale, where the oracle wrote 0); twice that normaliser, the smallest whose
+    scale is finite (and the common case's smallest for float32), gives the oracle's numbers, inf
+    where a gradient or a loss overflows, and 0 at the masked positions."""
+    largest = float(np.finfo(dtype).max)
+    rng = np.random.default_rng(7)
+    logp, old, adv = rng.normal(-1.0, 0.3, size=(3, 2, 9)).astype(dtype)
+    mask = rng.random((2, 9)) < 0.7
+    selected = rng.random((2, 9)) < 0.5
+    losses = [
+        functools.partial(getattr(ppo_fast, name), logp, old, adv)
+        for name in (
+            "clipped_surrogate",
+            "value_loss",
+            "cispo_loss",
+            "sapo_loss",
+            "dppo_loss",
+            "reinforce_loss",
+            "gspo_loss",
+            "geo_mean_loss",
+        )
+    ] + [functools.partial(ppo_fast.kl_cov_loss, logp, old, adv, selected)]
+    for (agg, name), loss in itertools.product(NORMALISERS, losses):
+        what = f"{loss.func.__name__} {agg}"
+        with pytest.raises(ValueError, match=f"{name} must be at least .* for {dtype.__name__}"):
+            loss(mask=mask, agg=agg, **{name: 0.5 / largest}, backend=backend)
+        smallest = {name: 2.0 / largest}
+        with np.errstate(over="ignore"):  # the gradients and losses that overflow are inf
+            result = loss(mask=mask, agg=agg, **smallest, backend=backend)
+            oracle = loss(mask=mask, agg=agg, **smallest, backend="python")
+        assert np.abs(oracle.grad[mask]).max() > largest / 100, what  # the scale is that large
+        assert (result.grad[~mask] == 0).all(), what
+        for field, actual, expected in zip(result._fields, result, oracle, strict=True):
+            assert_matches_oracle(actual, expected, dtype, f"{what}: {field}")
 
 
 def test_the_oracles_float32_rounding_is_numpys_cast_bit_for_bit():

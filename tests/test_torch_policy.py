@@ -368,6 +368,11 @@ def _bad_calls():
         ("normaliser of another mode", lambda f: f(x, x, x, agg="token-mean", num_seqs=2)),
         ("unknown agg", lambda f: f(x, x, x, agg="token-median")),
         ("num_tokens 0", lambda f: f(x, x, x, num_tokens=0.0)),
+        ("num_tokens whose 1/x overflows", lambda f: f(x, x, x, num_tokens=1e-39)),
+        (
+            "loss_scale whose 1/x overflows",
+            lambda f: f(x, x, x, agg="seq-mean-token-sum-norm", loss_scale=1e-39),
+        ),
         ("dtypes", lambda f: f(x, x.double(), x)),
         ("shapes", lambda f: f(x, torch.zeros(2, 4), x)),
         ("3-D", lambda f: f(x[None], x[None], x[None])),
