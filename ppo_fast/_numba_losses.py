@@ -141,8 +141,8 @@ def _sapo_sigmoids(advantages, first, ratios, sigmoids, n, tau_pos, tau_neg):
     (Python's), each division checks for a zero divisor and may raise ZeroDivisionError, a branch
     that kept LLVM from vectorizing the loop (SAPO ran 4 times slower than CISPO)."""
     _prefer_wide_vectors()
-    zero = tau_pos - tau_pos
-    one = _one_like(zero)
+    one = _one_like(tau_pos)
+    zero = one - one  # not tau_pos - tau_pos: a float32 tau may be inf (1e39 rounded), as the twin
     constants = exp_constants(zero)
     for j in range(n):
         tau = _select(advantages[first + j] > zero, tau_pos, tau_neg)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from . import _validate
 from ._spec import DIVERGENCES, GSPO_FORMS
 
@@ -71,6 +73,30 @@ def _sapo_scalars(
         "tau_neg": _validate.scalar("tau_neg", tau_neg, lo=0.0, open_lo=True),
         "log_ratio_clamp": _log_ratio_clamp(log_ratio_clamp),
     }
+
+
+def check_temperatures(scalars: dict[str, float], dtype: np.dtype) -> None:
+    """SAPO's temperatures (``_sapo_scalars``: > 0 and finite in float64) as its kernels take
+    them, rounded to the loss's ``dtype``, are so there too: the gate divides by tau, and beside
+    float32 arrays a tau of 1e-46 rounds to 0 (the oracle's 4 / tau raised ZeroDivisionError) and
+    one of 1e39 to inf. Nothing for the other losses' scalars, which float32 holds or makes a
+    bound inf, nor for float64's."""
+    if "tau_pos" not in scalars or dtype != np.float32:
+        return
+    for name in ("tau_pos", "tau_neg"):
+        value = scalars[name]
+        if not _FLOAT32_ROUNDS_TO_ZERO < value < _FLOAT32_ROUNDS_TO_INF:
+            rounded = "0" if value <= _FLOAT32_ROUNDS_TO_ZERO else "inf"
+            raise ValueError(
+                f"{name}={value!r} is {rounded} in float32, the dtype of the loss's arrays (in "
+                "which it runs): a temperature lies in [1.4e-45, 3.4e+38] there"
+            )
+
+
+# float32's rounding to nearest, ties to even: half its smallest subnormal (2**-149) becomes 0, and
+# the midpoint of its largest value (2**128 - 2**104) and 2**128 becomes inf.
+_FLOAT32_ROUNDS_TO_ZERO = 2.0**-150
+_FLOAT32_ROUNDS_TO_INF = 2.0**128 - 2.0**103
 
 
 def _gspo_scalars(

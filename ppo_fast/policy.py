@@ -108,6 +108,7 @@ from ._policy_scalars import (
     _gspo_scalars,
     _reinforce_scalars,
     _sapo_scalars,
+    check_temperatures,
 )
 from ._spec import FLAGS, KERNELS
 from .loss import (
@@ -179,6 +180,7 @@ def _run(
         flags = np.ascontiguousarray(_selection(selected, checked[0].shape))
         extra["selected"] = flags.view(np.uint8).ravel()
     logp = checked[0]
+    check_temperatures(scalars, logp.dtype)
     weights = checked[3].ravel() if "weights" in given else _NO_WEIGHTS[logp.dtype]
     scales, valid = _row_scales(rows=rows, **normalisers, dtype=logp.dtype)
     if grad_out is None:
@@ -247,6 +249,7 @@ def _run_common(
     else:  # as loss._clipped_surrogate_common's
         empty = np.empty if logprobs.nbytes < _result_arrays.POOLED_BYTES else _result_arrays.empty
         grad = empty(shape, dtype)
+    check_temperatures(scalars, dtype)
     codes = codes or {}
     values = [
         token(scalars[name]) if name in scalars else codes[name] for name in _COMMON_SCALARS[kernel]
@@ -436,9 +439,9 @@ def sapo_loss(
     Parameters
     ----------
     tau_pos, tau_neg
-        The gate's temperatures where A > 0 and where A <= 0 (> 0, finite; verl's defaults 1.0
-        and 1.05). verl aggregates SAPO by "seq-mean-token-mean" whatever its loss_agg_mode;
-        here ``agg`` is what you pass.
+        The gate's temperatures where A > 0 and where A <= 0 (> 0, finite, and so once rounded
+        to float32 beside float32 arrays; verl's defaults 1.0 and 1.05). verl aggregates SAPO by
+        "seq-mean-token-mean" whatever its loss_agg_mode; here ``agg`` is what you pass.
     log_ratio_clamp
         Clamp logprobs - old_logprobs to [-clamp, clamp] before exp (verl: 20; None or inf: no
         clamp).

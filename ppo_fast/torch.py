@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from . import _validate
+from ._policy_scalars import check_temperatures
 from .gae import GAEResult
 from .gae import gae as _numpy_gae
 from .loss import _check_agg
@@ -695,6 +696,7 @@ def _in_torch(formula, scalars, normalisers, layout, logprobs, old_logprobs, adv
     tokens = _torch_tokens(arrays, device)
     rows = _torch_rows(tuple(logprobs.shape), device, layout)
     scales, valid = _torch_row_scales(rows=rows, **normalisers, dtype=tokens[0].dtype)
+    check_temperatures(scalars, np.dtype(str(tokens[0].dtype).removeprefix("torch.")))
     logp, old, adv = tokens[:3]
     objective, slope, log_ratio, clipped, lower = formula(logp, old, adv, **scalars)
     token_scales = scales[:, None] if rows.row_of is None else scales[rows.row_of]

@@ -14,7 +14,8 @@ description, the argument it attacks and a mutation of the call's keyword argume
   values other than 0/1, all-zero, wrong shape, wrong dtype;
 - lengths and cu_seqlens: out of range, non-monotone, wrong dtype, uint64 above 2**63;
 - values: NaN, inf and huge numbers at valid positions and at masked ones;
-- hyperparameters: NaN, inf, bool, str, bytes, complex, None, huge and negative numbers, arrays;
+- hyperparameters: NaN, inf, bool, str, bytes, complex, None, huge, tiny and negative numbers,
+  arrays; beside float32 arrays, numbers that float32 rounds to inf, 0 or a subnormal;
 - group labels (the outcome estimators; the optimal token baseline's as a per-row argument): too
   few or too many, 2-D, None, NaN, non-integral floats, bool, unhashable, complex, a single
   string, a factorised ``Groups`` of another batch, and the legal ones a caller may send (mixed
@@ -96,6 +97,7 @@ class Case:
     same_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     torch_only: bool = False
     numpy_only: bool = False
+    float32: bool = False  # the call's float arrays in float32 (tests/test_hostile.py groups it)
 
     def id(self, target: Target) -> str:
         prefix = "" if self.description.startswith(self.argument) else f"{self.argument}-"
@@ -311,6 +313,35 @@ def _scalar_cases(target: Target) -> Iterator[Case]:
             yield Case(f"{name}={description}", name, _set(name, value))
 
 
+# Hyperparameters beside float32 arrays that float64 holds and float32 does not: the kernels take
+# them rounded to float32 (inf, 0, a float32 subnormal), as the oracle does. A SAPO tau of 1e39
+# became inf, and numba's 0 made as tau - tau was NaN: the other tau for every token (0.8.41).
+FLOAT32_NUMBERS = (("1e39", 1e39), ("1e-40", 1e-40), ("1e-46", 1e-46))
+
+
+def _in_float32(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: value.astype(np.float32)
+        if isinstance(value, np.ndarray) and value.dtype == np.float64
+        else value
+        for name, value in kwargs.items()
+    }
+
+
+def _float32_scalar_cases(target: Target) -> Iterator[Case]:
+    if target.peer_errors:  # the compat functions compute as their peers do, in their dtypes
+        return
+    for name in target.scalars:
+        for description, value in FLOAT32_NUMBERS:
+            mutate = _set(name, value)
+            yield Case(
+                f"{name}={description}-float32",
+                name,
+                lambda kwargs, mutate=mutate: _in_float32(mutate(kwargs)),
+                float32=True,
+            )
+
+
 def _per_row_cases(target: Target) -> Iterator[Case]:
     for name in target.per_row:
         for description, value in (
@@ -405,6 +436,7 @@ def cases(target: Target) -> list[Case]:
     if target.layouts:
         out.extend(_layout_cases(target))
     out.extend(_scalar_cases(target))
+    out.extend(_float32_scalar_cases(target))
     out.extend(_per_row_cases(target))
     if target.groups:
         out.extend(_group_cases(target))

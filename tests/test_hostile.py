@@ -25,11 +25,13 @@ pytestmark = [
 def _params():
     for target in TARGETS:
         for case in hostile.cases(target):
-            yield pytest.param(target, case, id=case.id(target))
+            dtype = pytest.mark.numba_dtype("float32" if case.float32 else "float64")
+            yield pytest.param(target, case, id=case.id(target), marks=dtype)
 
 
-# Each case runs on every compiled backend, numba's at its targets' float64 arrays: float64's
-# xdist group (tests/conftest.py), whose worker compiles those kernels for the other tests too.
+# Each case runs on every compiled backend, numba's at its targets' float64 arrays (float32 for
+# the cases that make them so): that dtype's xdist group (tests/conftest.py), whose worker
+# compiles those kernels for the other tests too.
 @pytest.mark.numba
 @pytest.mark.parametrize(("target", "case"), list(_params()))
 def test_hostile_input(target, case):

@@ -407,6 +407,17 @@ def test_the_torch_path_raises_the_kernel_paths_errors(name, monkeypatch):
                     "sapo_loss": {"tau_pos": 0.0},
                 }[name],
             )
+    if name == "sapo_loss":  # temperatures that float32 rounds to inf or to 0
+        zeros = torch.zeros(2, 3)
+        for tau in ({"tau_pos": 1e39}, {"tau_neg": 1e-46}):
+            errors = []
+            for forced in (False, True):
+                monkeypatch.setattr(pt, "_DEVICE_PATH_ON_CPU", forced)
+                with pytest.raises(ValueError, match=r"is (inf|0) in float32") as caught:
+                    function(zeros, zeros, zeros, **tau)
+                errors.append(str(caught.value))
+            assert errors[0] == errors[1], tau
+            assert errors[0].startswith(next(iter(tau))), errors[0]
 
 
 def on_both_paths(name, logp, old, adv, monkeypatch, **options):
