@@ -329,8 +329,6 @@ def _in_float32(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _float32_scalar_cases(target: Target) -> Iterator[Case]:
-    if target.peer_errors:  # the compat functions compute as their peers do, in their dtypes
-        return
     for name in target.scalars:
         for description, value in FLOAT32_NUMBERS:
             mutate = _set(name, value)
