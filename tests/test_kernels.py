@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from batches import ragged_batches
+from batches import Batch, ragged_batches
 from conftest import COMPILED, COMPILED_NUMBA_PARALLEL, NUMBA_PARALLEL, RTOL
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -111,6 +111,28 @@ def test_every_kernel_keeps_the_oracles_nan_and_inf_at_valid_positions(backend, 
     for case in cases(batch, nonfinite=True):
         expected = case.run(_reference)
         _assert_outputs_equal_oracle(case.run(kernels), expected, case, batch.dtype, backend)
+
+
+# A row's last valid position by its mask, which the compiled kernels find from the row's end
+# (src/rows.h ppo_mask_stop: a right-padded row's trailing invalid words of 8 bytes): on either
+# side of a word's and a cache line's bounds from the end, after a long invalid run, none
+# (ragged_batches' rows, at most 24 positions, never end in a long invalid run).
+@pytest.mark.parametrize("backend", COMPILED)
+def test_every_kernel_finds_the_last_valid_position_of_a_masked_row(backend, dtype):
+    width = 200
+    lasts = [width - k for k in (1, 8, 9, 63, 64, 65, 129)] + [70, None, 0]  # None: no valid
+    rng = np.random.default_rng(11)
+    valid = np.zeros((len(lasts), width), dtype=bool)
+    for row, last in enumerate(lasts):
+        if last is not None:
+            # invalid from a third of the way to the last, and at 0: a step that read one byte
+            # past the row would find the next row's first byte invalid too
+            valid[row, 1 : last // 3] = rng.random(max(0, last // 3 - 1)) < 0.8
+            valid[row, last] = True
+    batch = Batch("mask", np.dtype(dtype), valid, len(valid), {"mask": valid}, rng)
+    kernels = _backend.resolve(backend)
+    for case in cases(batch):
+        _assert_outputs_equal_oracle(case.run(kernels), case.run(_reference), case, dtype, backend)
 
 
 @pytest.mark.parametrize("backend", COMPILED_NUMBA_PARALLEL)
