@@ -24,7 +24,9 @@ from ppo_fast.data import _columns, _compute  # noqa: E402
 MERGED_RTOL = 1e-12
 
 
-def rollouts(n_rows=60, seed=0, dtype=np.float64, max_len=9, n_groups=9) -> pa.Table:
+def rollouts(n_rows=60, seed=0, dtype=np.float64, max_len=9, n_groups=9, mask=True) -> pa.Table:
+    """Rows of up to max_len tokens; ``mask=False``: no mask column (every token valid, whatever
+    the columns: the default columns read a ``mask`` column where there is one)."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(0, max_len, n_rows)
     offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))).astype(np.int32))
@@ -33,7 +35,7 @@ def rollouts(n_rows=60, seed=0, dtype=np.float64, max_len=9, n_groups=9) -> pa.T
     def tokens(x):
         return pa.ListArray.from_arrays(offsets, pa.array(np.asarray(x, dtype=dtype)))
 
-    return pa.table(
+    table = pa.table(
         {
             "uid": pa.array([f"q{i}" for i in rng.integers(0, n_groups, n_rows)]),
             "score": rng.normal(size=n_rows),
@@ -44,6 +46,7 @@ def rollouts(n_rows=60, seed=0, dtype=np.float64, max_len=9, n_groups=9) -> pa.T
             "bootstrap": rng.normal(size=n_rows),
         }
     )
+    return table if mask else table.drop_columns(["mask"])
 
 
 def flat(table, name) -> np.ndarray:
@@ -56,7 +59,7 @@ def packed(table):
 
 
 def test_gae_whitened_in_batches_equals_the_stages_on_the_whole_table():
-    table = rollouts()
+    table = rollouts(mask=False)
     out = data.advantages(table, kl_coef=0.1, lam=0.9, batch_rows=7)
     x, cu = packed(table)
     rewards = ppo_fast.shape_rewards(
@@ -96,6 +99,28 @@ def test_mask_and_bootstrap_equal_the_padded_masked_stages():
         n = len(row["values"])
         np.testing.assert_array_equal(row["advantages"], expected.advantages[b, :n])
         np.testing.assert_array_equal(row["returns"], expected.returns[b, :n])
+
+
+def test_the_default_columns_read_a_mask_column_where_there_is_one(tmp_path):
+    """ppo_fast's preset names its mask ``IfPresent("mask")``: a table or file with a ``mask``
+    column is masked by it, as when it is named; ``mask=""`` reads none (every token valid, as a
+    table without the column); a mask named outright must be there."""
+    table = rollouts(seed=15)
+    masked = data.advantages(table, columns=data.resolve_columns(mask="mask"))
+    assert data.advantages(table).equals(masked)
+    assert data.PRESETS["ppo_fast"].mask == "mask"
+    assert isinstance(data.PRESETS["ppo_fast"].mask, data.IfPresent)
+    unmasked = data.advantages(table, columns=data.resolve_columns(mask=""))
+    without = data.advantages(table.drop_columns(["mask"]))
+    np.testing.assert_array_equal(flat(unmasked, "advantages"), flat(without, "advantages"))
+    assert not np.array_equal(flat(unmasked, "advantages"), flat(masked, "advantages"))
+    source = tmp_path / "in.parquet"
+    pq.write_table(table, source)
+    data.advantages_file(source, tmp_path / "out.parquet")
+    written = pq.read_table(tmp_path / "out.parquet")
+    np.testing.assert_array_equal(flat(written, "advantages"), flat(masked, "advantages"))
+    with pytest.raises(data.DataError, match="no column 'mask' \\(the mask column\\)"):
+        data.advantages(table.drop_columns(["mask"]), columns=data.resolve_columns(mask="mask"))
 
 
 def test_sliced_and_chunked_columns_give_the_contiguous_result():
@@ -144,7 +169,7 @@ def test_uids_of_any_arrow_type_are_numbered_in_first_seen_order():
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline", "opo"])
 def test_group_estimators_over_batches_equal_the_whole_table(estimator):
-    table = rollouts(n_rows=70, seed=6)
+    table = rollouts(n_rows=70, seed=6, mask=False)
     out = data.advantages(table, estimator=estimator, batch_rows=8)
     _, cu = packed(table)
     scores, uids = table["score"].to_numpy(), table["uid"].to_pylist()
@@ -256,7 +281,7 @@ def test_verl_preset_equals_verls_gae_and_whitening():
 
 
 def test_files_in_every_format_equal_the_table_api(tmp_path):
-    table = rollouts(n_rows=40, seed=8)
+    table = rollouts(n_rows=40, seed=8, mask=False)
     expected = data.advantages(table, estimator="grpo")
     paths = {"parquet": tmp_path / "in.parquet", "arrow": tmp_path / "in.arrow"}
     pq.write_table(table, paths["parquet"], row_group_size=9)
@@ -310,10 +335,10 @@ def test_a_run_reports_its_rows_tokens_batches_speed_and_moments(tmp_path):
     which the formats above do not take): its rows, its tokens (every position of the rows,
     valid or not), a batch for each piece of at most ``batch_rows`` rows of each record batch,
     tokens_per_s from its own tokens and seconds, and the whitening moments: those of the
-    advantages before whitening, over the valid tokens (here every token: the default columns
-    name no mask; population variance, unbiased=False by default). An input of no rows reports
+    advantages before whitening, over the valid tokens (here every token: the table has no
+    mask column; population variance, unbiased=False by default). An input of no rows reports
     no batch and still gets its output columns."""
-    table = rollouts(n_rows=40, seed=5)
+    table = rollouts(n_rows=40, seed=5, mask=False)
     source = tmp_path / "in.arrows"
     with pa.OSFile(str(source), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table, max_chunksize=15)
@@ -329,7 +354,7 @@ def test_a_run_reports_its_rows_tokens_batches_speed_and_moments(tmp_path):
     assert (summary["rows"], summary["tokens"]) == (40, int(lengths.sum()))
     assert summary["batches"] == 5  # record batches of 15, 15 and 10 rows: 10+5, 10+5, 10
     assert summary["tokens_per_s"] == summary["tokens"] / summary["seconds"]
-    raw = flat(data.advantages(table, whiten=False), "advantages")  # no mask column named
+    raw = flat(data.advantages(table, whiten=False), "advantages")  # every token valid
     assert summary["whiten_mean"] == pytest.approx(raw.mean(), rel=1e-12)
     assert summary["whiten_std"] == pytest.approx(raw.std(), rel=1e-12)
 
@@ -571,7 +596,7 @@ def test_output_columns_already_in_the_input_are_replaced_where_they_are():
 def test_the_statistics_pass_reports_the_rows_and_the_tokens_it_read(tmp_path):
     # Progress of pass 1: its rows, and the tokens of the token columns it reads (none for
     # GRPO, whose statistics are the scores by uid; OPO weighs them by tokens, GAE whitens).
-    table = rollouts(seed=5)
+    table = rollouts(seed=5, mask=False)
     source = tmp_path / "in.parquet"
     pq.write_table(table, source)
     tokens = int(np.sum(pa.compute.list_value_length(table["values"])))

@@ -90,10 +90,10 @@ def flat(table: pa.Table, name: str) -> np.ndarray:
 
 def test_gae_whitened_over_blocks_equals_one_table():
     table = rollouts()
-    columns = data.resolve_columns(mask="mask")
-    options = {"estimator": "gae", "kl_coef": 0.1, "lam": 0.9, "columns": columns}
-    expected = data.advantages(table, **options)
+    options = {"estimator": "gae", "kl_coef": 0.1, "lam": 0.9}
+    expected = data.advantages(table, columns=data.resolve_columns(mask="mask"), **options)
     dataset = ray.data.from_arrow(table).repartition(4)
+    # the default columns: the dataset's mask column, as it has one (IfPresent)
     got = collected(ppo_ray.advantages(dataset, batch_size=50, **options))
     assert got["id"].to_pylist() == list(range(table.num_rows))
     np.testing.assert_array_equal(flat(got, "returns"), flat(expected, "returns"))

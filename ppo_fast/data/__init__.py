@@ -40,6 +40,7 @@ from ._names import (
     TOKEN_ESTIMATORS,
     Columns,
     DataError,
+    IfPresent,
     Options,
     WriteError,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "TOKEN_ESTIMATORS",
     "Columns",
     "DataError",
+    "IfPresent",
     "Options",
     "WriteError",
     "advantages",

@@ -27,7 +27,7 @@ them would write and read 42 MB (two float32 values a token) to save about half 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,14 +39,22 @@ from ..rewards import shape_rewards
 from ..whiten import Moments, masked_moments, whiten
 from . import _columns
 from ._arrow import pa
-from ._names import ROW_FIELDS, TOKEN_FIELDS, Columns, DataError, Options
+from ._names import ROW_FIELDS, TOKEN_FIELDS, Columns, DataError, IfPresent, Options
 
 
-def fields_used(options: Options, columns: Columns) -> dict[str, str]:
+def fields_used(
+    options: Options, columns: Columns, present: Collection[str] | None = None
+) -> dict[str, str]:
     """field -> column name of every column the computation reads (pass 2), or a DataError
-    saying which column is missing from ``columns`` and how to name it."""
+    saying which column is missing from ``columns`` and how to name it. ``present``: the data's
+    column names, without which an ``IfPresent`` name counts as there."""
     named = {f: getattr(columns, f) for f in (*TOKEN_FIELDS, *ROW_FIELDS)}
-    named = {f: n for f, n in named.items() if n is not None}
+    absent = () if present is None else [n for n in named.values() if n not in present]
+    named = {
+        f: str(n)  # a plain str, IfPresent's too
+        for f, n in named.items()
+        if n is not None and not (isinstance(n, IfPresent) and n in absent)
+    }
     if "score" not in named and "rewards" not in named:
         raise DataError(
             "no reward column: name a per-row score column (--score-column) or a per-token "

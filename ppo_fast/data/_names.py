@@ -30,6 +30,18 @@ class WriteError(OSError):
         return cls(f"{error} (writing {name})" if name else str(error))
 
 
+class IfPresent(str):
+    """A column name that is read only where the data has a column of that name: the
+    ``ppo_fast`` preset's ``mask`` (data without one has every token valid; data with one is
+    masked by it, rather than silently not). Any other name, given or a preset's, must be there.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"IfPresent({str(self)!r})"
+
+
 @dataclasses.dataclass(frozen=True)
 class Columns:
     """The names of the columns a rollout dataset holds; None: the dataset has no such column.
@@ -38,7 +50,8 @@ class Columns:
     ``rewards`` (token-level rewards or scores, an alternative to ``score``), ``logprobs`` and
     ``ref_logprobs`` (the policy's and the reference's log-probabilities of the sampled tokens,
     for KL shaping), ``values`` (the critic, for GAE), ``mask`` (0/1 or bool, nonzero where a
-    token is an action: holes for tool or observation tokens). Per row: ``score`` (the
+    token is an action: holes for tool or observation tokens; by default the column ``mask``
+    where the data has one, ``IfPresent``). Per row: ``score`` (the
     sequence-level reward, added on the row's last valid token), ``uid`` (the group label: rows
     sampled for one prompt share it; any type), ``bootstrap`` (the value after a truncated row's
     last token), ``baseline`` (ReMax's baseline: the reward of the greedy response to the row's
@@ -50,7 +63,7 @@ class Columns:
     logprobs: str | None = "logprobs"
     ref_logprobs: str | None = "ref_logprobs"
     values: str | None = "values"
-    mask: str | None = None
+    mask: str | None = IfPresent("mask")
     uid: str | None = "uid"
     bootstrap: str | None = None
     baseline: str | None = None

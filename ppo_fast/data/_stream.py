@@ -370,7 +370,7 @@ def run(
     summary (rows, tokens, batches, passes, reads of the input, and the whitening moments where
     there are some).
     ``statistics`` given (by ``ppo_fast.data.ray``, from the whole dataset): no first pass."""
-    used = fields_used(options, columns)
+    used = fields_used(options, columns, source.schema.names)
     _columns.require(source.schema, used)
     if names[0] == names[1]:
         raise DataError(f"the advantages and returns columns have one name {names[0]!r}")

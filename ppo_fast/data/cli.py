@@ -283,8 +283,7 @@ def trace_dataset(path: str | None = None) -> str:
     from . import _stream
 
     table = example_table() if path is None else _stream.open_source(path, 1 << 30).table()
-    columns = data.resolve_columns(mask="mask" if "mask" in table.schema.names else None)
-    out = data.advantages(table, columns=columns, **EXAMPLE_OPTIONS)
+    out = data.advantages(table, **EXAMPLE_OPTIONS)  # its mask column if it has one (IfPresent)
     rows = out.to_pylist()
     lines = []
     for b, row in enumerate(rows):

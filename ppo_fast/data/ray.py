@@ -167,7 +167,7 @@ def advantages(
 
     config = Options(**options)
     fields = resolve_columns(columns)
-    used = fields_used(config, fields)
+    used = fields_used(config, fields, dataset.schema().names)
     missing = [name for name in used.values() if name not in dataset.schema().names]
     if missing:
         raise DataError(
