@@ -48,13 +48,14 @@ def fields_used(
     """field -> column name of every column the computation reads (pass 2), or a DataError
     saying which column is missing from ``columns`` and how to name it. ``present``: the data's
     column names, without which an ``IfPresent`` name counts as there."""
+
+    def read(name: str | None) -> bool:
+        if isinstance(name, IfPresent):
+            return present is None or name in present
+        return name is not None
+
     named = {f: getattr(columns, f) for f in (*TOKEN_FIELDS, *ROW_FIELDS)}
-    absent = () if present is None else [n for n in named.values() if n not in present]
-    named = {
-        f: str(n)  # a plain str, IfPresent's too
-        for f, n in named.items()
-        if n is not None and not (isinstance(n, IfPresent) and n in absent)
-    }
+    named = {f: str(n) for f, n in named.items() if read(n)}  # plain str, IfPresent's too
     if "score" not in named and "rewards" not in named:
         raise DataError(
             "no reward column: name a per-row score column (--score-column) or a per-token "
