@@ -188,7 +188,8 @@ def first_pass_alone(source: str, output: str, batch_rows: int) -> None:
 
     options = Options(**OPTIONS)
     reader = _stream.open_source(source, batch_rows)
-    wanted = _compute.first_pass_fields(options, _compute.fields_used(options, COLUMNS))
+    used = _compute.fields_used(options, COLUMNS, reader.schema.names)
+    wanted = _compute.first_pass_fields(options, used)
     order = [n for n in reader.schema.names if n in set(wanted.values())]
     with _threads.leaving_one_core():
         _compute.first_pass(reader.batches(order), options, wanted, lambda rows, tokens: None)

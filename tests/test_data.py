@@ -65,7 +65,8 @@ def test_gae_whitened_in_batches_equals_the_stages_on_the_whole_table():
     rewards = ppo_fast.shape_rewards(
         table["score"].to_numpy(), x["logprobs"], x["ref_logprobs"], kl_coef=0.1, cu_seqlens=cu
     )
-    expected = ppo_fast.gae(rewards, x["values"], lam=0.9, cu_seqlens=cu)
+    bootstrap = table["bootstrap"].to_numpy()  # read by default: the table has the column
+    expected = ppo_fast.gae(rewards, x["values"], lam=0.9, cu_seqlens=cu, bootstrap=bootstrap)
     np.testing.assert_array_equal(flat(out, "returns"), expected.returns)
     whitened = ppo_fast.whiten(expected.advantages, cu_seqlens=cu)
     np.testing.assert_allclose(flat(out, "advantages"), whitened, rtol=MERGED_RTOL, atol=1e-14)
@@ -101,26 +102,31 @@ def test_mask_and_bootstrap_equal_the_padded_masked_stages():
         np.testing.assert_array_equal(row["returns"], expected.returns[b, :n])
 
 
-def test_the_default_columns_read_a_mask_column_where_there_is_one(tmp_path):
-    """ppo_fast's preset names its mask ``IfPresent("mask")``: a table or file with a ``mask``
-    column is masked by it, as when it is named; ``mask=""`` reads none (every token valid, as a
-    table without the column); a mask named outright must be there."""
+def test_the_default_columns_read_a_mask_and_a_bootstrap_column_where_there_are_some(tmp_path):
+    """ppo_fast's preset names its mask ``IfPresent("mask")`` and its bootstrap
+    ``IfPresent("bootstrap")``: a table or file with such a column is computed with it, as when
+    it is named; ``""`` reads none (as a table without the column); a column named outright must
+    be there."""
     table = rollouts(seed=15)
-    masked = data.advantages(table, columns=data.resolve_columns(mask="mask"))
-    assert data.advantages(table).equals(masked)
-    assert data.PRESETS["ppo_fast"].mask == "mask"
-    assert isinstance(data.PRESETS["ppo_fast"].mask, data.IfPresent)
-    unmasked = data.advantages(table, columns=data.resolve_columns(mask=""))
-    without = data.advantages(table.drop_columns(["mask"]))
-    np.testing.assert_array_equal(flat(unmasked, "advantages"), flat(without, "advantages"))
-    assert not np.array_equal(flat(unmasked, "advantages"), flat(masked, "advantages"))
+    named = data.advantages(table, columns=data.resolve_columns(mask="mask", bootstrap="bootstrap"))
+    assert data.advantages(table).equals(named)
+    for field in ("mask", "bootstrap"):
+        default = getattr(data.PRESETS["ppo_fast"], field)
+        assert isinstance(default, data.IfPresent) and default == field
+        unread = data.advantages(table, columns=data.resolve_columns(**{field: ""}))
+        without = data.advantages(table.drop_columns([field]))
+        np.testing.assert_array_equal(flat(unread, "advantages"), flat(without, "advantages"))
+        assert not np.array_equal(flat(unread, "advantages"), flat(named, "advantages")), field
     source = tmp_path / "in.parquet"
     pq.write_table(table, source)
     data.advantages_file(source, tmp_path / "out.parquet")
     written = pq.read_table(tmp_path / "out.parquet")
-    np.testing.assert_array_equal(flat(written, "advantages"), flat(masked, "advantages"))
-    with pytest.raises(data.DataError, match="no column 'mask' \\(the mask column\\)"):
-        data.advantages(table.drop_columns(["mask"]), columns=data.resolve_columns(mask="mask"))
+    np.testing.assert_array_equal(flat(written, "advantages"), flat(named, "advantages"))
+    for field in ("mask", "bootstrap"):
+        with pytest.raises(data.DataError, match=f"no column '{field}' \\(the {field} column\\)"):
+            data.advantages(
+                table.drop_columns([field]), columns=data.resolve_columns(**{field: field})
+            )
 
 
 def test_sliced_and_chunked_columns_give_the_contiguous_result():

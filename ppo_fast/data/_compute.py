@@ -42,17 +42,13 @@ from ._arrow import pa
 from ._names import ROW_FIELDS, TOKEN_FIELDS, Columns, DataError, IfPresent, Options
 
 
-def fields_used(
-    options: Options, columns: Columns, present: Collection[str] | None = None
-) -> dict[str, str]:
+def fields_used(options: Options, columns: Columns, present: Collection[str]) -> dict[str, str]:
     """field -> column name of every column the computation reads (pass 2), or a DataError
     saying which column is missing from ``columns`` and how to name it. ``present``: the data's
-    column names, without which an ``IfPresent`` name counts as there."""
+    column names (an ``IfPresent`` name is read where it is one of them)."""
 
     def read(name: str | None) -> bool:
-        if isinstance(name, IfPresent):
-            return present is None or name in present
-        return name is not None
+        return name in present if isinstance(name, IfPresent) else name is not None
 
     named = {f: getattr(columns, f) for f in (*TOKEN_FIELDS, *ROW_FIELDS)}
     named = {f: str(n) for f, n in named.items() if read(n)}  # plain str, IfPresent's too

@@ -32,9 +32,9 @@ class WriteError(OSError):
 
 class IfPresent(str):
     """A column name that is read only where the data has a column of that name: the
-    ``ppo_fast`` preset's ``mask`` (data without one has every token valid; data with one is
-    masked by it, rather than silently not). Any other name, given or a preset's, must be there.
-    """
+    ``ppo_fast`` preset's ``mask`` and ``bootstrap`` (data without them has every token valid and
+    no truncated row; data with them is computed with them, rather than silently not). Any
+    other name, given or a preset's, must be there."""
 
     __slots__ = ()
 
@@ -51,11 +51,11 @@ class Columns:
     ``ref_logprobs`` (the policy's and the reference's log-probabilities of the sampled tokens,
     for KL shaping), ``values`` (the critic, for GAE), ``mask`` (0/1 or bool, nonzero where a
     token is an action: holes for tool or observation tokens; by default the column ``mask``
-    where the data has one, ``IfPresent``). Per row: ``score`` (the
-    sequence-level reward, added on the row's last valid token), ``uid`` (the group label: rows
-    sampled for one prompt share it; any type), ``bootstrap`` (the value after a truncated row's
-    last token), ``baseline`` (ReMax's baseline: the reward of the greedy response to the row's
-    prompt).
+    where the data has one, ``IfPresent``). Per row: ``score`` (the sequence-level reward, added
+    on the row's last valid token), ``uid`` (the group label: rows sampled for one prompt share
+    it; any type), ``bootstrap`` (the value after a truncated row's last token; by default the
+    column ``bootstrap`` where the data has one), ``baseline`` (ReMax's baseline: the reward of
+    the greedy response to the row's prompt).
     """
 
     score: str | None = "score"
@@ -65,7 +65,7 @@ class Columns:
     values: str | None = "values"
     mask: str | None = IfPresent("mask")
     uid: str | None = "uid"
-    bootstrap: str | None = None
+    bootstrap: str | None = IfPresent("bootstrap")
     baseline: str | None = None
 
     def replace(self, **names: str | None) -> Columns:
@@ -96,6 +96,7 @@ PRESETS = {
         values="values",
         mask="response_mask",
         uid="uid",
+        bootstrap=None,
         baseline="reward_baselines",
     ),
     # OpenRLHF 0.11.2 (openrlhf/trainer/ppo_utils/experience.py, Experience fields):
@@ -110,6 +111,8 @@ PRESETS = {
         values="values",
         mask="action_mask",
         uid="prompts",
+        bootstrap=None,
+        baseline=None,
     ),
 }
 
