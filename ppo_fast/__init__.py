@@ -43,7 +43,7 @@ from .returns import (
 from .rewards import kl_penalty, shape_rewards
 from .whiten import Moments, masked_moments, whiten
 
-__version__ = "0.8.43"
+__version__ = "0.8.44"
 
 __all__ = [
     "AdvantagesResult",

@@ -15,7 +15,6 @@ from ._reference import (
     _valid,
     in_dtype,
     safe_divide,
-    safe_exp,
     safe_log,
     saturated_exp,
 )
@@ -64,7 +63,7 @@ def clipped_surrogate(
             log_ratio = rnd(float(logprobs[i]) - float(old_logprobs[i]))
             inside = -clamp <= log_ratio <= clamp  # torch.clamp passes the gradient inclusively
             log_ratio = min(max(log_ratio, -clamp), clamp)
-            ratio = rnd(safe_exp(log_ratio))
+            ratio = rnd(saturated_exp(log_ratio, logprobs.dtype))
             unclipped = rnd(ratio * advantage)
             clipped = rnd(min(max(ratio, lo), hi) * advantage)
             # The clipped branch is taken only where it is strictly smaller: at a tie the

@@ -244,6 +244,19 @@ def out_array(
         raise ValueError(f"{name} is not C-contiguous: {fix}, or np.ascontiguousarray({name})")
     if not out.flags.writeable:
         raise ValueError(f"{name} is read-only: {fix}")
+    apart(name, out, inputs, fix, in_place)
+    return out
+
+
+def apart(
+    name: str, out: Any, inputs: dict[str, Any], fix: str, in_place: str | None = None
+) -> None:
+    """Checks that the output ``out`` shares no memory with any array of ``inputs`` (name -> the
+    value given; what is not a NumPy array is not one of the caller's buffers), but for the
+    input named ``in_place`` when ``out`` is its very elements (``out_array``); ``fix`` ends the
+    message."""
+    if not isinstance(out, np.ndarray):
+        return
     for input_name, value in inputs.items():
         # may_share_memory compares bounds (cheap); shares_memory settles a possible overlap.
         if (
@@ -261,7 +274,6 @@ def out_array(
             raise ValueError(
                 f"{name} shares memory with {input_name}: the results would overwrite it; {fix}"
             )
-    return out
 
 
 def _same_elements(a: np.ndarray, b: np.ndarray) -> bool:
@@ -565,8 +577,8 @@ def per_row(
         return np.full(n_rows, number)
     if array.shape != (n_rows,):
         raise ValueError(
-            f"{name} must be a scalar or have shape ({n_rows},), one value per row, "
-            f"got shape {array.shape}"
+            f"{name} must {'' if rows_only else 'be a scalar or '}have shape ({n_rows},), one "
+            f"value per row, got shape {array.shape}"
         )
     with np.errstate(over="ignore"):  # a float128 beyond float64 becomes inf, refused below
         array = array.astype(np.float64)

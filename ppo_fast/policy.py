@@ -186,9 +186,8 @@ def _run(
     if grad_out is None:
         grad = _result_arrays.empty(logp.shape, logp.dtype)
     else:
-        grad = _validate.out_array(
-            "grad_out", grad_out, logp.shape, logp.dtype, {**given, **layout}
-        )
+        inputs = {**given, **layout, **({"selected": selected} if selects else {})}
+        grad = _validate.out_array("grad_out", grad_out, logp.shape, logp.dtype, inputs)
     outputs = np.empty((len(row_outputs), rows.n_rows))
     token = logp.dtype.type  # the per-token arithmetic runs in the input dtype
     _backend.run(
@@ -639,6 +638,10 @@ def clip_cov_loss(
         As for ``clipped_surrogate`` (verl's Clip-Cov clamps nothing: the default).
     """
     shape = np.shape(logprobs)
+    # clipped_surrogate sees the kept weights only: the arrays it is not given are checked here
+    # (the gradient written over the selection would change the clip fraction counted below).
+    fix = "pass np.empty_like(logprobs) as grad_out, or none"
+    _validate.apart("grad_out", grad_out, {"selected": selected, "weights": weights}, fix)
     keep = ~_selection(selected, shape)
     if weights is None:
         kept = keep.astype(np.result_type(np.asarray(logprobs).dtype, np.float32))

@@ -365,6 +365,7 @@ def optimal_token_baseline(
         "cu_seqlens": cu_seqlens,
         "gamma": gamma,
         "bootstrap": bootstrap,
+        "groups": groups,
     }
     advantages, returns = _outputs(out, token["rewards"], inputs)
     absent = np.empty(0, dtype=token["rewards"].dtype)

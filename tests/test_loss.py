@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from batches import Batch, ragged_batches
-from conftest import assert_matches_oracle
+from conftest import RTOL, assert_matches_oracle
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -801,6 +801,55 @@ def test_a_non_finite_log_ratio_without_a_clamp_stays_non_finite(backend):
         logp, np.array([[-1.0, -np.inf, -1.0, -1.0]]), np.full((1, 4), -1.0), backend=backend
     )
     assert bad_token.loss == math.inf
+
+
+# Each public policy loss with its own settings (those of clip_cov_loss and kl_cov_loss select
+# every token), called on (logprobs, old_logprobs, advantages, backend=...).
+_FAMILY = {
+    "clipped_surrogate": lambda *a, **k: ppo_fast.clipped_surrogate(*a, clip_high=np.inf, **k),
+    "dual_clip": lambda *a, **k: ppo_fast.clipped_surrogate(*a, dual_clip=3.0, **k),
+    "cispo": lambda *a, **k: ppo_fast.cispo_loss(*a, clip_high=np.inf, **k),
+    "sapo": ppo_fast.sapo_loss,
+    "gspo": ppo_fast.gspo_loss,
+    "gspo_sequence": lambda *a, **k: ppo_fast.gspo_loss(*a, form="sequence", **k),
+    "geo_mean": ppo_fast.geo_mean_loss,
+    "dppo": ppo_fast.dppo_loss,
+    "reinforce": ppo_fast.reinforce_loss,
+    "clip_cov": lambda lp, *a, **k: ppo_fast.clip_cov_loss(lp, *a, np.ones(lp.shape, bool), **k),
+    "kl_cov": lambda lp, *a, **k: ppo_fast.kl_cov_loss(lp, *a, np.ones(lp.shape, bool), **k),
+}
+
+
+@pytest.mark.parametrize("loss", sorted(_FAMILY))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_log_ratio_past_exps_range_gives_the_oracles_numbers(compiled_backend, loss, dtype):
+    """A token whose log-ratio is just past the range where exp is finite in the dtype (or far
+    past it), of either sign, with an advantage of either sign, in a row of its own beside a row
+    of usual tokens: every compiled backend equals the oracle, whose exp saturates as the
+    kernels' does (README, "Non-finite values"). The clipped surrogate's oracle once took
+    exp(710) as inf where the kernels took exp(709). One such token a batch, so that no sum
+    depends on its order (two saturated ratios of opposite signs would cancel)."""
+    edge = 88.5 if dtype == np.float32 else 710.0
+    usual = np.array([0.5, -0.25, 0.1, 0.0, -0.3, 0.2, 0.05, -0.1, 0.15, -0.2, 0.3], dtype)
+    mask = np.ones((2, usual.size), bool)
+    mask[0, 1:] = False  # the first row's token alone: a sequence loss's row mean is its ratio
+    rtol = RTOL[np.dtype(dtype)]
+    for log_ratio, sign in itertools.product([edge, -edge - 40.0, 1e30, -1e30], [1.0, -1.0]):
+        old = np.full((2, usual.size), -1.0, dtype)
+        logp = (old + np.stack([np.full(usual.size, log_ratio, dtype), usual])).astype(dtype)
+        advantages = np.stack([np.full(usual.size, sign), np.linspace(0.2, 1.2, usual.size)])
+        inputs = (logp, old, advantages.astype(dtype))
+        with np.errstate(all="ignore"):
+            oracle = _FAMILY[loss](*inputs, mask=mask, backend="python")
+            actual = _FAMILY[loss](*inputs, mask=mask, backend=compiled_backend)
+        case = f"log-ratio {log_ratio:g}, advantage {sign:g}"
+        for name in ("loss", "clipfrac", "clipfrac_lower", "approx_kl"):
+            want, got = getattr(oracle, name), getattr(actual, name)
+            assert math.isfinite(want) == math.isfinite(got), (name, case, want, got)
+            np.testing.assert_allclose(got, want, rtol=rtol, err_msg=f"{name}, {case}")
+        same_finite = np.isfinite(actual.grad) == np.isfinite(oracle.grad)
+        assert same_finite.all(), (case, actual.grad, oracle.grad)
+        np.testing.assert_allclose(actual.grad, oracle.grad, rtol=rtol, err_msg=case)
 
 
 # --------------------------------------------------------------------------------------------

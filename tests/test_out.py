@@ -152,3 +152,42 @@ def test_gae_out_must_be_a_pair_of_separate_arrays():
     with pytest.raises(ValueError, match=r"out\[0\] \(advantages\) shares memory with rewards"):
         ppo_fast.gae(owner[:, :], batch["b"], out=(owner, np.empty(SHAPE)))
     assert not owner.any()
+
+
+def _inside(out: np.ndarray, values: Any, dtype: type) -> np.ndarray:
+    """``values`` as an array of ``dtype`` in the last bytes of ``out``'s memory."""
+    values = np.asarray(values, dtype=dtype)
+    inner = out.reshape(-1).view(np.uint8)[-values.nbytes :].view(dtype).reshape(values.shape)
+    inner[...] = values
+    return inner
+
+
+def test_an_out_array_over_a_selection_weights_or_groups_is_an_error(backend):
+    """The inputs beside the token arrays are inputs too: KL-Cov's and Clip-Cov's selection,
+    Clip-Cov's weights (it hands clipped_surrogate weights of its own making) and the optimal
+    token baseline's groups, inside the memory of an output, are refused, and nothing is written
+    (the gradient over the selection once changed the loss and the clip fraction silently)."""
+    rng = np.random.default_rng(5)
+    logp, old, advantages = (rng.standard_normal(SHAPE) - 1.0 for _ in range(3))
+    picked = rng.random(SHAPE) < 0.3
+    for loss in (ppo_fast.kl_cov_loss, ppo_fast.clip_cov_loss):
+        grad = np.zeros(SHAPE)
+        selected = _inside(grad, picked, np.bool_)
+        with pytest.raises(ValueError, match="grad_out shares memory with selected"):
+            loss(logp, old, advantages, selected, grad_out=grad, backend=backend)
+        assert np.array_equal(selected, picked), loss.__name__
+    weights = rng.uniform(0.5, 1.5, SHAPE)
+    grad = weights.copy()
+    with pytest.raises(ValueError, match="grad_out shares memory with weights"):
+        ppo_fast.clip_cov_loss(
+            logp, old, advantages, picked, weights=grad, grad_out=grad, backend=backend
+        )
+    assert np.array_equal(grad, weights)
+    advantages_out, returns_out = np.empty(SHAPE), np.empty(SHAPE)
+    groups = _inside(returns_out, [0, 1, 0, 1, 2], np.int64)
+    with pytest.raises(ValueError, match=r"out\[1\] \(returns\) shares memory with groups"):
+        ppo_fast.optimal_token_baseline(
+            advantages, old, np.abs(logp), groups, out=(advantages_out, returns_out),
+            backend=backend,
+        )  # fmt: skip
+    assert np.array_equal(groups, [0, 1, 0, 1, 2])
