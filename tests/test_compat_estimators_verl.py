@@ -203,6 +203,25 @@ def test_rloo_loop_and_vectorised_disagree_on_a_group_of_one_as_verl(peer):
 
 
 @BY_PEER
+@DTYPES
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.float32, torch.bool], ids=str)
+def test_opo_gives_a_group_without_tokens_verls_nan_but_a_group_of_one_its_zero(
+    peer, dtype, mask_dtype
+):
+    """verl's OPO baseline of a group whose rows hold no valid token is 0 / 0: NaN on every
+    position of its rows (NaN times the mask), as the compat's docstring says; ppo_fast's opo
+    gives such a group s - s = 0, which the compat once returned. A group of one has baseline 0
+    however long its row (here: empty), so its advantages are 0 there."""
+    rewards = torch.tensor([[0, 1], [0, 0.5], [0, 2], [0, 3], [1, 1], [0.25, 0]], dtype=dtype)
+    mask = torch.tensor([[0, 1], [1, 1], [0, 0], [0, 0], [0, 0], [1, 0]]).to(mask_dtype)
+    index = np.array(["a", "a", "b", "b", "c", "a"], dtype=object)
+    ours = compat.compute_opo_outcome_advantage(rewards, mask, index)[0]
+    theirs = peer.api.compute_opo_outcome_advantage(rewards, mask, index)[0]
+    assert ours[2:4].isnan().all() and not ours[[0, 1, 4, 5]].isnan().any()
+    assert_parity(ours, theirs, f"{peer.label} opo", rtol=RTOL[dtype])
+
+
+@BY_PEER
 @GROUPED
 @MASK_KINDS
 @DTYPES

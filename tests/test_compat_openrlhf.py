@@ -238,3 +238,28 @@ def test_is_correction_clamps_tiny_probabilities_as_openrlhf(peer):
 @pytest.mark.parametrize("name", [n for n in compat.__all__ if callable(getattr(compat, n))])
 def test_the_api_takes_the_peers_arguments_and_defaults(name):
     assert_same_arguments(getattr(compat, name), getattr(ORL, name), f"{PEER.label} {name}")
+
+
+@LABEL
+@pytest.mark.parametrize("token_level_loss", [True, False])
+def test_the_losses_take_the_masks_dtype_as_openrlhf(peer, token_level_loss):
+    """OpenRLHF multiplies the token losses by the mask, so a float64 mask makes the loss of
+    float32 inputs float64 (the kernel's sum is float32: the value agrees to its rounding)."""
+    b = batch("holes", torch.float32, seed=23)
+    for mask_dtype in (torch.bool, torch.int64, torch.float32, torch.float64):
+        mask = b.mask.to(mask_dtype)
+        for arguments in ({}, {"dp_size": 2, "batch_num_tokens": 50.0, "global_batch_size": 7.0}):
+            what = f"{peer} {mask_dtype} token_level={token_level_loss} {arguments}"
+            policy = [
+                module(token_level_loss=token_level_loss)(
+                    b.logprobs, b.old_logprobs, b.advantages, mask, **arguments
+                )[0]
+                for module in (compat.PolicyLoss, ORL.PolicyLoss)
+            ]
+            value = [
+                module(0.2, token_level_loss)(b.values, b.old_values, b.returns, mask, **arguments)
+                for module in (compat.ValueLoss, ORL.ValueLoss)
+            ]
+            for (ours, theirs), name in ((policy, "policy"), (value, "value")):
+                assert ours.dtype == theirs.dtype, f"{name} {what}"
+                torch.testing.assert_close(ours, theirs, check_dtype=False, msg=f"{name} {what}")

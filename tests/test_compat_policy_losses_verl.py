@@ -7,6 +7,7 @@ configs, which the stand-ins of the verbatim copy in ppo_fast._peers only imitat
 from __future__ import annotations
 
 import importlib
+import itertools
 import types
 
 import peers
@@ -208,3 +209,83 @@ def test_gspo_beyond_verls_clamp_of_the_sequence_log_ratio():
     assert_parity(loss, loss_ref, "gspo clamp", torch.float64)
     assert_parity(grad, grad_ref, "d gspo clamp", torch.float64)
     assert metrics == pytest.approx(metrics_ref, rel=1e-12)
+
+
+# Every loss of compat.verl that aggregates by agg_loss, and the value loss (as a policy loss).
+_AGGREGATED = ("vanilla", "gpg", "dro", "cispo", "reinforce", "dppo_tv", "dppo_kl", "clip_cov")
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.bool])
+def test_a_micro_batch_without_a_valid_token_has_verls_loss_and_a_zero_gradient(mode, mask_dtype):
+    """No valid token and no global count: verl's loss is 0 / 0 = NaN and its gradient 0 (its
+    masked_sum's torch.where gives the masked tokens none, whatever comes from above), so its
+    step goes on; the kernels' zeros times 1 / 0 once gave a NaN gradient here. With global
+    counts the loss is 0, as verl's."""
+    b = batch("right-padded", torch.float32, seed=3)
+    mask = torch.zeros(b.mask.shape, dtype=mask_dtype)
+    for name in _AGGREGATED:
+        for arguments in ({}, {"dp_size": 2, "batch_num_tokens": 7, "global_batch_size": 3}):
+            cfg = config(name, 0, arguments)
+            outputs = []
+            for function in (
+                getattr(compat, f"compute_policy_loss_{name}"),
+                verl_function(f"compute_policy_loss_{name}"),
+            ):
+                x = b.logprobs.clone().requires_grad_()
+                torch.manual_seed(0)  # Clip-Cov's draw, the same for both
+                loss, _ = function(b.old_logprobs, x, b.advantages, mask, mode, cfg)
+                loss.backward()
+                outputs.append((loss, x.grad))
+            (loss, grad), (loss_ref, grad_ref) = outputs
+            what = f"{name} {mode} {mask_dtype} {arguments}"
+            torch.testing.assert_close(loss, loss_ref, equal_nan=True, msg=what)
+            torch.testing.assert_close(grad, grad_ref, msg=what)
+    outputs = []
+    for function in (compat.compute_value_loss, verl_function("compute_value_loss")):
+        x = b.logprobs.clone().requires_grad_()
+        loss, _ = function(x, b.advantages, b.old_logprobs, mask, 0.2, mode)
+        loss.backward()
+        outputs.append((loss, x.grad))
+    (loss, grad), (loss_ref, grad_ref) = outputs
+    torch.testing.assert_close(loss, loss_ref, equal_nan=True, msg=f"value {mode}")
+    torch.testing.assert_close(grad, grad_ref, msg=f"value {mode}")
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_the_loss_takes_verls_dtype_from_the_mask_and_the_sequence_modes(mode):
+    """verl's loss is promoted with the mask (loss_mat * mask) and, in the sequence modes, with
+    float32 (its .float() sequence mask): float32 inputs under a float64 mask give a float64
+    loss, bfloat16 inputs a float32 one in the sequence modes. The kernel's sum is in the
+    inputs' dtype, so the value agrees to the inputs' rounding."""
+    arguments = {"dp_size": 2, "batch_num_tokens": 40, "global_batch_size": 9}
+    for dtype, mask_dtype in itertools.product(
+        (torch.float32, torch.bfloat16), (torch.bool, torch.int64, torch.float32, torch.float64)
+    ):
+        b = batch("holes", dtype, seed=5)
+        mask = b.mask.to(mask_dtype)
+        for name in _AGGREGATED:
+            for info in ({}, arguments):
+                cfg = config(name, 0, info)
+                x = b.logprobs.clone().requires_grad_()
+                torch.manual_seed(0)  # Clip-Cov's draw, the same for both
+                ours, _ = getattr(compat, f"compute_policy_loss_{name}")(
+                    b.old_logprobs, x, b.advantages, mask, mode, cfg
+                )
+                torch.manual_seed(0)
+                theirs, _ = verl_function(f"compute_policy_loss_{name}")(
+                    b.old_logprobs, b.logprobs, b.advantages, mask, mode, cfg
+                )
+                what = f"{name} {mode} {dtype} {mask_dtype} {info}"
+                assert ours.dtype == theirs.dtype, what
+                ours.backward()  # the cast keeps the gradient
+                assert x.grad is not None and x.grad.dtype == dtype, what
+                tolerance = {"rtol": 2e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}
+                torch.testing.assert_close(ours, theirs, check_dtype=False, msg=what, **tolerance)
+        ours, _ = compat.compute_value_loss(
+            b.logprobs, b.advantages, b.old_logprobs, mask, 0.2, mode
+        )
+        theirs, _ = verl_function("compute_value_loss")(
+            b.logprobs, b.advantages, b.old_logprobs, mask, 0.2, mode
+        )
+        assert ours.dtype == theirs.dtype, f"value {mode} {dtype} {mask_dtype}"

@@ -8,6 +8,7 @@ them, so the dtypes and the quirks are verl's (each named in its function's docs
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -383,6 +384,15 @@ def compute_opo_outcome_advantage(
         # verl weights by the row sums of the mask, float for a float mask: counts here.
         token_counts = ppo_torch.to_numpy(response_mask.sum(dim=-1).long(), "response_mask")
         advantages = outcome_rows(_REWARDS, _outcome.opo, scores, groups, token_counts=token_counts)
+        # ppo_fast's opo gives a group without tokens s - s; verl's baseline there is 0 / 0, a
+        # NaN on every position of the group's rows (times the mask), but for a group of one,
+        # whose baseline is 0.
+        group_tokens = np.bincount(groups.ids, weights=token_counts, minlength=groups.n_groups)
+        no_baseline = ((group_tokens == 0) & (groups.sizes > 1))[groups.ids]
+        if no_baseline.any():
+            advantages = advantages.masked_fill(
+                torch.from_numpy(no_baseline).to(advantages.device), math.nan
+            )
         advantages = _broadcast(advantages, response_mask)
     return advantages, advantages
 

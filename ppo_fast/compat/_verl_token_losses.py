@@ -65,6 +65,8 @@ def _dppo(divergence, old_log_prob, log_prob, advantages, response_mask, mode, c
         ratio_cap=config.get("clip_ratio_c", 20.0),
         log_ratio_clamp=20.0,
     )
+    # verl's token losses are times its float32 valid mask (.float()): a float32 loss at least
+    pg_loss = pg_loss.to(torch.promote_types(pg_loss.dtype, torch.float32))
     return pg_loss, {
         "actor/pg_clipfrac": _as_verl_mean(result.clipfrac, response_mask, torch.float32).item(),
         "actor/ppo_kl": _as_verl_mean(

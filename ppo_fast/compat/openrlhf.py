@@ -55,7 +55,9 @@ whose ``worker_process_setup_hook`` installs it in every worker (``runtime_env()
 Differences, by design: masks must hold 0/1; values stored at masked positions never reach the
 fused losses (OpenRLHF's ``x * 0`` turns a NaN there into a NaN loss), so parity holds for finite
 inputs; the fused losses are differentiated with respect to ``log_probs`` / ``values`` only and
-raise if the old log-probs, advantages, old values or returns require grad.
+raise if the old log-probs, advantages, old values or returns require grad; with a float64 mask,
+the sequence-level losses divide each row's sum by its count where OpenRLHF divides by the count
+plus 1e-8 (1e-8 / count apart, relative; the 1e-8 rounds away in float32 for other masks).
 """
 
 from __future__ import annotations
@@ -155,8 +157,12 @@ def _fused_aggregate(
         agg, global_count = "seq-mean-token-mean", global_batch_size
         local_count = non_empty_rows(loss_mask)
     if global_count is None:
-        return fused_loss(kernel, loss_mask, agg, local_count, **arguments)
-    return fused_loss(kernel, loss_mask, agg, global_count, dp_size, **arguments)
+        loss, result = fused_loss(kernel, loss_mask, agg, local_count, **arguments)
+    else:
+        loss, result = fused_loss(kernel, loss_mask, agg, global_count, dp_size, **arguments)
+    if loss_mask is not None:  # OpenRLHF's products loss * loss_mask take the mask's dtype
+        loss = loss.to(torch.promote_types(loss.dtype, loss_mask.dtype))
+    return loss, result
 
 
 def _first_numel(arguments) -> int:

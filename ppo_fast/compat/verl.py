@@ -60,7 +60,9 @@ differentiated with respect to ``log_prob`` / ``vpreds`` only, and raise if the 
 advantages, returns or old values require grad (verl's trainers detach them); DPPO-KL's binary KL
 is evaluated in float64 (``ppo_fast.dppo_loss`` says why), so that on float32 inputs a token whose
 probability is within about 3e-4 of the old one can fall on the other side of a bound of 0 than
-verl's float32 rounding puts it (on the right side: its binary KL is positive).
+verl's float32 rounding puts it (on the right side: its binary KL is positive); with a float64
+mask, "seq-mean-token-mean" divides each row's sum by its count where verl divides by the count
+plus 1e-8 (1e-8 / count apart, relative; the 1e-8 rounds away in float32 for other masks).
 """
 
 from __future__ import annotations
