@@ -16,6 +16,7 @@ makes an advantage of 10).
 from __future__ import annotations
 
 import copy
+import math
 import types
 
 import numpy as np
@@ -196,3 +197,28 @@ def test_the_rows_must_fill_whole_prompts_in_prompt_order():
     args = _args("rloo", 4, 1.0, False, None, None)
     with pytest.raises(ValueError, match=r"must together hold each of 0 \.\. B-1 once"):
         compat.compute_advantages_and_returns(_copy_maker(args), batch)
+
+
+@LABEL
+@pytest.mark.parametrize("estimator", NORMALISED)
+@pytest.mark.parametrize("empty", ["no-valid-token", "a-nan-advantage"])
+def test_advantages_normalised_over_no_valid_token_or_a_nan_are_nan_as_openrlhfs(
+    peer, estimator, empty
+):
+    """OpenRLHF's normalisation over the batch's valid tokens: with none, its mean is 0 / 0 and
+    every advantage NaN; with a NaN among them, NaN too. The compat raised a ValueError (its
+    moments' shift was NaN)."""
+    args = _args(estimator, 1, 1.0, False, None, None)
+    outputs = []
+    for function in (ORL.compute_advantages_and_returns, compat.compute_advantages_and_returns):
+        batch = experiences(torch.float32, seed=3)
+        for experience in batch:
+            if empty == "no-valid-token":
+                experience.action_mask = torch.zeros_like(experience.action_mask)
+            else:
+                experience.values[0, 0] = experience.kl[0, 0] = math.nan
+                experience.action_mask[0, 0] = True
+        outputs.append(function(_copy_maker(copy.deepcopy(args)), batch))
+    for theirs, ours in zip(*outputs, strict=True):
+        assert theirs.advantages.isnan().all(), f"{peer} {estimator} {empty}"
+        assert ours.advantages.isnan().all(), f"{estimator} {empty}"

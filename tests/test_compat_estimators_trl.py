@@ -147,6 +147,24 @@ def test_rloo_advantages(peer, num_generations, dtype, beta, clip_range, normali
     _assert_result(actual, expected, dtype, f"{peer} beta={beta} clip={clip_range} {normalize}")
 
 
+@LABEL
+@DTYPES
+def test_rloo_normalises_a_batch_of_one_completion_to_nan_as_trl(peer, dtype):
+    """TRL divides by advantages.std(), NaN for one value (unbiased): so is the advantage of
+    a batch of one completion (evaluation with one generation), where the compat gave 0."""
+    per_func = torch.tensor([[0.5, 1.0]], dtype=dtype)
+    trainer = types.SimpleNamespace(
+        reward_weights=torch.tensor([1.0, 0.5]),
+        reward_clip_range=None,
+        beta=0.0,
+        normalize_advantages=True,
+    )
+    expected = TRL.rloo_trainer_advantages(trainer, per_func, 1, "cpu", None, None, None)
+    actual = compat.rloo_advantages(per_func, 1, [1.0, 0.5], beta=0.0, normalize_advantages=True)
+    assert expected.advantages.isnan().all() and actual.advantages.isnan().all(), peer
+    assert actual.advantages.dtype == expected.advantages.dtype
+
+
 def test_rloo_needs_the_log_probabilities_for_its_kl_penalty():
     with pytest.raises(ValueError, match="pass old_per_token_logps, ref_per_token_logps"):
         compat.rloo_advantages(rewards_per_func(torch.float32), 4)

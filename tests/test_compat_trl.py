@@ -68,6 +68,30 @@ def test_rollout_advantages(peer, kl_estimator, whiten_rewards, gamma, lam, seed
 
 
 @LABEL
+@pytest.mark.parametrize("values_dtype", [torch.float64, torch.bfloat16], ids=str)
+def test_rollout_advantages_keep_the_rewards_and_values_dtypes_as_trl(peer, values_dtype):
+    """A value head in another dtype than the policy's log-probs: TRL keeps its rewards in the
+    log-probs' dtype and its values in theirs (the advantages and returns take both); the
+    compat once cast both to their common dtype."""
+    b = batch("right-padded", torch.float32, rows=5, width=9, seed=4)
+    values = b.values.to(values_dtype)
+    sequence_lengths = _sequence_lengths(5, 9, 4)
+    args = types.SimpleNamespace(
+        kl_estimator="k1", kl_coef=0.05, whiten_rewards=False, gamma=1.0, lam=0.95
+    )
+    responses = torch.zeros(b.logprobs.shape, dtype=torch.long)
+    expected = TRL.ppo_trainer_advantages(
+        args, responses, sequence_lengths, b.logprobs, b.ref_logprobs, values, b.scores
+    )
+    actual = compat.rollout_advantages(
+        b.logprobs, b.ref_logprobs, values, b.scores, sequence_lengths, kl_coef=0.05
+    )
+    for name in compat.RolloutAdvantages._fields:
+        a, e = getattr(actual, name), getattr(expected, name)
+        assert a.dtype == e.dtype, f"{peer} {name}"
+
+
+@LABEL
 @pytest.mark.parametrize("kind", MASKS)
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.float32], ids=str)
 @DTYPES

@@ -87,6 +87,31 @@ def test_grpo_loss_equals_trl(loss_type, level, dtype):
             assert_parity(metrics[key], value, f"{what} {key}", dtype)
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_the_loss_takes_trls_dtype_from_the_mask_and_its_count(loss_type):
+    """TRL's loss is promoted with the mask (per_token_loss * mask) and, for "grpo" and
+    "bnpo", with mask.sum().clamp(min=1.0), float32 for an integer or bool mask: float32
+    inputs under a float64 mask give a float64 loss, bfloat16 ones a float32 loss there."""
+    for dtype in (torch.float32, torch.bfloat16):
+        b = batch("holes", dtype, seed=37)
+        for mask_dtype in (torch.bool, torch.int64, torch.float32, torch.float64):
+            mask = b.mask.to(mask_dtype)
+            items = float(b.mask.sum()) + 5.0
+            ours, _ = compat.grpo_loss(
+                b.logprobs, b.old_logprobs, b.advantages, mask, loss_type=loss_type,
+                epsilon=0.2, epsilon_high=0.28, max_completion_length=mask.shape[1],
+                num_items_in_batch=items, gradient_accumulation_steps=2,
+            )  # fmt: skip
+            theirs, _ = trl_loss(
+                b.logprobs, b.old_logprobs, b.advantages, mask, loss_type=loss_type,
+                level="token", delta=None, accumulation=2, items=items,
+            )  # fmt: skip
+            what = f"{loss_type} {dtype} {mask_dtype}"
+            assert ours.dtype == theirs.dtype, what
+            tolerance = {"rtol": 2e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}
+            torch.testing.assert_close(ours, theirs, check_dtype=False, msg=what, **tolerance)
+
+
 def test_the_batch_takes_the_clip_and_delta():
     """What the parity covers: sequence ratios beyond the bounds and beyond delta, both signs."""
     b = batch("holes", torch.float64, seed=31)

@@ -175,6 +175,13 @@ def grpo_loss(
     )
     if loss_type != "dapo":
         loss = loss / (gradient_accumulation_steps if training else 1.0)
+    # TRL's loss is promoted with the mask (per_token_loss * mask) and, for "grpo" and "bnpo",
+    # with its count mask.sum().clamp(min=1.0): the default float dtype for an integer or bool
+    # mask. The kernel's sum is in the inputs' dtype.
+    dtype = torch.promote_types(loss.dtype, completion_mask.dtype)
+    if loss_type in ("grpo", "bnpo") and not completion_mask.is_floating_point():
+        dtype = torch.promote_types(dtype, torch.get_default_dtype())
+    loss = loss.to(dtype)
     with torch.no_grad():
         metrics = _clip_metrics(
             (per_token_logps - old_per_token_logps).detach(),

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -484,8 +485,10 @@ def _normalise_advantages(experiences: list, no_std_norm: bool) -> None:
     if no_std_norm:
         rstd = 1
     else:
-        squares = 0.0
-        for experience in experiences:
+        # A mean of NaN (no valid token: 0 / 0) or inf makes OpenRLHF's (x - mean)**2 NaN at a
+        # valid token, or 0 / 0 again: its variance and every advantage are NaN.
+        squares = 0.0 if math.isfinite(float(mean)) else math.nan
+        for experience in experiences if math.isfinite(squares) else ():
             moments = ppo_torch.masked_moments(
                 experience.advantages.float(), mask=experience.action_mask, shift=float(mean)
             )

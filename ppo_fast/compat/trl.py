@@ -35,6 +35,7 @@ at a masked position into NaN; the kernels never read it).
 
 from __future__ import annotations
 
+import math
 import types
 from typing import Any, NamedTuple
 
@@ -138,10 +139,10 @@ def rollout_advantages(
         rewards = masked_whiten(rewards, mask=~padding_mask_p1, shift_mean=False)
         rewards = torch.masked_fill(rewards, padding_mask_p1, 0)
 
+    # TRL's loop mixes the two in its arithmetic but keeps each tensor in its own dtype
     dtype = torch.promote_types(rewards.dtype, values.dtype)
-    rewards, values = rewards.to(dtype), values.to(dtype)
-    advantages = ppo_torch.gae(rewards, values, gamma=gamma, lam=lam).advantages
-    returns = advantages + values
+    advantages = ppo_torch.gae(rewards.to(dtype), values.to(dtype), gamma=gamma, lam=lam).advantages
+    returns = advantages + values.to(dtype)
     advantages = masked_whiten(advantages, ~padding_mask)
     advantages = torch.masked_fill(advantages, padding_mask, 0)
     return RolloutAdvantages(
@@ -374,7 +375,10 @@ def rloo_advantages(
         kl = (per_token_kl * completion_mask).sum(-1)
         rewards = rewards - beta * kl
     advantages = outcome_rows("rewards_per_func", _outcome.rloo, rewards, groups, singleton="zero")
-    if normalize_advantages:
+    if normalize_advantages and advantages.shape[0] == 1:
+        # TRL's advantages.std() of one value is NaN (unbiased), and so is its normalised one
+        advantages = torch.full_like(advantages, math.nan)
+    elif normalize_advantages:
         advantages = outcome_rows(
             "rewards_per_func",
             _outcome.grpo,
