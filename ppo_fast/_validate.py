@@ -249,7 +249,11 @@ def out_array(
 
 
 def apart(
-    name: str, out: Any, inputs: dict[str, Any], fix: str, in_place: str | None = None
+    name: str,
+    out: Any,
+    inputs: dict[str, Any],
+    fix: str = "pass another array, or none",
+    in_place: str | None = None,
 ) -> None:
     """Checks that the output ``out`` shares no memory with any array of ``inputs`` (name -> the
     value given; what is not a NumPy array is not one of the caller's buffers), but for the

@@ -111,6 +111,7 @@ from ._policy_scalars import (
     check_temperatures,
 )
 from ._spec import FLAGS, KERNELS
+from .covariance import valid_positions
 from .loss import (
     _NO_WEIGHTS,
     Aggregation,
@@ -186,7 +187,7 @@ def _run(
     if grad_out is None:
         grad = _result_arrays.empty(logp.shape, logp.dtype)
     else:
-        inputs = {**given, **layout, **({"selected": selected} if selects else {})}
+        inputs = {**given, **layout, "selected": selected}  # None where the kernel has none
         grad = _validate.out_array("grad_out", grad_out, logp.shape, logp.dtype, inputs)
     outputs = np.empty((len(row_outputs), rows.n_rows))
     token = logp.dtype.type  # the per-token arithmetic runs in the input dtype
@@ -596,8 +597,6 @@ def kl_cov_loss(
 
 
 def _selected_count(selected, logprobs, mask, lengths, cu_seqlens) -> float:
-    from .covariance import valid_positions
-
     shape = np.shape(logprobs)
     valid = valid_positions(shape, mask=mask, lengths=lengths, cu_seqlens=cu_seqlens)
     return float(np.count_nonzero(_selection(selected, shape).ravel() & valid))
@@ -638,10 +637,8 @@ def clip_cov_loss(
         As for ``clipped_surrogate`` (verl's Clip-Cov clamps nothing: the default).
     """
     shape = np.shape(logprobs)
-    # clipped_surrogate sees the kept weights only: the arrays it is not given are checked here
-    # (the gradient written over the selection would change the clip fraction counted below).
-    fix = "pass np.empty_like(logprobs) as grad_out, or none"
-    _validate.apart("grad_out", grad_out, {"selected": selected, "weights": weights}, fix)
+    # the inputs clipped_surrogate does not see (it gets weights made here) lie apart too
+    _validate.apart("grad_out", grad_out, {"selected": selected, "weights": weights})
     keep = ~_selection(selected, shape)
     if weights is None:
         kept = keep.astype(np.result_type(np.asarray(logprobs).dtype, np.float32))
