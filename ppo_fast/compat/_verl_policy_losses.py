@@ -82,20 +82,20 @@ def _fused_agg_loss(
         dtype = torch.promote_types(dtype, torch.float32)
     if count is None or (not isinstance(count, torch.Tensor) and count != 0):
         loss, result = fused_loss(kernel, loss_mask, agg, count, dp_size, loss_scale, **arguments)
-        return loss.to(torch.promote_types(loss.dtype, dtype)), result
-    # verl's masked_sum picks the valid tokens with torch.where, whose backward gives every other
-    # token a zero gradient whatever comes from above: a micro-batch with no valid token and a
-    # count of 0 has the loss 0 / 0 = NaN and the gradient 0. The kernel's zeros times 1 / 0
-    # would be NaN (a NaN gradient, where verl's step goes on): there the count is taken as 1
-    # for the gradient and the loss keeps verl's value, without a host sync.
-    count = torch.as_tensor(count, device=loss_mask.device)  # a tensor, or a number's 0
-    empty = (count == 0) & ~loss_mask.bool().any()
-    divisor = torch.where(empty, 1, count)
-    loss, result = fused_loss(kernel, loss_mask, agg, divisor, dp_size, loss_scale, **arguments)
-    empty_value = result.loss.detach() / count * dp_size
-    if loss_scale is not None:
-        empty_value = empty_value / loss_scale
-    loss = torch.where(empty, empty_value, loss)
+    else:
+        # verl's masked_sum picks the valid tokens with torch.where, whose backward gives every
+        # other token a zero gradient whatever comes from above: a micro-batch with no valid
+        # token and a count of 0 has the loss 0 / 0 = NaN and the gradient 0. The kernel's zeros
+        # times 1 / 0 would be NaN (a NaN gradient, where verl's step goes on): there the count
+        # is taken as 1 for the gradient and the loss keeps verl's value, without a host sync.
+        count = torch.as_tensor(count, device=loss_mask.device)  # a tensor, or a number's 0
+        empty = (count == 0) & ~loss_mask.bool().any()
+        divisor = torch.where(empty, 1, count)
+        loss, result = fused_loss(kernel, loss_mask, agg, divisor, dp_size, loss_scale, **arguments)
+        empty_value = result.loss.detach() / count * dp_size
+        if loss_scale is not None:
+            empty_value = empty_value / loss_scale
+        loss = torch.where(empty, empty_value, loss)
     return loss.to(torch.promote_types(loss.dtype, dtype)), result
 
 

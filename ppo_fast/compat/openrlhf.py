@@ -487,12 +487,14 @@ def _normalise_advantages(experiences: list, no_std_norm: bool) -> None:
     else:
         # A mean of NaN (no valid token: 0 / 0) or inf makes OpenRLHF's (x - mean)**2 NaN at a
         # valid token, or 0 / 0 again: its variance and every advantage are NaN.
-        squares = 0.0 if math.isfinite(float(mean)) else math.nan
-        for experience in experiences if math.isfinite(squares) else ():
-            moments = ppo_torch.masked_moments(
-                experience.advantages.float(), mask=experience.action_mask, shift=float(mean)
-            )
-            squares += moments.sum_sq
+        squares = math.nan
+        if math.isfinite(float(mean)):
+            squares = 0.0
+            for experience in experiences:
+                moments = ppo_torch.masked_moments(
+                    experience.advantages.float(), mask=experience.action_mask, shift=float(mean)
+                )
+                squares += moments.sum_sq
         var = (torch.tensor(squares, dtype=torch.float64, device=device) / count).float()
         rstd = var.clamp(min=1e-8).rsqrt()
     for experience in experiences:
